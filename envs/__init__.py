@@ -1,0 +1,47 @@
+"""rose-jax environments: one protocol (:mod:`envs.core`), one registry (:func:`make`).
+
+Adding an environment: write ``envs/<name>.py`` with a ``make(**kw) -> Env`` factory (usually
+``core.build(name, Dynamics(...))``) and add one line to ``_REGISTRY`` below.  Factories are
+imported lazily, so ``import envs`` stays cheap (Brax and MuJoCo load only when asked for).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from envs.core import Dynamics, Env, EnvState, build
+
+# name -> "module:factory"; keyword arguments of make() go to the factory.
+_REGISTRY: dict[str, str] = {
+    # pure-JAX classics (fast on CPU, used by the tests)
+    "pendulum": "envs.classic:make_pendulum",
+    "cartpole": "envs.classic:make_cartpole",
+    "point_mass": "envs.classic:make_point_mass",
+}
+
+
+def names() -> list[str]:
+    """All registered environment names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def register(name: str, target: str) -> None:
+    """Register ``name`` -> ``"module:factory"`` (for environments living outside this package)."""
+    if ":" not in target:
+        raise ValueError(f"register({name!r}, {target!r}): target must look like 'package.module:factory'")
+    _REGISTRY[name] = target
+
+
+def make(name: str, **kwargs) -> Env:
+    """Build the environment registered as ``name``; keyword arguments go to its factory."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown env {name!r}; known envs: {', '.join(names())}")
+    module_name, factory_name = _REGISTRY[name].split(":")
+    factory = getattr(importlib.import_module(module_name), factory_name)
+    try:
+        return factory(**kwargs)
+    except TypeError as e:  # an unexpected keyword: say which env and which keyword
+        raise ValueError(f"env {name!r}: bad arguments {sorted(kwargs)}: {e}") from None
+
+
+__all__ = ["Dynamics", "Env", "EnvState", "build", "make", "names", "register"]
