@@ -1,0 +1,1 @@
+"""rose-jax algorithms: PPO and SAC as pure functions over explicit pytree state."""
