@@ -1,0 +1,160 @@
+"""Atomic pytree checkpoints with orbax: ``save``, ``restore``, ``latest_step``.
+
+Layout: ``<directory>/<step>/`` holds one orbax checkpoint of a whole train state (any pytree
+of arrays: flax.struct dataclasses, NamedTuples, dicts). A checkpoint becomes visible only
+complete: orbax writes it into ``<directory>/.tmp-<step>-<id>/`` and only after orbax has
+finished (and its own write-then-rename has committed) is that folder renamed to ``<step>``,
+one atomic ``rename(2)`` on a POSIX file system. A crash at any moment therefore leaves either
+the previous set of checkpoints or the previous set plus the new one; half-written folders
+are named ``.tmp-*`` and are ignored by :func:`latest_step` (and removed by the next ``save``
+of the same step).
+
+This is host-side, impure code: call it between jitted iterations, never inside one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+_TMP_PREFIX = ".tmp-"
+
+
+def _checkpointer():
+    import orbax.checkpoint as ocp  # lazy: orbax pulls in tensorstore
+
+    return ocp.PyTreeCheckpointer()
+
+
+def _steps(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def latest_step(directory: str | os.PathLike) -> int | None:
+    """The largest step with a complete checkpoint in ``directory``, or None if there is none."""
+    steps = _steps(Path(directory))
+    return steps[-1] if steps else None
+
+
+def all_steps(directory: str | os.PathLike) -> list[int]:
+    """Every step with a complete checkpoint in ``directory``, ascending."""
+    return _steps(Path(directory))
+
+
+def _write(path: Path, state: Any) -> None:
+    """Write ``state`` as one orbax checkpoint at ``path`` (synchronously)."""
+    _checkpointer().save(path, state)
+
+
+def save(directory: str | os.PathLike, state: Any, step: int, *, keep: int | None = None) -> Path:
+    """Write ``state`` as checkpoint ``step`` of ``directory``, atomically; returns its path.
+
+    Args:
+      directory: checkpoint folder (created if missing).
+      state: a pytree of arrays (e.g. a TrainState); it is fetched to host memory first.
+      step: a non-negative int, e.g. the number of environment steps so far. An existing
+        checkpoint of the same step is replaced (atomically: the old one stays visible until
+        the new one is complete).
+      keep: if given, keep only the ``keep`` newest checkpoints after this one is written.
+    """
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"checkpoint.save: step must be a non-negative int, got {step!r}")
+    if keep is not None and (not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"checkpoint.save: keep must be None or a positive int, got {keep!r}")
+    step = int(step)
+    directory = Path(directory).absolute()
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(f"{_TMP_PREFIX}{step}-*"):  # leftovers of a crashed save
+        shutil.rmtree(stale, ignore_errors=True)
+
+    host_state = jax.device_get(state)
+    tmp = directory / f"{_TMP_PREFIX}{step}-{uuid.uuid4().hex}"
+    final = directory / str(step)
+    try:
+        _write(tmp, host_state)
+        if final.exists():  # replace: move the old one aside first, so `final` is never partial
+            old = directory / f"{_TMP_PREFIX}{step}-old-{uuid.uuid4().hex}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(directory)
+
+    if keep is not None:
+        for old_step in _steps(directory)[:-keep]:
+            shutil.rmtree(directory / str(old_step), ignore_errors=True)
+    return final
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def restore(directory: str | os.PathLike, like: Any, step: int | None = None) -> tuple[Any, int]:
+    """Read checkpoint ``step`` (default: the latest) of ``directory`` into the structure of ``like``.
+
+    Args:
+      directory: checkpoint folder written by :func:`save`.
+      like: a pytree with the same structure, shapes and dtypes as the saved state (e.g. a
+        freshly initialised TrainState); its values are not used.
+      step: which checkpoint; None means :func:`latest_step`.
+
+    Returns:
+      ``(state, step)``: the restored pytree (jax arrays, same treedef as ``like``) and its step.
+    """
+    directory = Path(directory).absolute()
+    if step is None:
+        step = latest_step(directory)
+        if step is None:
+            raise ValueError(f"checkpoint.restore: no checkpoint in {str(directory)!r}")
+    path = directory / str(int(step))
+    if not path.is_dir():
+        raise ValueError(
+            f"checkpoint.restore: no checkpoint for step {step} in {str(directory)!r} "
+            f"(available: {all_steps(directory)})"
+        )
+    import orbax.checkpoint as ocp
+
+    like_leaves, treedef = jax.tree.flatten(like)
+    target = jax.tree.unflatten(treedef, [np.asarray(x) for x in like_leaves])
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    restored = _checkpointer().restore(path, item=target, restore_args=restore_args)
+    leaves = jax.tree.leaves(restored)
+    if len(leaves) != len(like_leaves):
+        raise ValueError(
+            f"checkpoint.restore: checkpoint {path} has {len(leaves)} arrays, `like` has {len(like_leaves)}"
+        )
+    out = []
+    for i, (got, want) in enumerate(zip(leaves, like_leaves)):
+        want_shape, want_dtype = np.shape(want), np.asarray(want).dtype
+        if got.shape != want_shape or got.dtype != want_dtype:
+            raise ValueError(
+                f"checkpoint.restore: array {i} of {path} is {got.dtype}{list(got.shape)}, "
+                f"`like` expects {want_dtype}{list(want_shape)}"
+            )
+        out.append(jax.numpy.asarray(got))
+    return jax.tree.unflatten(treedef, out), int(step)
+
+
+__all__ = ["all_steps", "latest_step", "restore", "save"]

@@ -1,0 +1,102 @@
+"""The impure host layer shared by the algorithms' ``train`` drivers: loop, progress, checkpoints.
+
+The device side is one jitted ``step_fn: state -> (state, metrics)`` per iteration. The loop
+dispatches iteration ``i + 1`` before it reads iteration ``i``'s metrics back (one
+``jax.device_get`` per iteration), so the host never stalls the device between iterations
+except when it writes a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from algos import checkpoint
+
+ProgressFn = Callable[[int, dict[str, float]], None]
+
+
+def metrics_to_host(metrics: Any) -> dict[str, float]:
+    """A NamedTuple / dict of device scalars -> ``{name: python float or int}`` (one transfer)."""
+    if hasattr(metrics, "_asdict"):
+        metrics = metrics._asdict()
+    host = jax.device_get(dict(metrics))
+    out: dict[str, float] = {}
+    for name, value in host.items():
+        value = np.asarray(value)
+        out[name] = value.item() if value.ndim == 0 else value.tolist()
+    return out
+
+
+def maybe_resume(checkpoint_dir: str | os.PathLike | None, like: Any, resume: bool) -> tuple[Any, int | None]:
+    """``(restored_state, step)`` if ``resume`` and ``checkpoint_dir`` holds a checkpoint, else ``(like, None)``."""
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs a checkpoint_dir")
+    if not resume or checkpoint.latest_step(checkpoint_dir) is None:
+        return like, None
+    return checkpoint.restore(checkpoint_dir, like)
+
+
+def check_loop_args(checkpoint_dir: Any, checkpoint_every: int | None) -> None:
+    if checkpoint_every is not None:
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every <= 0:
+            raise ValueError(f"checkpoint_every must be None or a positive int (iterations), got {checkpoint_every!r}")
+        if checkpoint_dir is None:
+            raise ValueError("checkpoint_every is set but checkpoint_dir is None")
+
+
+def run(
+    step_fn: Callable[[Any], tuple[Any, Any]],
+    state: Any,
+    *,
+    num_iterations: int,
+    iteration_of: Callable[[Any], Any],
+    env_steps_of: Callable[[Any], Any],
+    progress_fn: ProgressFn | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    keep: int | None = None,
+) -> tuple[Any, list[dict[str, float]]]:
+    """Call ``step_fn`` until ``iteration_of(state) == num_iterations``; returns ``(state, metrics)``.
+
+    Args:
+      step_fn: the jitted iteration (it may donate its argument).
+      state: the starting state (fresh or restored); its iteration counter says where to start.
+      num_iterations: total iterations of the whole run (not of this call).
+      iteration_of / env_steps_of: read the counters of a state (device scalars).
+      progress_fn: called as ``progress_fn(env_steps, metrics_dict)`` after every iteration,
+        in order, with the metrics of that iteration.
+      checkpoint_dir / checkpoint_every: save every ``checkpoint_every`` iterations and after
+        the last one (if ``checkpoint_dir`` is set); checkpoints are named by env steps.
+      keep: keep only the newest ``keep`` checkpoints (None: all).
+
+    Returns:
+      the final state and the host metrics (dicts of floats) of the iterations run in this call.
+    """
+    check_loop_args(checkpoint_dir, checkpoint_every)
+    start = int(jax.device_get(iteration_of(state)))
+    history: list[dict[str, float]] = []
+    pending = None  # device metrics of the previous iteration, read after the next dispatch
+
+    def flush():
+        host = metrics_to_host(pending)
+        history.append(host)
+        if progress_fn is not None:
+            progress_fn(int(host["env_steps"]), host)
+
+    for i in range(start, num_iterations):
+        state, metrics = step_fn(state)
+        if pending is not None:
+            flush()
+        pending = metrics
+        last = i + 1 == num_iterations
+        if checkpoint_dir is not None and (last or (checkpoint_every and (i + 1) % checkpoint_every == 0)):
+            flush()
+            pending = None
+            checkpoint.save(checkpoint_dir, state, int(jax.device_get(env_steps_of(state))), keep=keep)
+    if pending is not None:
+        flush()
+    return state, history

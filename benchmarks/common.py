@@ -1,0 +1,75 @@
+"""Shared host-side helpers for benchmark scripts: machine facts, atomic result files, tables, plots."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+import sys
+from typing import Any, Sequence
+
+from rose_jax.io import atomic_write_bytes, atomic_write_json
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def machine_info() -> dict[str, Any]:
+    """Versions and device facts to store beside every result."""
+    import jax
+
+    info: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [d.device_kind for d in jax.devices()],
+        "command": " ".join([os.path.basename(sys.executable), "-m" if sys.argv[0].endswith(".py") else ""]
+                            + sys.argv).replace("  ", " "),
+    }
+    for pkg in ("jaxlib", "flax", "optax", "brax", "mujoco", "mujoco_mjx"):
+        try:
+            from importlib.metadata import version
+
+            info[pkg] = version(pkg.replace("_", "-"))
+        except Exception:  # noqa: BLE001 - a missing package is simply not listed
+            pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10,
+        )
+        if out.returncode == 0:
+            info["gpu"] = out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def atomic_write(path: str, text: str | bytes) -> None:
+    """Write a whole result file or nothing (see :mod:`rose_jax.io`)."""
+    atomic_write_bytes(path, text if isinstance(text, bytes) else text.encode())
+
+
+def write_json(path: str, obj: Any) -> None:
+    atomic_write_json(path, obj)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def save_plot(fig, path: str) -> None:
+    """Save a matplotlib figure atomically as PNG."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    atomic_write(path, buf.getvalue())
