@@ -146,7 +146,7 @@ def restore(directory: str | os.PathLike, like: Any, step: int | None = None) ->
             f"checkpoint.restore: checkpoint {path} has {len(leaves)} arrays, `like` has {len(like_leaves)}"
         )
     out = []
-    for i, (got, want) in enumerate(zip(leaves, like_leaves)):
+    for i, (got, want) in enumerate(zip(leaves, like_leaves, strict=True)):
         want_shape, want_dtype = np.shape(want), np.asarray(want).dtype
         if got.shape != want_shape or got.dtype != want_dtype:
             raise ValueError(

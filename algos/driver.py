@@ -32,18 +32,34 @@ def metrics_to_host(metrics: Any) -> dict[str, float]:
 
 
 def maybe_resume(checkpoint_dir: str | os.PathLike | None, like: Any, resume: bool) -> tuple[Any, int | None]:
-    """``(restored_state, step)`` if ``resume`` and ``checkpoint_dir`` holds a checkpoint, else ``(like, None)``."""
+    """``(restored, step)`` if ``resume`` and ``checkpoint_dir`` has a checkpoint, else ``(like, None)``.
+
+    Starting afresh (``resume=False``) in a directory that already has checkpoints is an error:
+    the new run's checkpoints would mix with the old run's.
+    """
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs a checkpoint_dir")
-    if not resume or checkpoint.latest_step(checkpoint_dir) is None:
+    latest = None if checkpoint_dir is None else checkpoint.latest_step(checkpoint_dir)
+    if latest is not None and not resume:
+        raise ValueError(
+            f"checkpoint_dir {str(checkpoint_dir)!r} already holds checkpoints (latest step {latest}); "
+            f"pass resume=True to continue that run, or use an empty directory"
+        )
+    if latest is None:
         return like, None
     return checkpoint.restore(checkpoint_dir, like)
 
 
 def check_loop_args(checkpoint_dir: Any, checkpoint_every: int | None) -> None:
     if checkpoint_every is not None:
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every <= 0:
-            raise ValueError(f"checkpoint_every must be None or a positive int (iterations), got {checkpoint_every!r}")
+        if (
+            isinstance(checkpoint_every, bool)
+            or not isinstance(checkpoint_every, int)
+            or checkpoint_every <= 0
+        ):
+            raise ValueError(
+                f"checkpoint_every must be None or a positive int (iterations), got {checkpoint_every!r}"
+            )
         if checkpoint_dir is None:
             raise ValueError("checkpoint_every is set but checkpoint_dir is None")
 

@@ -53,7 +53,8 @@ def update(state: NormalizerState, batch_obs: jax.Array) -> NormalizerState:
     batch_obs = jnp.asarray(batch_obs, jnp.float32)
     if batch_obs.ndim < len(shape) or batch_obs.shape[batch_obs.ndim - len(shape) :] != shape:
         raise ValueError(
-            f"normalize.update: batch_obs has shape {batch_obs.shape}, expected (..., {', '.join(map(str, shape))})"
+            f"normalize.update: batch_obs has shape {batch_obs.shape}, "
+            f"expected (..., {', '.join(map(str, shape))})"
         )
     batch_axes = tuple(range(batch_obs.ndim - len(shape)))
     n = 1
@@ -71,7 +72,7 @@ def update(state: NormalizerState, batch_obs: jax.Array) -> NormalizerState:
 
 
 def apply(state: NormalizerState, obs: jax.Array, max_abs_value: float | None = None) -> jax.Array:
-    """``(obs - mean) / std`` for ``obs`` of shape ``(..., *shape)``; optionally clipped to ``±max_abs_value``."""
+    """``(obs - mean) / std`` for ``obs`` of shape ``(..., *shape)``; clipped to ``±max_abs_value`` if set."""
     out = (obs - state.mean) / state.std
     if max_abs_value is not None:
         out = jnp.clip(out, -max_abs_value, max_abs_value)

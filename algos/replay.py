@@ -48,10 +48,11 @@ class Buffer(NamedTuple):
     capacity: int
 
 
-def _leaf_specs(example: Any) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
-    leaves, treedef = jax.tree.flatten(example)
-    specs = [jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype) for x in leaves]
-    return treedef, specs
+def _leaf_specs(example: Any) -> tuple[Any, list[jax.ShapeDtypeStruct], list[str]]:
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(example)
+    specs = [jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype) for _, x in with_paths]
+    names = [jax.tree_util.keystr(path) or "<root>" for path, _ in with_paths]
+    return treedef, specs, names
 
 
 def uniform(capacity: int, example_transition: Any) -> Buffer:
@@ -65,7 +66,7 @@ def uniform(capacity: int, example_transition: Any) -> Buffer:
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity <= 0:
         raise ValueError(f"replay.uniform: capacity must be a positive int, got {capacity!r}")
     capacity = int(capacity)
-    treedef, specs = _leaf_specs(example_transition)
+    treedef, specs, names = _leaf_specs(example_transition)
     if not specs:
         raise ValueError("replay.uniform: example_transition has no array leaves")
 
@@ -86,15 +87,15 @@ def uniform(capacity: int, example_transition: Any) -> Buffer:
                 f"{[tuple(np.shape(x)) for x in leaves]}"
             )
         out = []
-        for i, (x, s) in enumerate(zip(leaves, specs)):
+        for x, s, name in zip(leaves, specs, names, strict=True):
             if tuple(np.shape(x)[1:]) != s.shape:
                 raise ValueError(
-                    f"replay.insert: leaf {i} has shape {tuple(np.shape(x))}, expected (batch, {s.shape}) "
-                    f"as in the example transition"
+                    f"replay.insert: leaf {name} has shape {tuple(np.shape(x))}, expected (batch, "
+                    f"{', '.join(map(str, s.shape))}) as in the example transition"
                 )
             dtype = jnp.asarray(x).dtype
             if jnp.issubdtype(dtype, jnp.floating) != jnp.issubdtype(s.dtype, jnp.floating):
-                raise ValueError(f"replay.insert: leaf {i} has dtype {dtype}, the example has {s.dtype}")
+                raise ValueError(f"replay.insert: leaf {name} has dtype {dtype}, the example has {s.dtype}")
             out.append(jnp.asarray(x, s.dtype))
         return out, sizes.pop()
 
@@ -112,7 +113,7 @@ def uniform(capacity: int, example_transition: Any) -> Buffer:
         data_leaves = jax.tree.leaves(state.data)
         new_leaves = [
             d.at[idx].set(x, indices_are_sorted=False, unique_indices=True, mode="promise_in_bounds")
-            for d, x in zip(data_leaves, leaves)
+            for d, x in zip(data_leaves, leaves, strict=True)
         ]
         return BufferState(
             data=jax.tree.unflatten(treedef, new_leaves),

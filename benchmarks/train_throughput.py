@@ -50,6 +50,7 @@ def run_rose(args, hp: dict) -> dict:
         **hp,
         policy_hidden_sizes=(32,) * 4,
         value_hidden_sizes=(256,) * 5,
+        activation="swish",
         num_timesteps=args.num_envs * args.unroll_length * (args.iters + args.warmup),
         seed=0,
     )
