@@ -24,8 +24,7 @@ def machine_info() -> dict[str, Any]:
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [d.device_kind for d in jax.devices()],
-        "command": " ".join([os.path.basename(sys.executable), "-m" if sys.argv[0].endswith(".py") else ""]
-                            + sys.argv).replace("  ", " "),
+        "command": " ".join(["python", *sys.orig_argv[1:]]),
     }
     for pkg in ("jaxlib", "flax", "optax", "brax", "mujoco", "mujoco_mjx"):
         try:

@@ -1,0 +1,432 @@
+"""Benchmark workloads and suites: frozen data, no JAX at import time.
+
+A :class:`Workload` is one row of the results table: an algorithm (PPO or SAC) on one environment
+with one policy size and env count, measured as up to four variants (:data:`VARIANTS`):
+
+  ``brax``            (a) Brax's own ``ppo.train`` / ``sac.train`` (Brax envs only), its ``training/sps``
+  ``single_jit``      (b) our algorithm, K iterations inside one jitted ``lax.scan`` (PureJaxRL style)
+  ``hand_pipelined``  (c) (b) with the rollout split into 2 env groups, staggered by hand
+                          (:mod:`benchmarks.baselines`): group B's policy next to group A's sim
+  ``rose_jax``        (d) ``rose_jax.optimize.optimize`` of the same iteration, run like (b)
+
+A :class:`Suite` is a named tuple of workloads with a device-time budget. Suites:
+
+  ``tiny``   CPU smoke suite (pure-JAX cartpole/pendulum, Brax's trivial ``fast`` env); < 2 min here
+  ``quick``  four H200 rows (PPO ant / humanoid / MJCF swimmer 2048 envs, SAC ant 1024 envs); < 8 min
+  ``full``   every combination {PPO, SAC} x {ant, humanoid, halfcheetah, mjx_swimmer} x {4x32, 4x256}
+             x two env counts; run it in parts (``--part i/n``, see :func:`split`)
+
+Hyperparameters are matched between Brax and our algorithms (same env count, unroll, minibatches,
+epochs, learning rate, discount, network sizes, activation, reward scaling, normalisation), with
+Brax's ``batch_size = num_envs / num_minibatches`` so that one Brax training step collects one
+unroll of every env, like one of our PPO iterations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+VARIANTS = ("brax", "single_jit", "hand_pipelined", "rose_jax")
+BASELINES = ("brax", "single_jit", "hand_pipelined")
+LABELS = {
+    "brax": "(a) Brax train",
+    "single_jit": "(b) single-jit loop",
+    "hand_pipelined": "(c) hand env-group pipeline",
+    "rose_jax": "(d) rose-jax optimized",
+}
+# The order variants run in: (b) first (reference for equality checks and for reuse by (d)),
+# then (d), so that the headline ratio exists even when a time budget cuts the row short.
+RUN_ORDER = ("single_jit", "rose_jax", "hand_pipelined", "brax")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """How :func:`rose_jax.optimize.optimize` is called for variant (d).
+
+    ``candidates``: ``((transform_name, ((param, value), ...)), ...)`` rebuilt with
+    ``rose_jax.optimize.transform_by_name``; ``None`` lets the optimizer generate its own from the
+    LoopTree (costs one compile per measured candidate). The rest are ``optimize``'s keywords.
+    """
+
+    candidates: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None = (
+        ("group_rollout", (("groups", 2), ("mode", "interleaved"))),
+    )
+    max_candidates: int = 2
+    n_iters: int = 2
+    repeats: int = 2
+    local: bool = False
+    combine: bool = False
+
+    def to_json(self) -> dict:
+        return {
+            "candidates": None if self.candidates is None else [[n, dict(p)] for n, p in self.candidates],
+            "max_candidates": self.max_candidates, "n_iters": self.n_iters, "repeats": self.repeats,
+            "local": self.local, "combine": self.combine,
+        }
+
+
+GENERATED = OptimizerSettings(candidates=None, max_candidates=3, n_iters=3, repeats=3, local=True, combine=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One row: ``algo`` on ``env`` with ``num_envs`` envs and a ``policy_hidden_sizes`` MLP.
+
+    Attributes:
+      algo: ``"ppo"`` or ``"sac"``.
+      env: an ``envs`` registry name, or ``"brax:<name>"`` for a Brax env outside the registry
+        (built with ``envs.brax_envs.make_brax``).
+      num_envs: environments stepped in parallel (all variants).
+      policy_hidden_sizes: policy MLP widths (SAC: also its Q networks', as Brax uses one size).
+      backend: Brax physics backend (``"mjx"``, ``"generalized"``, ...) for Brax envs, else None.
+      brax_env: the env's name in Brax's registry for variant (a); None: no Brax variant.
+      episode_length: time limit in env steps (all variants).
+      hyperparameters: algorithm config fields as ``((name, value), ...)`` (hashable).
+      iterations_per_block: K, iterations per timed call (PPO: unrolls of every env; SAC: env
+        steps of every env, each followed by ``grad_updates_per_step`` gradient steps).
+      blocks: timed calls per variant (the median is reported).
+      variants: which of :data:`VARIANTS` run.
+      groups: env groups of the hand-pipelined baseline (c).
+      return_threshold: mean episode return for the time-to-threshold measurement (None: none).
+      threshold_max_s: give up on the threshold after this many seconds of training.
+      optimizer: settings of variant (d).
+      seed: PRNG seed of every variant.
+    """
+
+    algo: str
+    env: str
+    num_envs: int
+    policy_hidden_sizes: tuple[int, ...]
+    backend: str | None = None
+    brax_env: str | None = None
+    episode_length: int = 1000
+    hyperparameters: tuple[tuple[str, Any], ...] = ()
+    iterations_per_block: int = 5
+    blocks: int = 3
+    variants: tuple[str, ...] = VARIANTS
+    groups: int = 2
+    return_threshold: float | None = None
+    threshold_max_s: float = 60.0
+    optimizer: OptimizerSettings = OptimizerSettings()
+    seed: int = 0
+
+    def __post_init__(self):
+        def bad(field, why):
+            raise ValueError(f"Workload.{field} {why}, got {getattr(self, field)!r}")
+
+        if self.algo not in ("ppo", "sac"):
+            bad("algo", "must be 'ppo' or 'sac'")
+        for f in ("num_envs", "iterations_per_block", "blocks", "groups", "episode_length"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                bad(f, "must be a positive int")
+        object.__setattr__(self, "policy_hidden_sizes", tuple(self.policy_hidden_sizes))
+        object.__setattr__(self, "variants", tuple(self.variants))
+        unknown = [v for v in self.variants if v not in VARIANTS]
+        if unknown:
+            bad("variants", f"has unknown names {unknown} (known: {', '.join(VARIANTS)})")
+        if "brax" in self.variants and self.brax_env is None:
+            bad("variants", "includes 'brax' but brax_env is None (Brax runs only Brax envs)")
+        if self.groups != 2:
+            bad("groups", "must be 2 (the hand-pipelined baseline staggers two env groups)")
+        if self.num_envs % self.groups:
+            bad("num_envs", f"must be divisible by groups={self.groups}")
+
+    @property
+    def name(self) -> str:
+        """Row id, e.g. ``ppo-ant-2048-4x32`` (uniform widths) or ``ppo-cartpole-64-16-16``."""
+        sizes = self.policy_hidden_sizes
+        if len(set(sizes)) == 1:
+            net = f"{len(sizes)}x{sizes[0]}"
+        else:
+            net = "-".join(map(str, sizes))
+        env = self.env.split(":")[-1]
+        return f"{self.algo}-{env}-{self.num_envs}-{net}"
+
+    @property
+    def hp(self) -> dict[str, Any]:
+        return dict(self.hyperparameters)
+
+    @property
+    def unroll_length(self) -> int:
+        return int(self.hp.get("unroll_length", 1)) if self.algo == "ppo" else 1
+
+    @property
+    def env_steps_per_iteration(self) -> int:
+        """Single-env transitions collected by one iteration of our algorithms."""
+        if self.algo == "ppo":
+            return self.num_envs * self.unroll_length
+        return self.num_envs * int(self.hp.get("steps_per_iteration", 1))
+
+    @property
+    def total_timed_env_steps(self) -> int:
+        """Env steps of one variant's warm-up, timed blocks and activity block together (upper bound)."""
+        return self.env_steps_per_iteration * self.iterations_per_block * (self.blocks + 3)
+
+    def make_env(self):
+        """The environment of our variants (b)-(d) (imports envs, and Brax for Brax envs)."""
+        import envs
+
+        kw: dict[str, Any] = {"episode_length": self.episode_length}
+        if self.backend is not None:
+            kw["backend"] = self.backend
+        if self.env.startswith("brax:"):
+            from envs import brax_envs
+
+            return brax_envs.make_brax(self.env.split(":", 1)[1], **kw)
+        return envs.make(self.env, **kw)
+
+    def config(self, env):
+        """The algorithm's config (``PPOConfig`` / ``SACConfig``) for ``env``."""
+        import algos
+
+        hp = self.hp
+        if self.algo == "ppo":
+            hp.setdefault("num_timesteps", max(self.total_timed_env_steps, 1))
+            return algos.make_config("ppo", num_envs=self.num_envs, policy_hidden_sizes=self.policy_hidden_sizes,
+                                     seed=self.seed, **hp)
+        hp.setdefault("num_timesteps", max(self.total_timed_env_steps, 2))
+        hp.setdefault("max_replay_size", self.replay_capacity)
+        hp.setdefault("target_entropy", -0.5 * env.action_size)  # Brax's SAC: -0.5 * action_size
+        return algos.make_config("sac", num_envs=self.num_envs, policy_hidden_sizes=self.policy_hidden_sizes,
+                                 q_hidden_sizes=self.policy_hidden_sizes, seed=self.seed, **hp)
+
+    @property
+    def replay_capacity(self) -> int:
+        """SAC replay capacity (ours and Brax's): every transition of a threshold run or a timed run fits."""
+        return max(self.total_timed_env_steps, self.num_envs * 64)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["name"] = self.name
+        d["hyperparameters"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.hyperparameters}
+        d["optimizer"] = self.optimizer.to_json()
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """A named set of workloads.
+
+    ``budget_s``: wall-time budget of one run (part) including compilation; a variant that is not
+    expected to finish within it is skipped and recorded as such (None: no budget).
+    ``measure_threshold``: run the time-to-threshold measurement where a workload defines one.
+    """
+
+    name: str
+    description: str
+    workloads: tuple[Workload, ...]
+    budget_s: float | None = None
+    measure_threshold: bool = False
+
+
+# ------------------------------------------------------------------------------ hyperparameters
+
+# Brax's PPO defaults for the locomotion tasks (brax/training/agents/ppo examples), one unroll per
+# env per iteration. reward_scaling follows Brax's per-env choices.
+PPO_HP = (
+    ("unroll_length", 10),
+    ("num_minibatches", 16),
+    ("num_epochs", 4),
+    ("learning_rate", 3e-4),
+    ("entropy_cost", 1e-2),
+    ("discounting", 0.97),
+    ("gae_lambda", 0.95),
+    ("clipping_epsilon", 0.3),
+    ("normalize_observations", True),
+    ("normalize_advantage", True),
+    ("max_grad_norm", None),
+    ("value_cost", 0.5),
+    ("value_hidden_sizes", (256,) * 5),
+    ("activation", "swish"),
+)
+REWARD_SCALING = {"ant": 10.0, "humanoid": 0.1, "halfcheetah": 1.0, "mjx_swimmer": 1.0}
+
+SAC_HP = (
+    ("learning_rate", 6e-4),
+    ("alpha_learning_rate", 3e-4),
+    ("discounting", 0.97),
+    ("tau", 0.005),
+    ("batch_size", 256),
+    ("grad_updates_per_step", 8),
+    ("min_replay_size", 0),
+    ("normalize_observations", True),
+    ("activation", "relu"),
+    ("init_alpha", 1.0),
+)
+
+# Return thresholds for the optional time-to-threshold measurement (mean last-episode return).
+THRESHOLDS = {"ant": 1000.0, "halfcheetah": 1000.0, "humanoid": 1000.0, "mjx_swimmer": 20.0}
+
+MJX_ENVS = ("ant", "humanoid", "halfcheetah")
+MJCF_ENV = "mjx_swimmer"  # plain MJX from envs/assets/swimmer.xml (envs/mjcf.py)
+POLICY_SIZES = ((32,) * 4, (256,) * 4)
+ENV_COUNTS = {"ppo": (2048, 8192), "sac": (256, 1024)}
+
+
+def _with(base: tuple, **overrides) -> tuple:
+    d = dict(base)
+    d.update(overrides)
+    return tuple(d.items())
+
+
+def ppo_row(env: str, num_envs: int, policy: tuple[int, ...], **kw) -> Workload:
+    """A PPO row on a Brax MJX env (``ant`` ...) or the MJCF env, Brax's matched hyperparameters."""
+    return _row("ppo", PPO_HP, env, num_envs, policy, kw)
+
+
+def sac_row(env: str, num_envs: int, policy: tuple[int, ...], **kw) -> Workload:
+    """A SAC row (one env step of every env + ``grad_updates_per_step`` gradient steps per iteration)."""
+    kw.setdefault("iterations_per_block", 40)
+    return _row("sac", SAC_HP, env, num_envs, policy, kw)
+
+
+def _row(algo: str, base_hp: tuple, env: str, num_envs: int, policy: tuple[int, ...], kw: dict) -> Workload:
+    is_brax = env in MJX_ENVS
+    fields = dict(
+        algo=algo, env=env, num_envs=num_envs, policy_hidden_sizes=policy,
+        backend="mjx" if is_brax else None, brax_env=env if is_brax else None,
+        hyperparameters=_with(base_hp, reward_scaling=REWARD_SCALING.get(env, 1.0)),
+        return_threshold=THRESHOLDS.get(env),
+        variants=VARIANTS if is_brax else ("single_jit", "hand_pipelined", "rose_jax"),
+    )
+    fields.update(kw)
+    return Workload(**fields)
+
+
+# ------------------------------------------------------------------------------ suites
+
+_TINY_PPO = (
+    ("unroll_length", 8), ("num_minibatches", 4), ("num_epochs", 2), ("learning_rate", 3e-3),
+    ("value_hidden_sizes", (16, 16)), ("activation", "tanh"), ("entropy_cost", 1e-3),
+    ("reward_scaling", 0.1), ("normalize_observations", True), ("max_grad_norm", 1.0),
+)
+_TINY_SAC = (
+    ("learning_rate", 1e-3), ("batch_size", 32), ("grad_updates_per_step", 2), ("min_replay_size", 0),
+    ("normalize_observations", False), ("activation", "relu"), ("reward_scaling", 1.0),
+)
+_TINY_OPT = OptimizerSettings(n_iters=1, repeats=1)
+
+TINY = Suite(
+    name="tiny",
+    description="CPU smoke suite: pure-JAX cartpole (PPO) and pendulum (SAC), Brax's trivial 'fast' env "
+                "(Brax's ppo.train vs ours); plumbing, not performance",
+    workloads=(
+        Workload(algo="ppo", env="cartpole", num_envs=32, policy_hidden_sizes=(16, 16), episode_length=100,
+                 hyperparameters=_TINY_PPO, iterations_per_block=4, blocks=2,
+                 variants=("single_jit", "hand_pipelined", "rose_jax"), return_threshold=30.0,
+                 threshold_max_s=10.0, optimizer=_TINY_OPT),
+        Workload(algo="sac", env="pendulum", num_envs=8, policy_hidden_sizes=(16, 16), episode_length=50,
+                 hyperparameters=_TINY_SAC, iterations_per_block=8, blocks=2,
+                 variants=("single_jit", "hand_pipelined", "rose_jax"), optimizer=_TINY_OPT),
+        Workload(algo="ppo", env="brax:fast", backend="generalized", brax_env="fast", num_envs=16,
+                 policy_hidden_sizes=(16, 16), episode_length=50,
+                 hyperparameters=_with(_TINY_PPO, num_minibatches=4, num_epochs=1, max_grad_norm=None),
+                 iterations_per_block=2, blocks=2, variants=("single_jit", "rose_jax", "brax"),
+                 optimizer=_TINY_OPT),
+    ),
+    budget_s=None,
+    measure_threshold=True,
+)
+
+_Q = dict(iterations_per_block=4, blocks=3)
+QUICK = Suite(
+    name="quick",
+    description="H200 headline suite: PPO ant/humanoid/MJCF-swimmer at 2048 envs and SAC ant at 1024 envs, "
+                "4x32 policy; few iterations; one optimizer candidate (2 env groups, interleaved)",
+    workloads=(
+        ppo_row("ant", 2048, (32,) * 4, **_Q),
+        ppo_row("humanoid", 2048, (32,) * 4, variants=("single_jit", "rose_jax"), iterations_per_block=3, blocks=3),
+        sac_row("ant", 1024, (32,) * 4, variants=("single_jit", "rose_jax", "brax"), blocks=3),
+        ppo_row(MJCF_ENV, 2048, (32,) * 4, variants=("single_jit", "rose_jax"), **_Q),
+    ),
+    budget_s=450.0,
+)
+
+
+def _full_workloads() -> tuple[Workload, ...]:
+    rows = []
+    for algo, make in (("ppo", ppo_row), ("sac", sac_row)):
+        for env in MJX_ENVS + (MJCF_ENV,):
+            for policy in POLICY_SIZES:
+                for n in ENV_COUNTS[algo]:
+                    rows.append(make(env, n, policy, optimizer=GENERATED))
+    return tuple(rows)
+
+
+FULL = Suite(
+    name="full",
+    description="every combination: {PPO, SAC} x {ant, humanoid, halfcheetah (MJX), mjx_swimmer (MJCF)} x "
+                "{4x32, 4x256} x two env counts; the optimizer generates its candidates",
+    workloads=_full_workloads(),
+    budget_s=450.0,
+)
+
+SUITES = {s.name: s for s in (TINY, QUICK, FULL)}
+
+
+def get(name: str) -> Suite:
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; suites: {', '.join(SUITES)}")
+    return SUITES[name]
+
+
+# ------------------------------------------------------------------------------ cost model
+
+# Rough H200 compile seconds of one variant's program per env (XLA GPU, MJX impl='jax'), and the
+# multiplier per variant: Brax compiles reset + its epoch (twice on JAX >= 0.11: the second hits
+# the persistent compilation cache), (d) compiles the optimizer's baseline, each measured
+# candidate and our K-iteration loop of the plan. A model for planning parts, not a measurement.
+COMPILE_S = {"ant": 35.0, "humanoid": 60.0, "halfcheetah": 30.0, "mjx_swimmer": 20.0}
+CPU_COMPILE_S = 4.0
+VARIANT_COMPILES = {"brax": 1.6, "single_jit": 1.0, "hand_pipelined": 1.0, "rose_jax": 2.0}
+# Rough H200 env-steps/s, to budget the timed runs.
+RATE = {"ant": 4e5, "humanoid": 1.5e5, "halfcheetah": 5e5, "mjx_swimmer": 6e5}
+
+
+def estimate_s(w: Workload, variant: str | None = None, gpu: bool = True) -> float:
+    """Estimated seconds (compile + runs) of one variant of ``w`` (or all of its variants)."""
+    if variant is None:
+        return sum(estimate_s(w, v, gpu) for v in w.variants) + (10.0 if gpu else 1.0)
+    env = w.env.split(":")[-1]
+    compile_s = COMPILE_S.get(env, 30.0) if gpu else CPU_COMPILE_S
+    if w.algo == "sac":
+        compile_s *= 0.8
+    n_compiles = VARIANT_COMPILES[variant]
+    if variant == "rose_jax" and w.optimizer.candidates is None:
+        n_compiles = 2.0 + w.optimizer.max_candidates * (2.0 if w.optimizer.local else 1.0)
+    run_s = w.total_timed_env_steps / (RATE.get(env, 3e5) if gpu else 2e4)
+    if w.algo == "sac":
+        run_s *= 1.0 + 0.05 * int(w.hp.get("grad_updates_per_step", 1))
+    if variant == "rose_jax":
+        run_s *= 1.0 + 2.0 * w.optimizer.repeats * w.optimizer.n_iters / max(w.iterations_per_block * w.blocks, 1)
+    return compile_s * n_compiles + run_s
+
+
+def split(workloads: tuple[Workload, ...], part: int, parts: int) -> tuple[Workload, ...]:
+    """Part ``part`` (1-based) of ``parts``: rows dealt greedily by estimated cost (largest first).
+
+    Deterministic, so every part of one suite agrees on the split; each row is in exactly one part.
+    """
+    if not (isinstance(parts, int) and isinstance(part, int) and parts >= 1 and 1 <= part <= parts):
+        raise ValueError(f"--part must be i/n with 1 <= i <= n, got {part}/{parts}")
+    load = [0.0] * parts
+    bins: list[list[int]] = [[] for _ in range(parts)]
+    order = sorted(range(len(workloads)), key=lambda i: (-estimate_s(workloads[i]), i))
+    for i in order:
+        b = min(range(parts), key=lambda k: (load[k], k))
+        bins[b].append(i)
+        load[b] += estimate_s(workloads[i])
+    return tuple(workloads[i] for i in sorted(bins[part - 1]))
+
+
+def parts_needed(suite: Suite, budget_s: float | None = None) -> int:
+    """Smallest ``n`` such that every part of ``split(suite.workloads, i, n)`` fits ``budget_s``."""
+    budget = budget_s or suite.budget_s
+    if budget is None:
+        return 1
+    for n in range(1, len(suite.workloads) + 1):
+        if all(sum(estimate_s(w) for w in split(suite.workloads, i, n)) <= budget for i in range(1, n + 1)):
+            return n
+    return len(suite.workloads)
