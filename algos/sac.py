@@ -16,6 +16,10 @@ One iteration is ``steps_per_iteration`` times: component ``collect`` (``policy`
 ``critic_update``, ``actor_update`` (all three read the state as it was before the step, as in
 Brax, so they are independent of each other) and ``target_update``).
 
+The host driver :func:`train` (Brax-style keywords) runs ``num_evals`` jitted epochs
+(:func:`epoch`: a ``lax.scan`` of iterations, then an evaluation) through ``algos.driver``, with
+atomic checkpoints of the whole TrainState and bitwise-exact resume.
+
 Shapes: ``obs`` ``(num_envs, observation_size)``, actions ``(num_envs, action_size)`` in [-1, 1],
 rewards in the environment's units (scaled by ``reward_scaling`` inside the critic target only).
 """
@@ -769,6 +773,16 @@ def _jitted_evaluator(config: SACConfig, env: Env, num_envs, deterministic):
     return jax.jit(make_evaluator(config, env, num_envs, deterministic))
 
 
+@functools.lru_cache(maxsize=16)
+def _jitted_iteration(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
+    return jax.jit(iteration(config, env), donate_argnums=0)
+
+
+def jitted_iteration(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
+    """``jax.jit(iteration(config, env), donate_argnums=0)``, cached per (config without seed, env)."""
+    return _jitted_iteration(_cache_key(config), env)
+
+
 def jitted_epoch(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[TrainState, dict]]:
     """``jax.jit(epoch(config, env), donate_argnums=0)``, cached per (config without seed, env)."""
     return _jitted_epoch(_cache_key(config), env)
@@ -834,8 +848,8 @@ def train(
         max_replay_size=max_replay_size,
         reward_scaling=reward_scaling,
         normalize_observations=normalize_observations,
-        policy_hidden_sizes=tuple(policy_hidden_sizes),
-        q_hidden_sizes=tuple(q_hidden_sizes),
+        policy_hidden_sizes=policy_hidden_sizes,
+        q_hidden_sizes=q_hidden_sizes,
         activation=activation,
         init_alpha=init_alpha,
         target_entropy=target_entropy,
@@ -921,6 +935,7 @@ __all__ = [
     "iteration",
     "iterations_per_epoch",
     "jitted_epoch",
+    "jitted_iteration",
     "make",
     "make_evaluator",
     "policy_distribution",

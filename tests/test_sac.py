@@ -1,0 +1,375 @@
+"""Tests of algos.sac: hand-computed target / Polyak numbers, config errors, structure, learning."""
+
+import dataclasses
+import functools
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from algos import sac
+
+# Small, fast-compiling settings for the structural tests.
+TINY = dict(
+    num_timesteps=1200,
+    num_envs=8,
+    grad_updates_per_step=2,
+    batch_size=32,
+    min_replay_size=64,
+    policy_hidden_sizes=(16,),
+    q_hidden_sizes=(16,),
+    num_evals=4,
+    num_eval_envs=0,
+)
+
+
+@pytest.fixture(scope="module")
+def pendulum():
+    return envs.make("pendulum")
+
+
+@pytest.fixture(scope="module")
+def tiny_step(pendulum):
+    """The jitted TINY iteration (not donating), shared by the tests that compare runs."""
+    return jax.jit(sac.iteration(sac.SACConfig(**TINY), pendulum))
+
+
+# ---------------------------------------------------------------------------------- math
+
+
+def test_critic_target_by_hand():
+    reward = jnp.array([1.0, -2.0, 0.5])
+    discount = jnp.array([1.0, 1.0, 0.0])  # the last one is terminal: no bootstrap
+    next_q = jnp.array([[3.0, 4.0], [-1.0, -5.0], [10.0, 10.0]])
+    next_log_prob = jnp.array([-1.0, 2.0, 0.3])
+    alpha, scale, gamma = 0.2, 2.0, 0.9
+    got = sac.critic_target(reward, discount, next_q, next_log_prob, alpha, scale, gamma)
+    # r*s + gamma*d*(min(q) - alpha*logp)
+    want = [1.0 * 2 + 0.9 * (3.0 + 0.2), -2.0 * 2 + 0.9 * (-5.0 - 0.4), 0.5 * 2]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_polyak_by_hand():
+    target = {"w": jnp.array([1.0, 2.0]), "b": jnp.array(10.0)}
+    online = {"w": jnp.array([3.0, -2.0]), "b": jnp.array(0.0)}
+    got = sac.target_update(target, online, 0.25)
+    np.testing.assert_allclose(got["w"], [1.5, 1.0])
+    np.testing.assert_allclose(got["b"], 7.5)
+    chex.assert_trees_all_equal(sac.target_update(target, online, 1.0), online)
+
+
+def _losses_setup(pendulum, **overrides):
+    config = sac.SACConfig(**{**TINY, **overrides})
+    state = sac.init(config, pendulum, jax.random.PRNGKey(1), prefill=False)
+    net = sac.make(config, pendulum)
+    batch = sac.Transition(
+        obs=jax.random.normal(jax.random.PRNGKey(2), (5, 3)),
+        action=jnp.tanh(jax.random.normal(jax.random.PRNGKey(3), (5, 1))),
+        reward=jnp.arange(5.0) - 2.0,
+        discount=jnp.array([1.0, 0.0, 1.0, 1.0, 0.0]),
+        next_obs=jax.random.normal(jax.random.PRNGKey(4), (5, 3)),
+        truncation=jnp.array([0.0, 0.0, 1.0, 0.0, 0.0]),
+    )
+    return config, state, net, batch
+
+
+def test_critic_loss_matches_hand_assembled_target(pendulum):
+    config, state, net, batch = _losses_setup(pendulum, reward_scaling=3.0, discounting=0.8)
+    key = jax.random.PRNGKey(5)
+    log_alpha = jnp.log(0.3)
+    loss = sac.critic_loss(
+        net,
+        state.critic_params,
+        state.target_critic_params,
+        state.actor_params,
+        log_alpha,
+        state.normalizer,
+        batch,
+        key,
+    )
+    # Assemble the same quantity step by step from the networks.
+    dist = sac.policy_distribution(net, state.actor_params, state.normalizer, batch.next_obs)
+    raw = dist.loc + dist.scale * jax.random.normal(key, dist.loc.shape)
+    logp = np.asarray(sac.networks.log_prob(dist, raw))
+    q_next = np.asarray(net.critic.apply(state.target_critic_params, batch.next_obs, jnp.tanh(raw)))
+    q = np.asarray(net.critic.apply(state.critic_params, batch.obs, batch.action))
+    r, d, tr = map(np.asarray, (batch.reward, batch.discount, batch.truncation))
+    y = r * 3.0 + d * 0.8 * (q_next.min(axis=1) - 0.3 * logp)
+    err = (q - y[:, None]) * (1 - tr)[:, None]  # the truncated transition does not count
+    np.testing.assert_allclose(loss, 0.5 * np.mean(err**2), rtol=1e-5)
+
+
+def test_each_update_moves_its_parameters(pendulum):
+    config, state, net, batch = _losses_setup(pendulum)
+    key = jax.random.PRNGKey(6)
+    critic, critic_opt, _ = jax.jit(functools.partial(sac.critic_update, net))(
+        state.critic_params,
+        state.critic_opt_state,
+        state.target_critic_params,
+        state.actor_params,
+        state.log_alpha,
+        state.normalizer,
+        batch,
+        key,
+    )
+    actor, actor_opt, _ = jax.jit(functools.partial(sac.actor_update, net))(
+        state.actor_params,
+        state.actor_opt_state,
+        state.critic_params,
+        state.log_alpha,
+        state.normalizer,
+        batch.obs,
+        key,
+    )
+    log_alpha, _, _ = jax.jit(functools.partial(sac.alpha_update, net))(
+        state.log_alpha, state.alpha_opt_state, state.actor_params, state.normalizer, batch.obs, key
+    )
+    chex.assert_trees_all_equal_structs(critic, state.critic_params)
+    chex.assert_trees_all_equal_structs(actor, state.actor_params)
+    for new, old in ((critic, state.critic_params), (actor, state.actor_params)):
+        diffs = [
+            float(jnp.max(jnp.abs(a - b)))
+            for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old), strict=True)
+        ]
+        assert max(diffs) > 0  # every update moved its parameters
+    # Adam's first step moves a parameter by about lr (|m / sqrt(v)| = 1 at step one).
+    assert abs(float(log_alpha - state.log_alpha)) == pytest.approx(config.alpha_learning_rate, rel=1e-3)
+
+
+# ---------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_envs", 0),
+        ("batch_size", -1),
+        ("grad_updates_per_step", 1.5),
+        ("steps_per_iteration", 0),
+        ("learning_rate", 0.0),
+        ("learning_rate", math.nan),
+        ("critic_learning_rate", -1.0),
+        ("alpha_learning_rate", math.inf),
+        ("discounting", 1.5),
+        ("tau", 0.0),
+        ("tau", 2.0),
+        ("reward_scaling", math.inf),
+        ("policy_hidden_sizes", (64, 0)),
+        ("q_hidden_sizes", "64"),
+        ("activation", "no_such_fn"),
+        ("init_alpha", -0.1),
+        ("target_entropy", math.nan),
+        ("max_replay_size", 0),
+        ("min_replay_size", 5000),
+        ("num_evals", 0),
+        ("seed", -1),
+        ("normalize_observations", "yes"),
+    ],
+)
+def test_bad_hyperparameter_names_the_field(field, value):
+    with pytest.raises(ValueError, match=f"SACConfig.{field} ") as info:
+        sac.SACConfig(**{**TINY, field: value})
+    assert "\n" not in str(info.value)
+
+
+def test_min_replay_must_fit_the_buffer():
+    with pytest.raises(ValueError, match="min_replay_size .*replay capacity"):
+        sac.SACConfig(**{**TINY, "max_replay_size": 32})
+
+
+def test_train_rejects_unknown_hyperparameters():
+    with pytest.raises(TypeError, match="'learning_rat'"):
+        sac.train("pendulum", num_timesteps=1000, learning_rat=1e-3)
+
+
+def test_config_is_frozen_and_hashable():
+    config = sac.SACConfig(**TINY)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.tau = 0.1
+    assert hash(config) == hash(sac.SACConfig(**TINY))
+
+
+# ---------------------------------------------------------------------------------- structure
+
+
+def test_iteration_traces_once_and_counts(pendulum):
+    config = sac.SACConfig(**{**TINY, "normalize_observations": True})
+    state = sac.init(config, pendulum, jax.random.PRNGKey(0))
+    assert int(state.replay.size) == 64 and int(state.env_steps) == 64
+    assert int(state.normalizer.count) == 64  # prefill feeds the normalizer too
+    step = jax.jit(chex.assert_max_traces(sac.iteration(config, pendulum), n=1), donate_argnums=0)
+    for _ in range(3):
+        state, metrics = step(state)
+    assert int(state.env_steps) == 64 + 3 * 8
+    assert int(state.grad_steps) == 3 * 2
+    assert int(state.iteration) == 3 and int(metrics.iteration) == 3
+    assert int(metrics.buffer_size) == 64 + 3 * 8 and int(metrics.env_steps) == 64 + 3 * 8
+    assert int(state.normalizer.count) == 64 + 3 * 8
+    for name in ("critic_loss", "actor_loss", "alpha_loss", "alpha", "reward"):
+        assert np.isfinite(float(getattr(metrics, name))), name
+
+
+def _component_names(closed_jaxpr):
+    import jax.extend as jex
+
+    found = set()
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            found.update(
+                p[len("rose:") :] for p in str(eqn.source_info.name_stack).split("/") if p.startswith("rose:")
+            )
+            for sub in jex.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return found
+
+
+def test_iteration_is_made_of_the_named_components(pendulum):
+    config = sac.SACConfig(**{**TINY, "normalize_observations": True})
+    state = sac.init(config, pendulum, jax.random.PRNGKey(0), prefill=False)
+    names = _component_names(jax.make_jaxpr(sac.iteration(config, pendulum))(state))
+    assert names >= {
+        "collect",
+        "policy",
+        "sim",
+        "normalizer",
+        "replay_insert",
+        "train_steps",
+        "replay_sample",
+        "critic_update",
+        "actor_update",
+        "alpha_update",
+        "target_update",
+    }
+    assert "prefill" in _component_names(jax.make_jaxpr(sac.prefill_fn(config, pendulum))(state))
+
+
+def test_scanned_env_steps_equal_separate_iterations(pendulum, tiny_step):
+    one = sac.SACConfig(**TINY)
+    two = dataclasses.replace(one, steps_per_iteration=2)
+    state = sac.init(one, pendulum, jax.random.PRNGKey(3))
+    a, _ = tiny_step(tiny_step(state)[0])
+    b, _ = jax.jit(sac.iteration(two, pendulum))(state)
+    assert int(a.iteration) == 2 and int(b.iteration) == 1
+    b = b.replace(iteration=a.iteration)
+    chex.assert_trees_all_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------- driver
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(pendulum):
+    return sac.train(pendulum, **TINY)
+
+
+def test_same_seed_same_params_other_seed_differs(uninterrupted, pendulum):
+    a, history = uninterrupted
+    b, _ = sac.train("pendulum", **TINY)  # a fresh env object: compiled anew
+    chex.assert_trees_all_equal(a.actor_params, b.actor_params)
+    chex.assert_trees_all_equal(a.critic_params, b.critic_params)
+    chex.assert_trees_all_equal(a.replay, b.replay)
+    assert len(history) == TINY["num_evals"]
+    assert history[-1]["env_steps"] >= TINY["num_timesteps"]
+    assert [m["iteration"] for m in history] == [
+        sac.iterations_per_epoch(sac.SACConfig(**TINY)) * (i + 1) for i in range(TINY["num_evals"])
+    ]
+    c, _ = sac.train(pendulum, seed=1, **TINY)  # shares the compiled epoch: the seed is only data
+    for x, y in zip(jax.tree.leaves(a.actor_params), jax.tree.leaves(c.actor_params), strict=True):
+        assert not np.allclose(x, y)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_resume_equals_uninterrupted(uninterrupted, pendulum, tmp_path):
+    from algos import checkpoint
+
+    reference, _ = uninterrupted
+    seen = []
+
+    def stop_at_the_second_report(step, metrics):
+        seen.append(step)
+        if len(seen) == 2:
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        sac.train(
+            pendulum,
+            checkpoint_dir=str(tmp_path),
+            checkpoint_every=1,
+            progress_fn=stop_at_the_second_report,
+            **TINY,
+        )
+    done = seen.index(checkpoint.latest_step(tmp_path)) + 1  # epochs in the latest checkpoint
+    assert 1 <= done < TINY["num_evals"]
+    resumed, history = sac.train(pendulum, checkpoint_dir=str(tmp_path), resume=True, **TINY)
+    assert len(history) == TINY["num_evals"] - done  # only the missing epochs ran
+    chex.assert_trees_all_equal(resumed, reference)
+
+
+def test_driver_argument_errors():
+    with pytest.raises(ValueError, match="resume=True needs a checkpoint_dir"):
+        sac.train("pendulum", resume=True, **TINY)
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        sac.train("pendulum", checkpoint_dir="/tmp/x", checkpoint_every=0, **TINY)
+
+
+# ---------------------------------------------------------------------------------- learning
+
+
+@pytest.mark.slow
+def test_sac_learns_pendulum():
+    # A random policy scores about -1200 per 200-step episode; solved is above about -200.
+    state, history = sac.train(
+        "pendulum",
+        num_timesteps=10_000,
+        seed=0,
+        num_envs=16,
+        grad_updates_per_step=16,
+        batch_size=256,
+        min_replay_size=512,
+        policy_hidden_sizes=(64, 64),
+        q_hidden_sizes=(64, 64),
+        learning_rate=1e-3,
+        num_evals=5,
+        num_eval_envs=128,
+    )
+    returns = [m["eval_episode_return"] for m in history]
+    assert returns[0] < -600, returns  # it starts out bad (after ~2k steps)
+    assert returns[-1] >= -400, returns
+    assert history[-1]["alpha"] < 0.5  # the temperature was tuned down
+
+
+def test_vmap_over_seeds_equals_separate_runs(pendulum, tiny_step):
+    config = sac.SACConfig(**TINY)
+    keys = jax.random.split(jax.random.PRNGKey(7), 2)
+    stacked = jax.vmap(lambda k: sac.init(config, pendulum, k))(keys)
+    batched, _ = jax.jit(jax.vmap(sac.iteration(config, pendulum)))(stacked)
+    single, _ = tiny_step(sac.init(config, pendulum, keys[1]))
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[1], batched), single, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU: jax.default_backend() is not 'gpu'")
+def test_sac_learns_pendulum_on_gpu_with_brax_sized_networks():
+    state, history = sac.train(
+        "pendulum",
+        num_timesteps=20_000,
+        seed=0,
+        num_envs=128,
+        grad_updates_per_step=32,
+        batch_size=256,
+        min_replay_size=1024,
+        learning_rate=1e-3,
+        num_evals=4,
+        num_eval_envs=128,
+    )  # (256, 256) relu networks, as Brax's defaults
+    assert history[-1]["eval_episode_return"] >= -400, [m["eval_episode_return"] for m in history]
