@@ -121,15 +121,14 @@ def cmd_train(args) -> int:
 
     history: list[dict] = []
     bar = tqdm(total=steps, unit="step", unit_scale=True, dynamic_ncols=True, file=sys.stdout,
-               mininterval=1.0)
+               mininterval=1.0 if sys.stdout.isatty() else 10.0)
     t0 = time.perf_counter()
 
     def progress(env_steps: int, metrics) -> None:
         row = {"env_steps": int(env_steps), "wall_s": time.perf_counter() - t0, **_scalar_metrics(metrics)}
         history.append(row)
-        bar.n = min(int(env_steps), steps)
-        bar.set_postfix(ret=f"{row.get('episode_return', float('nan')):.1f}")
-        bar.refresh()
+        bar.set_postfix(ret=f"{row.get('episode_return', float('nan')):.1f}", refresh=False)
+        bar.update(max(0, min(int(env_steps), steps) - bar.n))  # redraws at most once per mininterval
 
     train_kwargs = dict(num_timesteps=steps, seed=args.seed, progress_fn=progress, **overrides)
     if args.checkpoint_every:
@@ -148,7 +147,7 @@ def cmd_train(args) -> int:
     atomic_write_text(os.path.join(run_dir, "metrics.json"), json.dumps(history, indent=1) + "\n")
     _plot_curve(history, os.path.join(run_dir, "learning_curve.png"), f"{algo_name} on {env_name}")
     last = history[-1] if history else {}
-    print(f"done: {last.get('env_steps', 0):,} env steps in {time.perf_counter() - t0:.1f}s, "
+    print(f"done: {int(last.get('env_steps', 0)):,} env steps in {time.perf_counter() - t0:.1f}s, "
           f"mean episode return {last.get('episode_return', float('nan')):.1f}; "
           f"wrote {run_dir}/metrics.json and learning_curve.png")
     return 0
