@@ -1,0 +1,215 @@
+"""The worker side of the runtime: a spawned JAX process that runs functions by import path.
+
+A worker is born (``multiprocessing`` "spawn") with an explicit environment, so the MPS and XLA
+memory variables are in place before its interpreter starts and long before ``import jax``
+creates a CUDA context. ``main`` then reports ``ready`` and serves messages from the driver, one
+at a time, in order:
+
+- ``("call", id, "pkg.mod:fn", packet, static, jit, out_shm_name, out_ipc)``: decode the inputs
+  (a tuple of pytrees) onto the device, import ``fn`` (``jax.jit(partial(fn, **static))`` is
+  cached per (path, static)), run it, wait for the result, encode the outputs and reply
+  ``("ok", id, packet, stats)`` or ``("err", id, type, message, traceback)``.
+- ``("ping", id)`` -> ``("pong", id)``; ``("release", id)`` frees the IPC buffer of a reply;
+  ``("exit",)`` or a closed pipe ends the worker.
+
+Inside a called function, ``barrier()`` waits for every worker of the pool (in-step sync) and
+``worker_context()`` says who this worker is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import importlib
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+from rose_jax.mps import plan
+
+_CONTEXT: "WorkerContext | None" = None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerBoot:
+    """What a worker is told at spawn: its name, index among n_workers, the driver's pid."""
+
+    name: str
+    index: int
+    n_workers: int
+    parent_pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerContext:
+    """This worker process: name, index, pool size, and the pool's barrier."""
+
+    name: str
+    index: int
+    n_workers: int
+    barrier: Any
+
+
+def worker_context() -> WorkerContext:
+    """The current worker's context; RuntimeError outside a worker process."""
+    if _CONTEXT is None:
+        raise RuntimeError("worker_context() is only available inside a rose_jax runtime worker")
+    return _CONTEXT
+
+
+def barrier(timeout: float | None = 120.0) -> int:
+    """Wait until every worker of the pool reaches this point; returns this worker's arrival index.
+
+    Raises ``threading.BrokenBarrierError`` if the barrier is broken (a worker died, the driver
+    aborted it) or the timeout (seconds) passes.
+    """
+    return worker_context().barrier.wait(timeout)
+
+
+def resolve(path: str) -> Callable:
+    """Import "package.module:function" (the function part may be dotted: Class.method)."""
+    mod_name, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{path} is not callable")
+    return obj
+
+
+def _birth_environment() -> dict[str, str]:
+    """The environment this process was exec'd with (Linux /proc), or {} where unavailable."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans if the driver is killed)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(boot: WorkerBoot, conn, pool_barrier) -> None:
+    """Entry point of a spawned worker process."""
+    global _CONTEXT
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when workers stop
+    _die_with_parent()
+    if os.getppid() != boot.parent_pid:
+        return
+    _CONTEXT = WorkerContext(boot.name, boot.index, boot.n_workers, pool_barrier)
+    try:
+        import jax
+
+        from rose_jax.runtime import cuda_ipc
+
+        backend = jax.default_backend()  # creates the device client (CUDA context) now
+        born = _birth_environment()
+        watched = sorted(
+            k
+            for k in set(born) | set(os.environ)
+            if k.startswith("CUDA_MPS_") or k.startswith("XLA_") or k == plan.WORKER_NAME_VAR
+        )
+        info = {
+            "name": boot.name,
+            "pid": os.getpid(),
+            "backend": backend,
+            "devices": [str(d) for d in jax.devices()],
+            "jax_version": jax.__version__,
+            "python": sys.version.split()[0],
+            "ipc": cuda_ipc.probe(backend),
+            "env": {k: os.environ.get(k) for k in watched},
+            "birth_env": {k: born.get(k) for k in watched},
+        }
+    except BaseException:
+        conn.send(("fatal", traceback.format_exc()))
+        return
+    conn.send(("ready", info))
+    _serve(conn)
+
+
+def _serve(conn) -> None:
+    import jax
+
+    from rose_jax.runtime import exchange
+
+    cache: dict[Any, Callable] = {}
+    exported: dict[int, exchange.Outbound] = {}
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = msg[0]
+            if kind == "call":
+                reply = _run_call(msg, cache, exported, jax, exchange)
+                conn.send(reply)
+            elif kind == "ping":
+                conn.send(("pong", msg[1]))
+            elif kind == "release":
+                ob = exported.pop(msg[1], None)
+                if ob is not None:
+                    ob.release()
+            elif kind == "exit":
+                break
+    finally:
+        for ob in exported.values():
+            try:
+                ob.release()
+            except Exception:
+                pass
+
+
+def _run_call(msg, cache, exported, jax, exchange):
+    _, cid, path, packet, static, jit, out_shm_name, out_ipc = msg
+    t0 = time.perf_counter()
+    try:
+        args = exchange.decode(packet, to="jax")
+        t1 = time.perf_counter()
+        key = (path, static, jit)
+        fn = cache.get(key)
+        if fn is None:
+            fn = resolve(path)
+            if static:
+                fn = functools.partial(fn, **dict(static))
+            if jit:
+                fn = jax.jit(fn)
+            cache[key] = fn
+        result = jax.block_until_ready(fn(*args))
+        t2 = time.perf_counter()
+        out, ob = exchange.encode(result, shm_name=out_shm_name, use_ipc=out_ipc)
+        if ob.ipc_ptr is not None:
+            exported[cid] = exchange.Outbound(ipc_ptr=ob.ipc_ptr)
+        t3 = time.perf_counter()
+        stats = {
+            "decode_s": t1 - t0,
+            "run_s": t2 - t1,
+            "encode_s": t3 - t2,
+            "in_shm_bytes": packet.shm_bytes,
+            "in_ipc_bytes": packet.ipc_bytes,
+            "in_inline_bytes": packet.inline_bytes,
+            "out_shm_bytes": out.shm_bytes,
+            "out_ipc_bytes": out.ipc_bytes,
+            "out_inline_bytes": out.inline_bytes,
+        }
+        return ("ok", cid, out, stats)
+    except BaseException as e:  # reported to the driver; the worker keeps serving
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return ("err", cid, type(e).__name__, str(e), traceback.format_exc())
