@@ -53,19 +53,51 @@ def build(algo: str, env_name: str, num_envs: int, args):
     if algo == "ppo":
         from algos import ppo
 
-        config = ppo.PPOConfig(num_envs=num_envs, unroll_length=args.ppo_unroll, num_minibatches=args.ppo_minibatches,
-                               num_epochs=args.ppo_epochs, seed=args.seed)
+        config = ppo.PPOConfig(
+            num_envs=num_envs,
+            unroll_length=args.ppo_unroll,
+            num_minibatches=args.ppo_minibatches,
+            num_epochs=args.ppo_epochs,
+            seed=args.seed,
+        )
         return ppo.iteration(config, env), ppo.init(config, env, key), config
     if algo == "sac":
         from algos import sac
 
         capacity = max(args.sac_replay, 4 * num_envs, 4 * args.sac_batch)
-        config = sac.SACConfig(num_envs=num_envs, batch_size=args.sac_batch,
-                               grad_updates_per_step=args.sac_grad_updates, num_timesteps=10**9,
-                               min_replay_size=max(num_envs, args.sac_batch), max_replay_size=capacity,
-                               seed=args.seed)
+        config = sac.SACConfig(
+            num_envs=num_envs,
+            batch_size=args.sac_batch,
+            grad_updates_per_step=args.sac_grad_updates,
+            num_timesteps=10**9,
+            min_replay_size=max(num_envs, args.sac_batch),
+            max_replay_size=capacity,
+            seed=args.seed,
+        )
         return sac.iteration(config, env), sac.init(config, env, key), config
     raise ValueError(f"unknown algorithm {algo!r}; use ppo or sac")
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    from rose_jax.io import atomic_write_text as write
+
+    write(path, text)
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, indent=1, default=str) + "\n"
+
+
+def _machine() -> dict:
+    """benchmarks.common.machine_info() (versions, devices, command line), or the basics."""
+    import jax
+
+    try:
+        from benchmarks import common
+
+        return common.machine_info()
+    except Exception:  # noqa: BLE001 - the summary must still be written
+        return {"jax": jax.__version__, "backend": jax.default_backend(), "command": " ".join(sys.argv)}
 
 
 def _fmt(x, spec=".1f", none="-"):
@@ -86,98 +118,159 @@ def run_config(algo: str, env_name: str, num_envs: int, args, out_dir: str) -> d
     jax.block_until_ready(state)
     fn = jax.jit(it)  # one jitted object shared by every measurement below (one fused compile)
     log(f"{name}: profile (levels={args.levels}, repeats={args.repeats}, compiles segments)")
-    tl = rp.profile(fn, state, sample_period_ms=args.period_ms, window_ms=args.window_ms, levels=args.levels,
-                    repeats=args.repeats, max_loop_iterations=args.loop_iterations)
-    tl = tl.replace(metadata={**tl.metadata, "algo": algo, "env": env_name, "num_envs": num_envs,
-                              "config": repr(config)})
+    tl = rp.profile(
+        fn,
+        state,
+        sample_period_ms=args.period_ms,
+        window_ms=args.window_ms,
+        levels=args.levels,
+        repeats=args.repeats,
+        max_loop_iterations=args.loop_iterations,
+    )
+    tl = tl.replace(
+        metadata={**tl.metadata, "algo": algo, "env": env_name, "num_envs": num_envs, "config": repr(config)}
+    )
     md = tl.metadata
-    log(f"{name}: profiled in {md['wall_s']:.1f}s (compile {md['compile_s']:.1f}s); outputs_match="
+    log(
+        f"{name}: profiled in {md['wall_s']:.1f}s (compile {md['compile_s']:.1f}s); outputs_match="
         f"{md.get('outputs_match')}; fused {md.get('fused_iteration_s', float('nan')) * 1e3:.2f} ms, "
-        f"segmented {md.get('segmented_iteration_s', float('nan')) * 1e3:.2f} ms per iteration")
+        f"segmented {md.get('segmented_iteration_s', float('nan')) * 1e3:.2f} ms per iteration"
+    )
     tl.save(os.path.join(out_dir, f"{name}.timeline.json"))
 
     summary = rp.phase_idle_summary(tl)
     windows: dict[str, list] = {}
     if tl.activity is not None:
         for level in (1, 2):
-            windows[str(level)] = rp.find_windows(tl, threshold=args.threshold, min_duration_ms=args.min_window_ms,
-                                                  merge_gap_ms=args.merge_gap_ms, levels=level)
-    lines = [f"# {name}: low-SM-activity windows", "",
-             f"activity: {md.get('activity')}; threshold {args.threshold} %, min duration {args.min_window_ms} ms, "
-             f"merge gap {args.merge_gap_ms} ms; resolution {_fmt(md.get('resolution_ms'), '.0f')} ms", ""]
+            windows[str(level)] = rp.find_windows(
+                tl,
+                threshold=args.threshold,
+                min_duration_ms=args.min_window_ms,
+                merge_gap_ms=args.merge_gap_ms,
+                levels=level,
+            )
+    lines = [
+        f"# {name}: low-SM-activity windows",
+        "",
+        f"activity: {md.get('activity')}; threshold {args.threshold} %, "
+        f"min duration {args.min_window_ms} ms, merge gap {args.merge_gap_ms} ms; "
+        f"resolution {_fmt(md.get('resolution_ms'), '.0f')} ms",
+        "",
+    ]
     for level, ws in windows.items():
-        lines += [f"## level {level} windows (ranked by idle SM-seconds per iteration)", "",
-                  rp.windows_table(ws, limit=15), ""]
+        lines += [
+            f"## level {level} windows (ranked by idle SM-seconds per iteration)",
+            "",
+            rp.windows_table(ws, limit=15),
+            "",
+        ]
     lines += ["## per-phase idle summary", "", rp.summary_table(summary, limit=30), ""]
-    with open(os.path.join(out_dir, f"{name}.windows.md"), "w") as f:
-        f.write("\n".join(lines))
-    with open(os.path.join(out_dir, f"{name}.windows.json"), "w") as f:
-        json.dump({"windows": {lvl: [w._asdict() for w in ws] for lvl, ws in windows.items()},
-                   "summary": [s._asdict() for s in summary], "metadata": md}, f, indent=1,
-                  default=str, allow_nan=True)
-    png = rp.plot_timeline(tl, os.path.join(out_dir, f"{name}.png"),
-                           f"{name}: SM activity and phases", threshold=args.threshold)
+    atomic_write_text(os.path.join(out_dir, f"{name}.windows.md"), "\n".join(lines))
+    windows_json = {
+        "windows": {lvl: [w._asdict() for w in ws] for lvl, ws in windows.items()},
+        "summary": [s._asdict() for s in summary],
+        "metadata": md,
+    }
+    atomic_write_text(os.path.join(out_dir, f"{name}.windows.json"), _json(windows_json))
+    png = rp.plot_timeline(
+        tl, os.path.join(out_dir, f"{name}.png"), f"{name}: SM activity and phases", threshold=args.threshold
+    )
     log(f"{name}: wrote {name}.timeline.json, .windows.md/.json, {os.path.basename(png)}")
 
-    log(f"{name}: iteration activity + sampler overhead ({args.overhead_iters} iterations x 2 rounds, off/on)")
-    ia = rp.iteration_activity(fn, state, iters=args.overhead_iters, rounds=2, sample_period_ms=args.period_ms,
-                               window_ms=args.window_ms)
+    log(
+        f"{name}: iteration activity + sampler overhead ({args.overhead_iters} iterations x 2 rounds, off/on)"
+    )
+    ia = rp.iteration_activity(
+        fn,
+        state,
+        iters=args.overhead_iters,
+        rounds=2,
+        sample_period_ms=args.period_ms,
+        window_ms=args.window_ms,
+    )
     over = None if ia.overhead is None else 100 * ia.overhead
-    log(f"{name}: mean SM util {_fmt(ia.mean_sm_util)} %, occupancy {_fmt(ia.mean_sm_occupancy)} %, "
+    log(
+        f"{name}: mean SM util {_fmt(ia.mean_sm_util)} %, occupancy {_fmt(ia.mean_sm_occupancy)} %, "
         f"iteration {ia.iteration_time_off_s * 1e3:.2f} ms (sampler off) / "
         f"{_fmt(None if ia.iteration_time_s is None else ia.iteration_time_s * 1e3, '.2f')} ms (on), "
-        f"overhead {_fmt(over, '+.2f')} %" + (f"  [{ia.reason}]" if ia.reason else ""))
+        f"overhead {_fmt(over, '+.2f')} %" + (f"  [{ia.reason}]" if ia.reason else "")
+    )
 
     kt = None
     if args.kernel_trace and jax.default_backend() == "gpu":
         log(f"{name}: kernel trace of {args.trace_iters} iteration(s)")
-        kt = xplane.kernel_trace(fn, state, logdir=os.path.join(out_dir, "traces", name), repeats=args.trace_iters)
-        with open(os.path.join(out_dir, f"{name}.kernels.md"), "w") as f:
-            f.write(f"# {name}: kernel busy time per component\n\ntrace: {kt.trace_file}\n\n"
-                    + xplane.busy_table(kt) + "\n\n## longest gaps between kernels\n\n| path | gap us |\n|---|---:|\n"
-                    + "\n".join(f"| {g.path} | {g.duration_ns / 1e3:.1f} |" for g in kt.gaps[:20]) + "\n")
-        log(f"{name}: {len(kt.events)} kernel events, span {kt.span_ns * 1e-6:.2f} ms"
-            + ("" if kt.available else f" ({kt.reason})"))
+        kt = xplane.kernel_trace(
+            fn, state, logdir=os.path.join(out_dir, "traces", name), repeats=args.trace_iters
+        )
+        atomic_write_text(
+            os.path.join(out_dir, f"{name}.kernels.md"),
+            f"# {name}: kernel busy time per component\n\ntrace: {kt.trace_file}\n\n"
+            + xplane.busy_table(kt)
+            + "\n\n## longest gaps between kernels\n\n| path | gap us |\n|---|---:|\n"
+            + "\n".join(f"| {g.path} | {g.duration_ns / 1e3:.1f} |" for g in kt.gaps[:20])
+            + "\n",
+        )
+        log(
+            f"{name}: {len(kt.events)} kernel events, span {kt.span_ns * 1e-6:.2f} ms"
+            + ("" if kt.available else f" ({kt.reason})")
+        )
 
     top = [s for s in summary if math.isfinite(s.idle_sm_seconds_per_iteration)][:3]
     for s in top:
-        log(f"{name}:   idle: level {s.level} {s.path}: {s.idle_sm_seconds_per_iteration * 1e3:.3f} ms idle-GPU "
-            f"per iteration ({s.time_per_iteration_s * 1e3:.2f} ms at {s.mean_sm_activity:.0f} % SM)")
+        log(
+            f"{name}:   idle: level {s.level} {s.path}: "
+            f"{s.idle_sm_seconds_per_iteration * 1e3:.3f} ms idle-GPU per iteration "
+            f"({s.time_per_iteration_s * 1e3:.2f} ms at {s.mean_sm_activity:.0f} % SM)"
+        )
     if not top:
         slow = sorted((s for s in summary if s.level >= 1), key=lambda s: -s.time_per_iteration_s)[:3]
         for s in slow:
-            log(f"{name}:   time: level {s.level} {s.path}: {s.time_per_iteration_s * 1e3:.3f} ms per iteration "
-                f"(no activity data)")
+            log(
+                f"{name}:   time: level {s.level} {s.path}: "
+                f"{s.time_per_iteration_s * 1e3:.3f} ms per iteration (no activity data)"
+            )
     best = top[0] if top else None
     n_windows = sum(len(ws) for ws in windows.values())
     return {
-        "name": name, "algo": algo, "env": env_name, "num_envs": num_envs,
+        "name": name,
+        "algo": algo,
+        "env": env_name,
+        "num_envs": num_envs,
         "fused_iteration_ms": md.get("fused_iteration_s", float("nan")) * 1e3,
         "segmented_iteration_ms": md.get("segmented_iteration_s", float("nan")) * 1e3,
         "outputs_match": md.get("outputs_match"),
-        "mean_sm_util": ia.mean_sm_util, "mean_sm_occupancy": ia.mean_sm_occupancy, "source": ia.source,
+        "mean_sm_util": ia.mean_sm_util,
+        "mean_sm_occupancy": ia.mean_sm_occupancy,
+        "source": ia.source,
         "iteration_ms_sampler_off": ia.iteration_time_off_s * 1e3,
         "iteration_ms_sampler_on": None if ia.iteration_time_s is None else ia.iteration_time_s * 1e3,
         "sampler_overhead_pct": over,
         "top_idle_phase": None if best is None else f"L{best.level} {best.path}",
         "top_idle_ms_per_iteration": None if best is None else best.idle_sm_seconds_per_iteration * 1e3,
-        "windows": n_windows, "activity": md.get("activity"), "resolution_ms": md.get("resolution_ms"),
-        "kernel_events": None if kt is None else len(kt.events), "profile_wall_s": md.get("wall_s"),
+        "windows": n_windows,
+        "activity": md.get("activity"),
+        "resolution_ms": md.get("resolution_ms"),
+        "kernel_events": None if kt is None else len(kt.events),
+        "profile_wall_s": md.get("wall_s"),
     }
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| config | fused ms/iter | mean SM % | occupancy % | sampler overhead % | top idle phase | "
-           "idle ms/iter | windows | outputs match |",
-           "|---|---:|---:|---:|---:|---|---:|---:|---|"]
+    out = [
+        "| config | fused ms/iter | mean SM % | occupancy % | sampler overhead % | top idle phase | "
+        "idle ms/iter | windows | outputs match |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
     for r in rows:
         if "skipped" in r:
             out.append(f"| {r['name']} | skipped: {r['skipped']} | | | | | | | |")
             continue
-        out.append(f"| {r['name']} | {_fmt(r['fused_iteration_ms'], '.2f')} | {_fmt(r['mean_sm_util'])} | "
-                   f"{_fmt(r['mean_sm_occupancy'])} | {_fmt(r['sampler_overhead_pct'], '+.2f')} | "
-                   f"{r['top_idle_phase'] or '-'} | {_fmt(r['top_idle_ms_per_iteration'], '.3f')} | {r['windows']} | "
-                   f"{r['outputs_match']} |")
+        out.append(
+            f"| {r['name']} | {_fmt(r['fused_iteration_ms'], '.2f')} | {_fmt(r['mean_sm_util'])} | "
+            f"{_fmt(r['mean_sm_occupancy'])} | {_fmt(r['sampler_overhead_pct'], '+.2f')} | "
+            f"{r['top_idle_phase'] or '-'} | {_fmt(r['top_idle_ms_per_iteration'], '.3f')} | "
+            f"{r['windows']} | {r['outputs_match']} |"
+        )
     return "\n".join(out)
 
 
@@ -188,7 +281,9 @@ def parse_args(argv=None):
     p.add_argument("--env", default="ant")
     p.add_argument("--backend", default="mjx", help="env backend keyword ('none' for pure-JAX envs)")
     p.add_argument("--tiny", action="store_true", help="CPU plumbing check: pendulum, 8 envs, tiny configs")
-    p.add_argument("--out", default=None, help="output dir (default benchmarks/results/profile; --tiny: a temp dir)")
+    p.add_argument(
+        "--out", default=None, help="output dir (default benchmarks/results/profile; --tiny: a temp dir)"
+    )
     p.add_argument("--budget-s", type=float, default=230.0, help="skip configs that would start after this")
     p.add_argument("--levels", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
@@ -208,8 +303,11 @@ def parse_args(argv=None):
     p.add_argument("--sac-batch", type=int, default=256)
     p.add_argument("--sac-grad-updates", type=int, default=4)
     p.add_argument("--sac-replay", type=int, default=1 << 20)
-    p.add_argument("--compile-cache", default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
-                   help="JAX persistent compilation cache dir ('' to disable)")
+    p.add_argument(
+        "--compile-cache",
+        default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
+        help="JAX persistent compilation cache dir ('' to disable)",
+    )
     args = p.parse_args(argv)
     if args.tiny:
         args.env, args.backend, args.num_envs = "pendulum", "none", [8]
@@ -229,8 +327,11 @@ def main(argv=None) -> list[dict]:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     from rose_jax import profile as rp
 
-    out_dir = args.out or (tempfile.mkdtemp(prefix="rose_profile_tiny_") if args.tiny
-                           else os.path.join(HERE, "results", "profile"))
+    out_dir = args.out or (
+        tempfile.mkdtemp(prefix="rose_profile_tiny_")
+        if args.tiny
+        else os.path.join(HERE, "results", "profile")
+    )
     os.makedirs(out_dir, exist_ok=True)
     ok, reason = rp.available()
     log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; NVML: {reason}")
@@ -250,14 +351,16 @@ def main(argv=None) -> list[dict]:
             rows.append({"name": name, "skipped": f"failed: {type(e).__name__}: {str(e)[:120]}"})
     text = table(rows)
     print("\n" + text + "\n", flush=True)
-    note = ("mean SM % = time-weighted GPM SM_UTIL over fused iterations (sampler on); overhead = median "
-            "iteration time with sampler on / off - 1; idle ms/iter = ms of whole-GPU SM idleness per "
-            "iteration in that phase (segmented run); GPM resolution ~100 ms.")
-    with open(os.path.join(out_dir, "summary.md"), "w") as f:
-        f.write(f"# profile_gpu summary\n\n{reason}\n\n{text}\n\n{note}\n")
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump({"rows": rows, "nvml": reason, "backend": jax.default_backend(), "jax": jax.__version__,
-                   "argv": sys.argv[1:], "wall_s": time.perf_counter() - T0}, f, indent=1, default=str)
+    note = (
+        "mean SM % = time-weighted GPM SM_UTIL over fused iterations (sampler on); overhead = median "
+        "iteration time with sampler on / off - 1; idle ms/iter = ms of whole-GPU SM idleness per "
+        "iteration in that phase (segmented run); GPM resolution ~100 ms."
+    )
+    atomic_write_text(
+        os.path.join(out_dir, "summary.md"), f"# profile_gpu summary\n\n{reason}\n\n{text}\n\n{note}\n"
+    )
+    summary = {"rows": rows, "nvml": reason, "machine": _machine(), "wall_s": time.perf_counter() - T0}
+    atomic_write_text(os.path.join(out_dir, "summary.json"), _json(summary))
     log(f"done in {time.perf_counter() - T0:.1f}s; summary in {out_dir}/summary.md")
     return rows
 

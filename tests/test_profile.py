@@ -1,0 +1,615 @@
+"""Tests of rose_jax.profile: exact windows on synthetic timelines, Timeline I/O, phase timing of
+real (small) programs on CPU with output equivalence, the sampler's no-GPU behaviour, and the
+GPU-only checks (skipped on CPU with a reason)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import time
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import rose_jax
+from rose_jax import profile as rp
+from rose_jax.profile import xplane
+
+MS = 1_000_000
+ON_GPU = jax.default_backend() == "gpu"
+gpu_only = pytest.mark.skipif(
+    not ON_GPU, reason=f"needs an NVIDIA GPU (JAX backend is {jax.default_backend()!r})"
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# Synthetic timeline: ten 10 ms steps, two phases.
+#   step k covers [10k, 10k+10) ms with activity VALUES[k] %
+#   phase "a" [0, 45) ms weight 1 (level 1), phase "b" [45, 100) ms weight 0.5 (level 1)
+VALUES = [90, 20, 20, 90, 10, 10, 10, 90, 30, 90]
+
+
+def synthetic(values=VALUES, phases=None, occupancy=None) -> rp.Timeline:
+    n = len(values)
+    starts = [10 * k * MS for k in range(n)]
+    ends = [(10 * k + 10) * MS for k in range(n)]
+    centres = [(s + e) // 2 for s, e in zip(starts, ends, strict=True)]
+    series = rp.make_series(centres, values, occupancy, "gpm", starts, ends, 10 * MS)
+    if phases is None:
+        phases = [rp.Phase("a", 0, 45 * MS, 1, 0, 1.0), rp.Phase("b", 45 * MS, 100 * MS, 1, 0, 0.5)]
+    return rp.Timeline(tuple(phases), series, {"note": "synthetic"})
+
+
+def test_windows_exact_threshold_paths_and_ranking():
+    ws = rp.find_windows(synthetic(), threshold=50)
+    assert [(w.start_ns, w.end_ns) for w in ws] == [
+        (10 * MS, 30 * MS),
+        (40 * MS, 70 * MS),
+        (80 * MS, 90 * MS),
+    ]
+    w1, w2, w3 = ws
+    assert (w1.path, w2.path, w3.path) == ("a", "b", "b")  # w2 spans a [40,45) and b [45,70): b has more
+    assert w2.phases == ("a", "b")
+    assert w1.duration_s == pytest.approx(0.020, abs=1e-15)
+    assert w1.mean_idle_sm_share == pytest.approx(0.8, abs=1e-12)
+    assert w2.mean_idle_sm_share == pytest.approx(0.9, abs=1e-12)
+    assert w3.mean_idle_sm_share == pytest.approx(0.7, abs=1e-12)
+    assert (w1.occurrences_per_iteration, w2.occurrences_per_iteration) == (1.0, 0.5)
+    assert w1.idle_sm_seconds_per_iteration == pytest.approx(0.020 * 0.8 * 1.0, abs=1e-15)
+    assert w2.idle_sm_seconds_per_iteration == pytest.approx(0.030 * 0.9 * 0.5, abs=1e-15)
+    assert w3.idle_sm_seconds_per_iteration == pytest.approx(0.010 * 0.7 * 0.5, abs=1e-15)
+    # a lower threshold keeps only the 10 % stretch; nothing is below 5 %
+    assert [(w.start_ns, w.end_ns) for w in rp.find_windows(synthetic(), threshold=15)] == [
+        (40 * MS, 70 * MS)
+    ]
+    assert rp.find_windows(synthetic(), threshold=5) == []
+    # threshold is strict: 30 % is not below 30
+    assert (80 * MS, 90 * MS) not in [
+        (w.start_ns, w.end_ns) for w in rp.find_windows(synthetic(), threshold=30)
+    ]
+
+
+def test_windows_min_duration_and_merge_gap():
+    ws = rp.find_windows(synthetic(), threshold=50, min_duration_ms=15)
+    assert [(w.start_ns, w.end_ns) for w in ws] == [(10 * MS, 30 * MS), (40 * MS, 70 * MS)]
+    # gaps of exactly 10 ms do not merge with merge_gap 10 ms (strictly closer only) ...
+    assert len(rp.find_windows(synthetic(), threshold=50, merge_gap_ms=10)) == 3
+    # ... but do with a hair more: one window [10, 90) ms including the busy gaps
+    (w,) = rp.find_windows(synthetic(), threshold=50, merge_gap_ms=10.5)
+    assert (w.start_ns, w.end_ns) == (10 * MS, 90 * MS)
+    mean_act = (20 + 20 + 90 + 10 + 10 + 10 + 90 + 30) / 8  # 35 %
+    assert w.mean_idle_sm_share == pytest.approx(1 - mean_act / 100, abs=1e-12)
+    assert w.path == "b" and w.phases == ("a", "b")  # a: 35 ms of overlap, b: 45 ms
+    assert w.idle_sm_seconds_per_iteration == pytest.approx(0.080 * 0.65 * 0.5, abs=1e-15)
+    # merging happens before the duration filter
+    assert len(rp.find_windows(synthetic(), threshold=50, merge_gap_ms=10.5, min_duration_ms=75)) == 1
+
+
+def test_windows_edge_cases():
+    # everything busy -> no window
+    assert rp.find_windows(synthetic([90] * 10), threshold=50) == []
+    # empty series / no phases -> no window
+    empty = rp.Timeline((rp.Phase("a", 0, 10, 1, 0),), rp.make_series([], []), {})
+    assert rp.find_windows(empty) == []
+    assert rp.find_windows(synthetic(phases=[]), threshold=50) == []
+    # time outside every phase does not count: only phase a [0, 45) -> windows clipped to it
+    ws = rp.find_windows(synthetic(phases=[rp.Phase("a", 0, 45 * MS, 1, 0)]), threshold=50)
+    assert [(w.start_ns, w.end_ns) for w in ws] == [(10 * MS, 30 * MS), (40 * MS, 45 * MS)]
+    # nan samples are "not measured", never low
+    ws = rp.find_windows(synthetic([90, np.nan, 20, 90, 90, 90, 90, 90, 90, 90]), threshold=50)
+    assert [(w.start_ns, w.end_ns) for w in ws] == [(20 * MS, 30 * MS)]
+    # a whole-program idle window spanning both phases
+    (w,) = rp.find_windows(synthetic([0] * 10), threshold=50)
+    assert (w.start_ns, w.end_ns, w.path, w.mean_idle_sm_share) == (0, 100 * MS, "b", 1.0)
+    # levels filter
+    tl = synthetic(phases=[rp.Phase("a", 0, 45 * MS, 1, 0), rp.Phase("x", 45 * MS, 100 * MS, 2, 0, 3.0)])
+    assert {w.path for w in rp.find_windows(tl, threshold=50, levels=2)} == {"x"}
+    assert {w.level for w in rp.find_windows(tl, threshold=50, levels=[2])} == {2}
+    with pytest.raises(ValueError, match="no activity"):
+        rp.find_windows(rp.Timeline((rp.Phase("a", 0, 1, 1, 0),)))
+    with pytest.raises(ValueError, match="threshold"):
+        rp.find_windows(synthetic(), threshold=-1)
+    with pytest.raises(ValueError, match="sm_occupancy"):
+        rp.find_windows(synthetic(), metric="sm_occupancy")  # this series has no occupancy
+
+
+def test_windows_on_occupancy_metric():
+    tl = synthetic(occupancy=[5.0] * 10)
+    (w,) = rp.find_windows(tl, threshold=50, metric="sm_occupancy")
+    assert (w.start_ns, w.end_ns) == (0, 100 * MS) and w.mean_idle_sm_share == pytest.approx(0.95, abs=1e-12)
+
+
+def test_phase_idle_summary_exact():
+    summary = rp.phase_idle_summary(synthetic())
+    assert [(s.path, s.level) for s in summary] == [("a", 1), ("b", 1)]
+    a, b = summary
+    assert a.time_per_iteration_s == pytest.approx(0.045, abs=1e-15)
+    assert a.mean_sm_activity == pytest.approx((900 + 200 + 200 + 900 + 50) / 45, abs=1e-12)  # 50 %
+    assert a.idle_sm_seconds_per_iteration == pytest.approx(0.045 * 0.5, abs=1e-15)
+    assert b.time_per_iteration_s == pytest.approx(0.055 * 0.5, abs=1e-15)
+    b_act = (50 + 100 + 100 + 900 + 300 + 900) / 55
+    assert b.mean_sm_activity == pytest.approx(b_act, abs=1e-12)
+    assert b.idle_sm_seconds_per_iteration == pytest.approx(0.0275 * (1 - b_act / 100), abs=1e-15)
+    assert a.covered_fraction == 1.0 and b.occurrences_per_iteration == 0.5
+    # without activity: times only, nan activity, sorted by time
+    s2 = rp.phase_idle_summary(synthetic().replace(activity=None))
+    assert [s.path for s in s2] == ["a", "b"] and all(math.isnan(s.mean_sm_activity) for s in s2)
+    assert rp.mean_activity(synthetic().activity, [(0, 20 * MS), (10 * MS, 30 * MS)]) == pytest.approx(
+        (90 + 20 + 20) / 3, abs=1e-12
+    )
+
+
+def test_step_bounds_from_centres():
+    s = rp.make_series([10, 20, 40], [1, 2, 3])
+    start, end = rp.step_bounds(s)
+    assert start.tolist() == [5, 15, 30] and end.tolist() == [15, 30, 50]
+    with pytest.raises(ValueError, match="overlap"):
+        rp.make_series([1, 2], [0, 0], None, "gpm", [0, 1], [2, 3])
+    with pytest.raises(ValueError, match="source"):
+        rp.make_series([1], [0], None, "nvml")
+
+
+def test_timeline_json_round_trip(tmp_path):
+    tl = synthetic([90, np.nan, 20, 90, 90, 90, 90, 90, 90, 90], occupancy=[1.0] * 10)
+    tl = tl.replace(
+        metadata={"n": np.int64(3), "x": np.float32(0.5), "nan": float("nan"), "l": [np.arange(2)]}
+    )
+    text = tl.to_json()
+    json.loads(text)  # strict JSON: nan became null
+    path = tl.save(tmp_path / "sub" / "t.json")
+    assert not [f for f in os.listdir(tmp_path / "sub") if f.endswith(".tmp")]
+    back = rp.load(path)
+    assert back.phases == tl.phases
+    assert np.array_equal(back.activity.t_ns, tl.activity.t_ns)
+    assert np.array_equal(back.activity.sm_util, tl.activity.sm_util, equal_nan=True)
+    assert np.array_equal(back.activity.t_start_ns, tl.activity.t_start_ns)
+    assert back.activity.source == "gpm" and back.activity.resolution_ns == 10 * MS
+    assert back.metadata == {
+        "n": 3,
+        "x": 0.5,
+        "nan": None,
+        "l": [[0, 1]],
+    }
+    assert [(w.start_ns, w.end_ns) for w in rp.find_windows(back)] == [
+        (w.start_ns, w.end_ns) for w in rp.find_windows(tl)
+    ]
+    no_act = rp.Timeline((rp.Phase("a", 1, 2, 1, 0),)).save(tmp_path / "n.json")
+    assert rp.Timeline.load(no_act).activity is None
+    with pytest.raises(ValueError, match="not a Timeline"):
+        rp.Timeline.from_dict({"x": 1})
+
+
+# ------------------------------------------------------------------------------------------------
+# Phase timing on CPU
+
+
+def two_component_program(p, x, xs):
+    """A scan whose body has two components, glue between top-level components, nested jit."""
+
+    def body(c, x_t):
+        with rose_jax.component("sim"):
+            c = jnp.sin(c @ p) + x_t
+        with rose_jax.component("policy"):
+            c = jnp.tanh(c * 0.5)
+        return c, jnp.sum(c)
+
+    with rose_jax.component("rollout"):
+        c, ys = jax.lax.scan(body, x, xs)
+    z = jnp.cumsum(ys)  # glue
+    with rose_jax.component("update"):
+        c = c - 0.1 * jnp.mean(c) + z[-1]
+    return {"c": c, "ys": ys}
+
+
+def small_args():
+    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
+    return (jax.random.normal(k1, (8, 8)) * 0.3, jnp.ones((4, 8)), jax.random.normal(k2, (5, 4, 8)))
+
+
+def test_time_phases_two_components_in_scan():
+    args = small_args()
+    tl = rp.time_phases(jax.jit(two_component_program), *args, repeats=2, max_loop_iterations=3)
+    assert tl.metadata["outputs_match"] and tl.metadata["outputs_bitwise_equal"]
+    assert tl.metadata["segments"] == ["rollout", "update"]  # tiny glue merged into rollout
+    lvl0 = [p for p in tl.phases if p.level == 0]
+    assert [p.path for p in lvl0] == ["(iteration)"] * 2
+    lvl1 = [p for p in tl.phases if p.level == 1]
+    assert [(p.path, p.iteration) for p in lvl1] == [
+        ("rollout", 0),
+        ("update", 0),
+        ("rollout", 1),
+        ("update", 1),
+    ]
+    assert all(p.weight == 0.5 for p in lvl1)
+    lvl2 = [p for p in tl.phases if p.level == 2]
+    one_pass = [
+        ("rollout/sim", 0),
+        ("rollout/policy", 0),
+        ("rollout/sim", 1),
+        ("rollout/policy", 1),
+        ("rollout/sim", 2),
+        ("rollout/policy", 2),
+    ]
+    assert [(p.path, p.iteration) for p in lvl2] == one_pass * 2  # one pass per repeat
+    assert all(p.weight == pytest.approx(5 / 3 / 2) for p in lvl2)  # 5 trips, 3 measured, 2 passes
+    summary = {(s.level, s.path): s for s in rp.phase_idle_summary(tl)}
+    assert summary[(2, "rollout/sim")].occurrences_per_iteration == pytest.approx(5.0)
+    (loop,) = tl.metadata["loops"]
+    assert (loop["path"], loop["trip_count"], loop["measured_iterations"]) == ("rollout", 5, 3)
+    starts = [p.start_ns for p in tl.phases]
+    assert starts == sorted(starts) and all(p.end_ns > p.start_ns for p in tl.phases)
+    # per-phase summary works without activity (times only)
+    paths = {(s.level, s.path) for s in rp.phase_idle_summary(tl)}
+    assert {(2, "rollout/sim"), (2, "rollout/policy"), (1, "rollout"), (0, "(iteration)")} <= paths
+
+
+def nested_program(w, x, key):
+    """A jit spanning two components (inlined), a transparent epoch loop around a minibatch loop,
+    a reverse scan, a while loop with components, and a PRNG key output."""
+
+    @jax.jit
+    def act(w, x):
+        with rose_jax.component("policy"):
+            a = jnp.tanh(x @ w)
+        with rose_jax.component("sim"):
+            return x + 0.1 * a
+
+    x = act(w, x)
+    with rose_jax.component("collect"):  # straight-line sub-components (no loop)
+        with rose_jax.component("act"):
+            a = jnp.tanh(x)
+        with rose_jax.component("env"):
+            x = x + 0.5 * a
+
+    def minibatch(w, mb):
+        with rose_jax.component("loss"):
+            g = jnp.mean(mb) * 0.01
+        with rose_jax.component("optimizer"):
+            return w - g, g
+
+    def epoch(w, _):
+        mbs = jnp.reshape(x, (2, -1))[::-1]  # glue of the epoch body
+        return jax.lax.scan(minibatch, w, mbs)
+
+    with rose_jax.component("update"):
+        w, gs = jax.lax.scan(epoch, w, None, length=3)
+
+    def back(c, g):
+        with rose_jax.component("gae"):
+            return c * 0.9 + g, c
+
+    with rose_jax.component("advantage"):
+        c, adv = jax.lax.scan(back, jnp.zeros(()), gs.reshape(-1), reverse=True)
+
+    def cond(s):
+        return s[0] < 4
+
+    def body(s):
+        with rose_jax.component("step"):
+            return s[0] + 1, s[1] * 1.5
+
+    with rose_jax.component("search"):
+        n, v = jax.lax.while_loop(cond, body, (0, c))
+    key, sub = jax.random.split(key)
+    return w, x, adv, v, n, key, jax.random.normal(sub, (2,))
+
+
+def test_segmented_program_matches_fn_and_times_nested_loops():
+    args = (jnp.eye(4) * 0.5, jnp.arange(8.0).reshape(2, 4), jax.random.PRNGKey(3))
+    prog = rp.SegmentedProgram(nested_program, *args)
+    assert prog.labels == ["policy", "sim", "collect", "update", "advantage", "search"]  # jit inlined
+    got, want = prog.run(*args), jax.jit(nested_program)(*args)
+    cmp = rp.compare_outputs(got, want)
+    assert cmp["match"] and cmp["num_leaves"] == 7
+    assert not rp.compare_outputs(got, (want[0] + 1,) + tuple(want[1:]))["match"]
+
+    tl = rp.time_phases(nested_program, *args, repeats=1, max_loop_iterations=2, time_fused=False)
+    assert tl.metadata["outputs_match"]
+    deep = [(p.path, p.iteration, round(p.weight, 6)) for p in tl.phases if p.level == 2]
+    assert deep[:2] == [("collect/act", 0, 1.0), ("collect/env", 0, 1.0)]
+    # update: transparent epoch loop (3 trips, 1 measured) around the minibatch loop (2 trips, 2 measured)
+    assert deep[2:6] == [
+        ("update/loss", 0, 3.0),
+        ("update/optimizer", 0, 3.0),
+        ("update/loss", 1, 3.0),
+        ("update/optimizer", 1, 3.0),
+    ]
+    # a loop whose whole body is one component is that component: timed whole, weight 1
+    assert deep[6] == ("advantage/gae", 0, 1.0)
+    assert deep[7:] == [("search/step", 0, 2.0), ("search/step", 1, 2.0)]  # while: 4 trips, 2 measured
+    loops = {
+        (d["path"], d["kind"], d["trip_count"], d["measured_iterations"], d["transparent"])
+        for d in tl.metadata["loops"]
+    }
+    assert loops == {
+        ("update", "scan", 3, 1, True),
+        ("update", "scan", 2, 2, False),
+        ("search", "while", 4, 2, False),
+    }
+    assert all(p.level in (1, 2) for p in tl.phases)
+    assert [
+        p.path for p in rp.time_phases(nested_program, *args, levels=1, repeats=1).phases if p.level == 2
+    ] == []
+
+
+def test_time_phases_bad_input():
+    args = small_args()
+    with pytest.raises(ValueError, match="levels"):
+        rp.time_phases(two_component_program, *args, levels=0)
+    with pytest.raises(ValueError, match="repeats"):
+        rp.time_phases(two_component_program, *args, repeats=0)
+    with pytest.raises(ValueError, match="callable"):
+        rp.time_phases(3, *args)
+    prog = rp.SegmentedProgram(two_component_program, *args)
+    with pytest.raises(ValueError, match="structure"):
+        prog.run(*args[:2])
+
+
+# ------------------------------------------------------------------------------------------------
+# The sampler: real behaviour on this machine, one mock unit test, real GPU tests
+
+
+@pytest.mark.skipif(rp.available()[0], reason="this machine has an NVIDIA GPU with NVML")
+def test_no_gpu_is_reported_clearly():
+    ok, reason = rp.available()
+    assert ok is False and reason.startswith("no NVIDIA GPU/NVML:")
+    with pytest.raises(rp.NoGPUError, match="no NVIDIA GPU/NVML"):
+        with rp.Sampler():
+            pass
+    # profile() still times phases, but attaches no activity and says why
+    tl = rp.profile(two_component_program, *small_args(), levels=1, repeats=1)
+    assert tl.activity is None and tl.metadata["activity"].startswith("unavailable: no NVIDIA GPU/NVML")
+    ia = rp.iteration_activity(two_component_program, *small_args(), iters=3, rounds=1)
+    assert ia.mean_sm_util is None and ia.series is None and ia.overhead is None
+    assert (
+        ia.reason.startswith("no NVIDIA GPU/NVML")
+        and len(ia.times_off_s) == 3
+        and ia.iteration_time_off_s > 0
+    )
+
+
+class FakeNVML:
+    """MOCK of the pynvml module (the only mock NVML in this suite): records when samples are
+    taken and returns fixed metric values, to unit-test the sampler's thread and bookkeeping."""
+
+    def __init__(self, gpm: bool = True):
+        import pynvml
+
+        self.NVMLError = pynvml.NVMLError
+        self.c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
+        self.NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
+        self.NVML_GPM_METRIC_SM_UTIL = pynvml.NVML_GPM_METRIC_SM_UTIL
+        self.NVML_GPM_METRIC_SM_OCCUPANCY = pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
+        self._sample_t = pynvml.c_nvmlGpmSample_t
+        self.gpm, self.inits, self.shutdowns, self.freed = gpm, 0, 0, 0
+        self.buffers, self.stamp, self.pairs = [], {}, []
+
+    @staticmethod
+    def _key(ptr) -> int:
+        return ctypes.cast(ptr, ctypes.c_void_p).value
+
+    def nvmlInit(self):
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return "handle0"
+
+    def nvmlDeviceGetName(self, h):
+        return "FakeGPU"
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        return SimpleNamespace(isSupportedDevice=int(self.gpm))
+
+    def nvmlGpmSampleAlloc(self):
+        buf = ctypes.create_string_buffer(16)
+        self.buffers.append(buf)
+        return ctypes.cast(buf, self._sample_t)
+
+    def nvmlGpmSampleFree(self, s):
+        self.freed += 1
+
+    def nvmlGpmSampleGet(self, h, s):
+        self.stamp[self._key(s)] = time.perf_counter_ns()
+        return s
+
+    def nvmlGpmMetricsGet(self, mg):
+        t1, t2 = self.stamp[self._key(mg.sample1)], self.stamp[self._key(mg.sample2)]
+        self.pairs.append((t1, t2))
+        assert mg.numMetrics == 2 and mg.version == self.NVML_GPM_METRICS_GET_VERSION
+        assert (mg.metrics[0].metricId, mg.metrics[1].metricId) == (
+            self.NVML_GPM_METRIC_SM_UTIL,
+            self.NVML_GPM_METRIC_SM_OCCUPANCY,
+        )
+        mg.metrics[0].nvmlReturn = mg.metrics[1].nvmlReturn = 0
+        mg.metrics[0].value, mg.metrics[1].value = 40.0, 20.0
+        return mg
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=37, memory=0)
+
+
+def test_sampler_thread_with_mock_nvml():
+    """Uses the MOCK NVML above (no GPU here): checks GPM sample pairing over the window, the
+    step bookkeeping, clean shutdown, and the utilization fallback."""
+    fake = FakeNVML(gpm=True)
+    assert rp.available(_nvml=fake) == (True, "device 0: FakeGPU; source gpm")
+    with rp.Sampler(period_ms=2, window_ms=10, _nvml=fake) as s:
+        time.sleep(0.25)
+    series = s.series()
+    assert series.source == "gpm" and s.lag == 5 and series.num_samples > 20
+    assert np.all(series.sm_util == 40.0) and np.all(series.sm_occupancy == 20.0)
+    start, end = rp.step_bounds(series)
+    assert np.array_equal(start[1:], end[:-1]) and np.all(end > start)
+    assert np.all(np.diff(series.t_ns) > 0)
+    gaps = np.array([b - a for a, b in fake.pairs])
+    assert np.median(gaps) >= 9.5 * MS and np.all(gaps >= 5 * MS), gaps.min()  # ~lag periods (10 ms window)
+    assert 8 * MS <= series.resolution_ns <= 40 * MS
+    assert fake.inits == fake.shutdowns == 2 and fake.freed == 6  # available() + sampler; lag + 1 buffers
+
+    util = FakeNVML(gpm=False)
+    with rp.Sampler(period_ms=2, _nvml=util) as s2:
+        time.sleep(0.05)
+    u = s2.series()
+    assert u.source == "utilization" and u.sm_occupancy is None and np.all(u.sm_util == 37.0)
+    with pytest.raises(rp.NoGPUError, match="GPM"):
+        rp.Sampler(source="gpm", _nvml=FakeNVML(gpm=False)).start()
+    with pytest.raises(ValueError, match="period_ms"):
+        rp.Sampler(period_ms=0)
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_gpu_sampler_real_nvml_and_gpm():
+    ok, reason = rp.available()
+    assert ok, reason
+    x = jnp.ones((4096, 4096), jnp.float32)
+    f = jax.jit(lambda x: jnp.tanh(x @ x) * 1e-3)
+    jax.block_until_ready(f(x))
+    with rp.Sampler(period_ms=10) as s:
+        time.sleep(0.3)
+        t0 = time.perf_counter_ns()
+        for _ in range(200):
+            y = f(x)
+        jax.block_until_ready(y)
+        t1 = time.perf_counter_ns()
+        time.sleep(0.3)
+    series = s.series()
+    assert series.num_samples > 30 and np.isfinite(series.sm_util).mean() > 0.8
+    if "H100" in reason or "H200" in reason or "GH200" in reason:
+        assert series.source == "gpm" and series.sm_occupancy is not None
+    busy = rp.mean_activity(series, [(t0, t1)])
+    assert busy > 50.0, f"SM activity during back-to-back matmuls was {busy:.1f} %"
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_gpu_sampler_overhead_is_small():
+    """A ~5 ms iteration (16 fused 4096^2 matmuls), 2 rounds x 30 iterations sampler off / on."""
+    k = jax.random.PRNGKey(0)
+    w = jax.random.normal(k, (4096, 4096)) * 0.01
+
+    def step(w):
+        for _ in range(16):
+            w = w - 1e-3 * jnp.tanh(w @ w)
+        return w, jnp.sum(w)
+
+    ia = rp.iteration_activity(step, w, iters=30, rounds=2)
+    assert ia.series is not None and ia.mean_sm_util is not None and ia.mean_sm_util > 50.0
+    assert ia.overhead <= 0.03, f"sampler slowed iterations by {ia.overhead:.1%}"
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_gpu_kernel_trace_maps_components(tmp_path):
+    args = (jnp.ones((256, 256)), jnp.ones((64, 256)), jnp.ones((5, 64, 256)))
+    tr = rp.kernel_trace(two_component_program, *args, logdir=str(tmp_path))
+    assert tr.available, tr.reason
+    assert {"rollout/sim", "rollout/policy"} & set(tr.busy_ns)
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernel traces and plots
+
+
+def test_kernel_trace_on_cpu_says_no_gpu_and_maps_host_ops(tmp_path):
+    args = small_args()
+    if not ON_GPU:
+        tr = rp.kernel_trace(two_component_program, *args, logdir=str(tmp_path / "a"))
+        assert not tr.available and tr.reason.startswith("no GPU") and tr.events == ()
+    # The host plane's XLA-op events exercise the same parsing and path mapping.
+    tr = xplane.kernel_trace(two_component_program, *args, logdir=str(tmp_path / "b"), require_gpu=False)
+    assert tr.available and tr.trace_file.endswith(".xplane.pb")
+    paths = {e.path for e in tr.events}
+    assert {"rollout/sim", "rollout/policy"} <= paths, paths
+    assert all(v >= 0 for v in tr.busy_ns.values()) and tr.span_ns > 0
+    assert "| path |" in xplane.busy_table(tr)
+
+
+def test_busy_and_gaps_exact():
+    ev = [
+        xplane.KernelEvent("k1", 0.0, 10.0, "s0", "a", "op1"),
+        xplane.KernelEvent("k2", 5.0, 10.0, "s1", "a", "op2"),
+        xplane.KernelEvent("k3", 30.0, 5.0, "s0", "b", "op3"),
+        xplane.KernelEvent("m", 16.0, 2.0, "s0", "b", "", "memcpy"),
+        xplane.KernelEvent("k4", 36.0, 4.0, "s0", "b", "op4"),
+    ]
+    busy, gaps, span = xplane.busy_and_gaps(ev)
+    assert busy == {"a": 15.0, "b": 9.0} and span == 40.0
+    assert gaps == [xplane.Gap(15.0, 15.0, "a -> b", "a", "b"), xplane.Gap(35.0, 1.0, "b", "b", "b")]
+    assert xplane.busy_and_gaps(ev, min_gap_ns=2.0)[1] == gaps[:1]
+
+
+def test_plot_timeline_writes_png(tmp_path):
+    tl = synthetic(occupancy=[30.0] * 10)
+    tl = tl.replace(phases=tl.phases + (rp.Phase("a/sim", 120 * MS, 130 * MS, 2, 0, 2.0),))
+    out = rp.plot_timeline(tl, tmp_path / "p.png", "synthetic")
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    out2 = rp.plot_timeline(
+        tl.replace(activity=None, metadata={"activity": "unavailable: test"}), tmp_path / "q.png"
+    )
+    assert os.path.getsize(out2) > 1000
+    with pytest.raises(ValueError, match="no phases"):
+        rp.plot_timeline(rp.Timeline(()), tmp_path / "r.png")
+
+
+def test_components_hidden_in_one_jit_are_found():
+    """A program that is one jit whose body is all inside one component still gets its
+    sub-components and its loop bodies timed (the call is inlined at every depth)."""
+
+    @jax.jit
+    def inner(x):
+        def body(c, _):
+            with rose_jax.component("sim"):
+                c = jnp.sin(c)
+            with rose_jax.component("policy"):
+                c = c * 0.5
+            return c, None
+
+        with rose_jax.component("prep"):
+            x = x + 1.0
+        return jax.lax.scan(body, x, None, length=3)[0]
+
+    def program(x):
+        with rose_jax.component("train"):
+            return inner(x)
+
+    tl = rp.time_phases(jax.jit(program), jnp.ones(4), repeats=1, time_fused=False)
+    assert tl.metadata["outputs_match"] and tl.metadata["segments"] == ["train"]
+    deep = [p.path for p in tl.phases if p.level == 2]
+    assert deep[0] == "train/prep"
+    assert deep[1:] == ["train/sim", "train/policy"] * 3
+
+
+@pytest.mark.slow
+def test_profile_gpu_benchmark_runs_tiny_on_cpu(tmp_path):
+    """benchmarks/profile_gpu.py end to end with --tiny (PPO on pendulum): files and table."""
+    import importlib.util
+
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "profile_gpu.py"
+    )
+    spec = importlib.util.spec_from_file_location("profile_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--tiny", "--algos", "ppo", "--out", str(tmp_path), "--compile-cache", ""])
+    (row,) = rows
+    assert row["name"] == "ppo_pendulum_8" and row["outputs_match"] is True, row
+    for suffix in (".timeline.json", ".windows.md", ".windows.json", ".png"):
+        assert os.path.getsize(tmp_path / f"ppo_pendulum_8{suffix}") > 0
+    assert "ppo_pendulum_8" in (tmp_path / "summary.md").read_text()
+    tl = rp.load(tmp_path / "ppo_pendulum_8.timeline.json")
+    assert {"rollout/sim", "rollout/policy", "update/loss"} <= set(tl.paths(level=2))
+    if not ON_GPU:
+        assert row["mean_sm_util"] is None and tl.activity is None
