@@ -17,6 +17,19 @@ _REGISTRY: dict[str, str] = {
     "pendulum": "envs.classic:make_pendulum",
     "cartpole": "envs.classic:make_cartpole",
     "point_mass": "envs.classic:make_point_mass",
+    # Brax environments (envs/brax_envs.py); each takes backend="mjx"|"generalized"|"positional"|"spring"
+    "ant": "envs.brax_envs:make_ant",
+    "halfcheetah": "envs.brax_envs:make_halfcheetah",
+    "hopper": "envs.brax_envs:make_hopper",
+    "humanoid": "envs.brax_envs:make_humanoid",
+    "humanoidstandup": "envs.brax_envs:make_humanoidstandup",
+    "inverted_pendulum": "envs.brax_envs:make_inverted_pendulum",
+    "reacher": "envs.brax_envs:make_reacher",
+    "walker2d": "envs.brax_envs:make_walker2d",
+    # plain MJX from MJCF (envs/mjcf.py): any model (xml=...), and the shipped envs/assets/ models
+    "mjcf": "envs.mjcf:make_mjcf",
+    "mjx_cartpole": "envs.mjcf:make_mjx_cartpole",
+    "mjx_swimmer": "envs.mjcf:make_mjx_swimmer",
 }
 
 

@@ -145,7 +145,7 @@ def make_ant(**kw) -> Env:
 
 
 def make_halfcheetah(**kw) -> Env:
-    """Brax ``halfcheetah``: obs 18, action 6."""
+    """Brax ``halfcheetah``: obs 17, action 6."""
     return make_brax("halfcheetah", **kw)
 
 

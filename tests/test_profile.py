@@ -478,16 +478,22 @@ def test_gpu_sampler_real_nvml_and_gpm():
     jax.block_until_ready(f(x))
     with rp.Sampler(period_ms=10) as s:
         time.sleep(0.3)
-        t0 = time.perf_counter_ns()
-        for _ in range(200):
-            y = f(x)
-        jax.block_until_ready(y)
-        t1 = time.perf_counter_ns()
+        # Keep the GPU busy for ~1.5 s: far longer than GPM's ~100 ms averaging window, so the
+        # middle of the busy span is not diluted by the idle time around it.
+        t_start = time.perf_counter_ns()
+        y = x
+        while time.perf_counter_ns() - t_start < 1.5e9:
+            for _ in range(20):
+                y = f(x)
+            jax.block_until_ready(y)
+        t_end = time.perf_counter_ns()
         time.sleep(0.3)
     series = s.series()
     assert series.num_samples > 30 and np.isfinite(series.sm_util).mean() > 0.8
     if "H100" in reason or "H200" in reason or "GH200" in reason:
         assert series.source == "gpm" and series.sm_occupancy is not None
+    margin = series.resolution_ns or 200_000_000
+    t0, t1 = t_start + 2 * margin, t_end - margin
     busy = rp.mean_activity(series, [(t0, t1)])
     assert busy > 50.0, f"SM activity during back-to-back matmuls was {busy:.1f} %"
 
