@@ -1,0 +1,411 @@
+"""Baseline vs rose_jax.optimize search result, same run: env-steps/s, equality, SM activity.
+
+For each algorithm (PPO, SAC) and env count (default 2048 and 8192) on ``ant`` (MJX backend):
+  1. the untransformed iteration: compile, time ``--iters`` iterations x ``--repeats`` runs,
+     env-steps/s; mean SM activity over a run (NVML sampler, when ``rose_jax.profile`` finds a GPU);
+  2. ``rose_jax.optimize.optimize`` over the candidates (``--ppo-candidates`` / ``--sac-candidates``:
+     a comma list of ``unroll:<where>:<factor>``, ``hoist:<where>``, ``group:<G>:<mode>``,
+     ``fuse:<a>:<b>``, or ``auto`` = generated from the LoopTree, ``--max-candidates`` of them);
+  3. the optimized iteration: env-steps/s, SM activity, and its state after ``--iters``
+     iterations compared with the baseline's (leaf-scaled tolerance of the plan).
+Writes ``optimize.json`` (machine, versions, command, every candidate of every search),
+``optimize.md`` (tables) and ``optimize.png`` (env-steps/s, baseline vs optimized) into
+``--out`` (default benchmarks/results/optimize/), atomically; a short table is printed last.
+
+On the H200 (about 5-6 minutes; most of it compilation, shared through JAX's persistent cache):
+    python benchmarks/optimize_gpu.py
+    python benchmarks/optimize_gpu.py --algos ppo --num-envs 8192 --ppo-candidates group:2:processes
+Check the plumbing on a CPU (pendulum, tiny sizes; output in a temp dir unless --out):
+    python benchmarks/optimize_gpu.py --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+
+# group_rollout(..., "processes") starts worker JAX processes on the same GPU: this driver must not
+# grab 75% of the GPU memory at its first JAX call (set before jax is imported).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+T0 = time.perf_counter()
+
+DEFAULT_PPO = "group:2:processes,group:2:interleaved,unroll:rollout:4"
+DEFAULT_SAC = "unroll:train_steps:4,hoist:train_steps"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
+
+
+def build(algo: str, num_envs: int, args):
+    """(target: Program or iteration fn, state, steps per iteration, config)."""
+    import jax
+
+    import envs
+    from rose_jax import optimize as O
+
+    env_kw = () if args.backend in ("", "none") else (("backend", args.backend),)
+    env = envs.make(args.env, **dict(env_kw))
+    key = jax.random.PRNGKey(args.seed)
+    if algo == "ppo":
+        from algos import ppo
+
+        config = ppo.PPOConfig(
+            num_envs=num_envs,
+            unroll_length=args.ppo_unroll,
+            num_minibatches=args.ppo_minibatches,
+            num_epochs=args.ppo_epochs,
+            seed=args.seed,
+            policy_hidden_sizes=tuple(args.hidden),
+            value_hidden_sizes=tuple(args.hidden),
+        )
+        program = O.ppo_program(config, env, env_name=args.env, env_kwargs=env_kw)
+        return program, ppo.init(config, env, key), config.steps_per_iteration, config
+    if algo == "sac":
+        from algos import sac
+
+        capacity = max(args.sac_replay, 4 * num_envs, 4 * args.sac_batch)
+        config = sac.SACConfig(
+            num_envs=num_envs,
+            batch_size=args.sac_batch,
+            grad_updates_per_step=args.sac_grad_updates,
+            num_timesteps=10**9,
+            min_replay_size=max(num_envs, args.sac_batch),
+            max_replay_size=capacity,
+            seed=args.seed,
+            policy_hidden_sizes=tuple(args.hidden),
+            q_hidden_sizes=tuple(args.hidden),
+            num_eval_envs=0,
+        )
+        return (
+            sac.iteration(config, env),
+            sac.init(config, env, key),
+            num_envs * config.steps_per_iteration,
+            config,
+        )
+    raise ValueError(f"unknown algorithm {algo!r}; use ppo or sac")
+
+
+def parse_candidates(text: str):
+    """``None`` for ``auto``, else Transforms from ``unroll:w:f, hoist:w, group:G:mode, fuse:a:b``."""
+    from rose_jax import optimize as O
+
+    if text.strip() == "auto":
+        return None
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        kind, *rest = item.split(":")
+        try:
+            if kind == "unroll":
+                out.append(O.unroll_scans(True if rest[1] == "full" else int(rest[1]), rest[0] or None))
+            elif kind == "hoist":
+                out.append(O.hoist_invariants(rest[0] if rest and rest[0] else None))
+            elif kind == "group":
+                out.append(O.group_rollout(int(rest[0]), rest[1] if len(rest) > 1 else "interleaved"))
+            elif kind == "fuse":
+                out.append(O.overlap_independent(rest[0], rest[1]))
+            else:
+                raise ValueError(f"unknown kind {kind!r}")
+        except (IndexError, ValueError) as e:
+            raise SystemExit(
+                f"bad candidate {item!r}: {e} (use unroll:<where>:<f>, hoist:<where>, "
+                "group:<G>:<mode>, fuse:<a>:<b> or auto)"
+            ) from None
+    return out
+
+
+def time_step(step, state, iters: int, repeats: int):
+    """(median s/iter, final state of one run) after one warm-up (compile) call."""
+    import numpy as np
+
+    from rose_jax.optimize import measure
+
+    final, timing = measure.time_repeats(step, state, iters, repeats)
+    return float(np.median(timing.per_iter_s)), final
+
+
+def sm_activity(step, state, iters: int, args):
+    """Mean SM activity (%) over ``iters`` chained iterations, or (None, reason) without a GPU."""
+    try:
+        from rose_jax import profile as rp
+    except ImportError as e:  # pragma: no cover - the profiler ships with rose_jax
+        return None, f"rose_jax.profile unavailable: {e}"
+    ok, reason = rp.available()
+    if not ok:
+        return None, reason
+    import jax
+
+    spans = []
+    with rp.Sampler(period_ms=args.period_ms, window_ms=args.window_ms) as sampler:
+        time.sleep((args.window_ms + 2 * args.period_ms) * 1e-3)
+        s = state
+        for _ in range(iters):
+            t0 = time.perf_counter_ns()
+            s, _ = step(s)
+            jax.block_until_ready(s)
+            spans.append((t0, time.perf_counter_ns()))
+        time.sleep((args.window_ms / 2 + 2 * args.period_ms) * 1e-3)
+    value = rp.mean_activity(sampler.series(), spans)
+    return (None if not math.isfinite(value) else float(value)), reason
+
+
+def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
+    import jax
+
+    from rose_jax import optimize as O
+    from rose_jax.optimize import measure, search
+
+    name = f"{algo}_{args.env}_{num_envs}"
+    log(f"{name}: building env, config, initial state")
+    target, state, steps_per_iter, config = build(algo, num_envs, args)
+    jax.block_until_ready(state)
+    base_step = search.compile_step(target)
+    log(f"{name}: baseline: compile + {args.repeats} x {args.iters} iterations")
+    t = time.perf_counter()
+    first_s, _ = time_step(base_step, state, args.iters, args.repeats)
+    log(
+        f"{name}: baseline {first_s * 1e3:.2f} ms/iter = {steps_per_iter / first_s:,.0f} env-steps/s "
+        f"({time.perf_counter() - t:.1f}s incl. compile)"
+    )
+    base_act, act_reason = sm_activity(base_step, state, args.activity_iters, args)
+
+    windows = None
+    if args.windows:
+        from rose_jax import profile as rp
+
+        log(f"{name}: profiling windows (segments compile separately)")
+        fn = target.iteration() if isinstance(target, O.Program) else target
+        tl = rp.profile(jax.jit(fn), state, levels=2, repeats=2)
+        windows = rp.find_windows(tl) if tl.activity is not None else None
+    candidates = parse_candidates(cands_text)
+    log(f"{name}: search over {'generated' if candidates is None else len(candidates)} candidates")
+    t = time.perf_counter()
+    step, report = O.optimize(
+        target,
+        state,
+        windows=windows,
+        candidates=candidates,
+        n_iters=args.iters,
+        repeats=args.repeats,
+        cache_dir=args.plan_cache or None,
+        max_candidates=args.max_candidates,
+        local=args.local,
+        log=lambda s: log(f"{name}: {s}"),
+    )
+    search_s = time.perf_counter() - t
+    try:
+        log(f"{name}: baseline and optimized timed in turns ({args.repeats} x {args.iters} iterations each)")
+        (base_final, tb), (opt_final, to) = measure.time_alternating(
+            [base_step, step], state, args.iters, args.repeats
+        )
+        base_s, opt_s = tb.median, to.median
+        if not report.plan:  # nothing kept: the "optimized" step is the baseline program itself
+            opt_s = base_s
+        opt_act, _ = sm_activity(step, state, args.activity_iters, args)
+    finally:
+        getattr(step, "close", lambda: None)()
+    plan = [p["label"] for p in report.plan]
+    tol = max([p["tolerance"]["rtol"] for p in report.plan] or [0.0])
+    cmp = measure.compare_trees(opt_final, base_final, rtol=tol)
+    log(
+        f"{name}: baseline {base_s * 1e3:.2f} / optimized {opt_s * 1e3:.2f} ms/iter = "
+        f"{steps_per_iter / base_s:,.0f} / {steps_per_iter / opt_s:,.0f} env-steps/s; plan {plan or '-'}; "
+        f"equal={cmp.equal} (max|d| {cmp.max_abs:.2g}, leaf-rel {cmp.max_rel:.2g}); search {search_s:.1f}s"
+    )
+    return {
+        "name": name,
+        "algo": algo,
+        "env": args.env,
+        "num_envs": num_envs,
+        "config": repr(config),
+        "steps_per_iteration": steps_per_iter,
+        "baseline_ms": base_s * 1e3,
+        "optimized_ms": opt_s * 1e3,
+        "baseline_steps_per_s": steps_per_iter / base_s,
+        "optimized_steps_per_s": steps_per_iter / opt_s,
+        "speedup": base_s / opt_s,
+        "plan": plan,
+        "equal": cmp.equal,
+        "max_abs_diff": cmp.max_abs,
+        "max_rel_diff": cmp.max_rel,
+        "tolerance_rtol": tol,
+        "sm_activity_before": base_act,
+        "sm_activity_after": opt_act,
+        "activity": act_reason,
+        "search_s": search_s,
+        "cache_hit": report.cache_hit,
+        "report": report.to_json(),
+        "report_text": O.format_report(report),
+    }
+
+
+def _f(x, spec=".2f"):
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def table(rows: list[dict]) -> str:
+    out = [
+        "| config | baseline steps/s | optimized steps/s | speedup | equal | SM % before | SM % after | "
+        "search s | plan |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if "skipped" in r:
+            out.append(f"| {r['name']} | skipped: {r['skipped']} | | | | | | | |")
+            continue
+        out.append(
+            f"| {r['name']} | {r['baseline_steps_per_s']:,.0f} | {r['optimized_steps_per_s']:,.0f} | "
+            f"{r['speedup']:.3f}x | {r['equal']} | {_f(r['sm_activity_before'], '.1f')} | "
+            f"{_f(r['sm_activity_after'], '.1f')} | {r['search_s']:.1f} | {', '.join(r['plan']) or '-'} |"
+        )
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.common import save_plot
+
+    done = [r for r in rows if "skipped" not in r]
+    fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(done) + 1), 3.2))
+    xs = range(len(done))
+    ax.bar([x - 0.2 for x in xs], [r["baseline_steps_per_s"] for r in done], 0.4, label="baseline")
+    ax.bar([x + 0.2 for x in xs], [r["optimized_steps_per_s"] for r in done], 0.4, label="rose_jax.optimize")
+    for x, r in zip(xs, done, strict=True):
+        ax.text(
+            x + 0.2, r["optimized_steps_per_s"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=8
+        )
+    ax.set_xticks(list(xs), [r["name"] for r in done], rotation=20, fontsize=8)
+    ax.set_ylabel("env steps / s")
+    ax.legend(fontsize=8)
+    ax.set_title("baseline vs optimized iteration (same run)", fontsize=9)
+    save_plot(fig, path)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--algos", nargs="+", default=["ppo", "sac"], choices=["ppo", "sac"])
+    p.add_argument("--num-envs", nargs="+", type=int, default=[2048, 8192])
+    p.add_argument("--env", default="ant")
+    p.add_argument("--backend", default="mjx", help="env backend keyword ('none' for pure-JAX envs)")
+    p.add_argument("--tiny", action="store_true", help="CPU plumbing check: pendulum, 8 envs, tiny configs")
+    p.add_argument(
+        "--out", default=None, help="output dir (default benchmarks/results/optimize; --tiny: temp dir)"
+    )
+    p.add_argument("--budget-s", type=float, default=330.0, help="skip configs that would start after this")
+    p.add_argument(
+        "--iters", type=int, default=3, help="iterations per timed run and before the equality check"
+    )
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--activity-iters", type=int, default=5)
+    p.add_argument("--ppo-candidates", default=DEFAULT_PPO)
+    p.add_argument("--sac-candidates", default=DEFAULT_SAC)
+    p.add_argument("--max-candidates", type=int, default=3)
+    p.add_argument(
+        "--local",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="time the affected piece alone first (costs extra compiles)",
+    )
+    p.add_argument("--windows", action="store_true", help="profile the baseline and pass its windows (slow)")
+    p.add_argument("--plan-cache", default="", help="plan cache dir ('' = no cache: always search)")
+    p.add_argument("--period-ms", type=float, default=10.0)
+    p.add_argument("--window-ms", type=float, default=100.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
+    p.add_argument("--ppo-unroll", type=int, default=10)
+    p.add_argument("--ppo-minibatches", type=int, default=16)
+    p.add_argument("--ppo-epochs", type=int, default=4)
+    p.add_argument("--sac-batch", type=int, default=256)
+    p.add_argument("--sac-grad-updates", type=int, default=4)
+    p.add_argument("--sac-replay", type=int, default=1 << 20)
+    p.add_argument(
+        "--compile-cache",
+        default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
+        help="JAX persistent compilation cache dir ('' to disable)",
+    )
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.env, args.backend, args.num_envs, args.hidden = "pendulum", "none", [8], [16]
+        args.repeats, args.iters, args.activity_iters = 5, 3, 2
+        args.ppo_unroll, args.ppo_minibatches, args.ppo_epochs = 4, 2, 1
+        args.sac_batch, args.sac_grad_updates, args.sac_replay = 16, 2, 1024
+        args.budget_s = max(args.budget_s, 1e9)
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    import jax
+
+    if args.compile_cache:
+        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    from benchmarks.common import atomic_write, machine_info, write_json
+
+    out_dir = args.out or (
+        tempfile.mkdtemp(prefix="rose_optimize_tiny_")
+        if args.tiny
+        else os.path.join(HERE, "results", "optimize")
+    )
+    os.makedirs(out_dir, exist_ok=True)
+    log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; output {out_dir}")
+    rows = []
+    for n in args.num_envs:
+        for algo in args.algos:
+            name = f"{algo}_{args.env}_{n}"
+            if time.perf_counter() - T0 > args.budget_s:
+                log(f"{name}: skipped (time budget {args.budget_s:.0f}s spent)")
+                rows.append({"name": name, "skipped": "time budget"})
+                continue
+            try:
+                rows.append(
+                    run_config(algo, n, args, args.ppo_candidates if algo == "ppo" else args.sac_candidates)
+                )
+            except Exception as e:  # noqa: BLE001 - report and go on with the next config
+                log(f"{name}: FAILED: {type(e).__name__}: {e}")
+                rows.append({"name": name, "skipped": f"failed: {type(e).__name__}: {str(e)[:160]}"})
+    text = table(rows)
+    notes = (
+        "steps/s = env steps per second of whole iterations (median over repeats, after compile). "
+        "equal = optimized state after --iters iterations within the plan's leaf-scaled tolerance of the "
+        "baseline's. SM % = time-weighted NVML GPM SM_UTIL over chained iterations (~100 ms resolution). "
+        "One JAX process runs its programs on one compute stream: 'interleaved' groups only change XLA's "
+        "scheduling/fusion; 'processes' groups run the rollouts in separate MPS clients (real concurrency, "
+        "plus array transfers); unrolling saves per-iteration loop overhead."
+    )
+    md = [f"# optimize_gpu\n\n{notes}\n\n{text}\n"]
+    for r in rows:
+        if "report_text" in r:
+            md.append(f"## {r['name']}\n\n```\n{r['report_text']}\n```\n")
+    meta = machine_info()
+    write_json(
+        os.path.join(out_dir, "optimize.json"),
+        {"machine": meta, "argv": sys.argv[1:], "wall_s": time.perf_counter() - T0, "rows": rows},
+    )
+    atomic_write(
+        os.path.join(out_dir, "optimize.md"), f"command: `{meta.get('command')}`\n\n" + "\n".join(md)
+    )
+    if any("skipped" not in r for r in rows):
+        plot(rows, os.path.join(out_dir, "optimize.png"))
+    log(f"done in {time.perf_counter() - T0:.1f}s; results in {out_dir}")
+    print("\n" + text + "\n", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The plan cache: a JSON file of chosen plans, keyed by what the plan was measured for.
+
+Key = (program fingerprint: SHA-256 of the jaxpr text with memory addresses removed, env name,
+batch size, device name (GPU name or ``"cpu"``), jax version). A hit means the same program on
+the same kind of machine: the search is skipped and the cached transforms are applied. The file
+is rewritten atomically (temporary file + ``os.replace``), so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from typing import Any, Callable
+
+import jax
+
+CACHE_FILE = "plans.json"
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def fingerprint(fn: Callable, *args) -> str:
+    """SHA-256 (hex, 16 chars) of ``fn``'s jaxpr text on ``args`` (addresses stripped)."""
+    text = str(jax.make_jaxpr(fn)(*args))
+    return hashlib.sha256(_ADDRESS.sub("0x", text).encode()).hexdigest()[:16]
+
+
+def device_name() -> str:
+    """The accelerator's name (e.g. ``"NVIDIA H200"``) or ``"cpu"``."""
+    dev = jax.devices()[0]
+    if dev.platform == "cpu":
+        return "cpu"
+    return str(getattr(dev, "device_kind", dev.platform))
+
+
+def cache_key(fingerprint_hex: str, env_name: str, batch_size: int | None, device: str | None = None) -> str:
+    parts = [
+        fingerprint_hex,
+        env_name or "-",
+        str(batch_size if batch_size is not None else "-"),
+        device or device_name(),
+        jax.__version__,
+    ]
+    return "|".join(parts)
+
+
+def load(cache_dir: str) -> dict[str, Any]:
+    """All cached entries (``{}`` when the file does not exist)."""
+    path = os.path.join(cache_dir, CACHE_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"plan cache {path} is not valid JSON ({e}); delete it to start afresh"
+            ) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"plan cache {path} must hold a JSON object")
+    return data
+
+
+def lookup(cache_dir: str | None, key: str) -> dict | None:
+    if not cache_dir:
+        return None
+    return load(cache_dir).get(key)
+
+
+def store(cache_dir: str, key: str, entry: dict) -> str:
+    """Add ``entry`` under ``key`` and rewrite the file atomically; returns its path."""
+    os.makedirs(cache_dir, exist_ok=True)
+    data = load(cache_dir)
+    data[key] = entry
+    path = os.path.join(cache_dir, CACHE_FILE)
+    fd, tmp = tempfile.mkstemp(prefix=".plans.", suffix=".json", dir=cache_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,530 @@
+"""rose_jax.optimize: every transform computes the same function, illegal ones are rejected,
+the search keeps only faster-and-equal candidates, and plans are cached."""
+
+from __future__ import annotations
+
+import time
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+
+import rose_jax
+from rose_jax import optimize as O
+from rose_jax import trace as rtrace
+from rose_jax.optimize import _compat as C
+from rose_jax.optimize import interpret as I
+from rose_jax.optimize import measure, processes, search, toy
+from rose_jax.optimize import transforms as T
+
+# ------------------------------------------------------------------------ synthetic programs
+
+
+def nested(params, xs):
+    """Scan over xs (component outer) with a loop-invariant matmul, an inner scan, a cond, a while."""
+    with rose_jax.component("outer"):
+
+        def body(carry, x):
+            h, acc = carry
+            with rose_jax.component("cell"):
+                w2 = jnp.tanh(params["w"]) @ params["w"].T  # invariant: reads only params
+                h = jnp.tanh(h @ w2 + x + params["b"])
+
+            def decay(c, _):
+                return c * 0.5 + jnp.sum(h), None
+
+            acc, _ = jax.lax.scan(decay, acc, None, length=3)
+            acc = jax.lax.cond(acc > 0, lambda a: a * 0.9, lambda a: a + 0.1, acc)
+            acc = jax.lax.while_loop(lambda t: t[0] < 2, lambda t: (t[0] + 1, t[1] * 1.01), (0, acc))[1]
+            return (h, acc), jnp.sum(h * x)
+
+        (h, acc), ys = jax.lax.scan(body, (jnp.zeros(4), jnp.float32(0.0)), xs)
+    return h, acc, ys
+
+
+def nested_no_while(params, xs):
+    """``nested`` without the while loop (reverse-mode differentiable)."""
+
+    def body(carry, x):
+        h, acc = carry
+        with rose_jax.component("cell"):
+            w2 = jnp.tanh(params["w"]) @ params["w"].T
+            h = jnp.tanh(h @ w2 + x + params["b"])
+        acc, _ = jax.lax.scan(lambda c, _: (c * 0.5 + jnp.sum(h), None), acc, None, length=3)
+        return (h, acc), jnp.sum(h * x)
+
+    with rose_jax.component("outer"):
+        (h, acc), ys = jax.lax.scan(body, (jnp.zeros(4), jnp.float32(0.0)), xs)
+    return jnp.sum(h) + acc + jnp.sum(ys)
+
+
+def random_inputs(seed=0, t=6):
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    params = {"w": 0.5 * jax.random.normal(k1, (4, 4)), "b": 0.1 * jax.random.normal(k2, (4,))}
+    return params, jax.random.normal(k3, (t, 4))
+
+
+def scan_sites(fn, *args):
+    return I.sites(jax.make_jaxpr(fn)(*args), kinds=("scan",))
+
+
+def assert_close(actual, expected, tol: T.Tolerance):
+    chex.assert_trees_all_close(actual, expected, rtol=tol.rtol, atol=max(tol.atol, 1e-6))
+
+
+# ----------------------------------------------------------------------------- unroll_scans
+
+
+@pytest.mark.parametrize("factor", [2, 3, True])
+def test_unroll_same_function_and_really_unrolled(factor):
+    params, xs = random_inputs(1)
+    t = O.unroll_scans(factor)
+    out = jax.jit(t.apply(nested))(params, xs)
+    assert_close(out, nested(params, xs), t.tolerance)
+    unrolls = [C.scan_params(s.eqn.params).unroll for s in scan_sites(t.apply(nested), params, xs)]
+    want = [6, 3] if factor is True else [min(factor, 6), min(factor, 3)]  # jax stores True as the length
+    assert unrolls == want
+    assert [C.scan_params(s.eqn.params).unroll for s in scan_sites(nested, params, xs)] == [1, 1]
+
+
+def test_unroll_where_picks_one_loop_and_legality_reads_the_tree():
+    params, xs = random_inputs(2)
+    t = O.unroll_scans(2, where="outer/decay")
+    sites = scan_sites(t.apply(nested), params, xs)
+    assert [(s.name, C.scan_params(s.eqn.params).unroll) for s in sites] == [("body", 1), ("decay", 2)]
+    tree = rtrace.trace(nested, params, xs)
+    assert t.legal(tree)[0]
+    ok, why = O.unroll_scans(2, where="no_such_loop").legal(tree)
+    assert not ok and "no scan matches" in why
+    with pytest.raises(ValueError, match="factor"):
+        O.unroll_scans(1)
+
+
+def test_transforms_compose_with_grad_vmap_jit():
+    params, xs = random_inputs(3)
+    for t in (O.unroll_scans(2), O.hoist_invariants()):
+        g = t.apply(nested_no_while)
+        chex.assert_trees_all_close(
+            jax.jit(jax.grad(g))(params, xs), jax.grad(nested_no_while)(params, xs), rtol=1e-5, atol=1e-6
+        )
+        batch = jnp.stack([xs, 2 * xs, -xs])
+        chex.assert_trees_all_close(
+            jax.vmap(g, in_axes=(None, 0))(params, batch),
+            jax.vmap(nested_no_while, in_axes=(None, 0))(params, batch),
+            rtol=1e-5,
+            atol=1e-6,
+        )
+        # a transform of a transform is still the same function
+        chex.assert_trees_all_close(
+            jax.jit(t.apply(g))(params, xs), nested_no_while(params, xs), rtol=1e-5, atol=1e-6
+        )
+
+
+def test_no_recompiles_on_repeated_calls():
+    params, xs = random_inputs(4)
+    traced_once = chex.assert_max_traces(nested, n=1)
+    step = jax.jit(O.unroll_scans(2).apply(traced_once))
+    for i in range(4):
+        step(params, xs + i)
+    chex.clear_trace_counter()
+
+
+def test_rewrite_keeps_component_names():
+    params, xs = random_inputs(5)
+    before = rtrace.trace(nested, params, xs)
+    after = rtrace.trace(O.unroll_scans(2).apply(nested), params, xs)
+    assert rtrace.format_tree(after) == rtrace.format_tree(before)  # same tree: names, loops, costs
+    hoisted = rtrace.trace(O.hoist_invariants().apply(nested), params, xs)
+    cells = [(len(n.index), n.name) for n in hoisted.walk() if n.kind == "component" and n.name == "cell"]
+    assert cells == [(2, "cell"), (3, "cell")]  # part of "cell" now runs before the loop, named as before
+    assert hoisted.root.cost.flops < before.root.cost.flops
+
+
+# ------------------------------------------------------------------------- hoist_invariants
+
+
+def test_hoist_moves_the_invariant_matmul_out_of_the_loop():
+    params, xs = random_inputs(6)
+    t = O.hoist_invariants(where="outer")
+    assert_close(jax.jit(t.apply(nested))(params, xs), nested(params, xs), t.tolerance)
+
+    def body_prims(fn):
+        site = scan_sites(fn, params, xs)[0]
+        return [e.primitive.name for e in C.scan_params(site.eqn.params).body.eqns]
+
+    before, after = body_prims(nested), body_prims(t.apply(nested))
+    assert before.count("dot_general") == 2 and after.count("dot_general") == 1
+    assert before.count("tanh") == 2 and after.count("tanh") == 1
+    top = [e.primitive.name for e in jax.make_jaxpr(t.apply(nested))(params, xs).eqns]
+    assert "dot_general" in top and "tanh" in top  # computed once, before the loop
+    ok, why = t.legal(rtrace.trace(nested, params, xs))
+    assert ok and "outer/body" in why
+
+
+def test_hoist_rejects_loops_without_invariants():
+    def pure_carry(c, xs):
+        return jax.lax.scan(lambda c, x: (jnp.sin(c) + x, c), c, xs)
+
+    c, xs = jnp.ones(3), jnp.ones((5, 3))
+    ok, why = O.hoist_invariants().legal(rtrace.trace(pure_carry, c, xs))
+    assert not ok and "nothing to hoist" in why
+    scan = C.scan_params(jax.make_jaxpr(pure_carry)(c, xs).eqns[0].params)
+    assert O.invariant_eqns(scan) == frozenset()
+
+
+# ---------------------------------------------------------------------- overlap_independent
+
+
+def two_loops(s, dependent=False):
+    with rose_jax.component("left"):
+        a, ya = jax.lax.scan(lambda c, x: (c + jnp.sin(x), c * x), s["a"], s["xs"])
+    mid = (a if dependent else s["b"]) * 2.0  # between the loops; the second loop needs it
+    with rose_jax.component("right"):
+        b, yb = jax.lax.scan(lambda c, x: (c * 0.5 + x, c), mid, s["xs"])
+    return {"a": a, "b": b, "ya": ya, "yb": yb}
+
+
+def test_overlap_fuses_independent_sibling_scans():
+    s = {"a": jnp.ones(3), "b": jnp.arange(3.0), "xs": jax.random.normal(jax.random.PRNGKey(0), (7, 3))}
+    t = O.overlap_independent("left", "right")
+    ok, why = t.legal(rtrace.trace(two_loops, s))
+    assert ok, why
+    fused = t.apply(two_loops)
+    assert_close(jax.jit(fused)(s), two_loops(s), t.tolerance)
+    top = [e.primitive.name for e in jax.make_jaxpr(fused)(s).eqns]
+    original = [e.primitive.name for e in jax.make_jaxpr(two_loops)(s).eqns]
+    assert original.count("scan") == 2 and top.count("scan") == 1  # one loop instead of two
+
+
+def test_overlap_rejects_dependent_nodes_with_the_reason():
+    s = {"a": jnp.ones(3), "b": jnp.arange(3.0), "xs": jnp.ones((7, 3))}
+
+    def dependent(s):
+        return two_loops(s, dependent=True)
+
+    t = O.overlap_independent("left", "right")
+    ok, why = t.legal(rtrace.trace(dependent, s))
+    assert not ok and "dependent" in why and "dataflow" in why
+    with pytest.raises(ValueError, match="depends on the first"):
+        jax.jit(t.apply(dependent))(s)
+
+    def unequal(s):
+        a, _ = jax.lax.scan(lambda c, x: (c + x, None), s["a"], s["xs"])
+        b, _ = jax.lax.scan(lambda c, x: (c + x, None), s["b"], s["xs"][:3])
+        return a, b
+
+    ok, why = O.overlap_independent("scan", "scan").legal(rtrace.trace(unequal, s))
+    assert not ok
+
+
+# ---------------------------------------------------------------------- group_rollout (toy)
+
+
+@pytest.fixture(scope="module")
+def toy_setup():
+    program = toy.toy_program(num_envs=8, unroll_length=5)
+    state = toy.init(8)
+    ref = jax.jit(program.iteration())
+    ref_state = state
+    for _ in range(3):
+        ref_state, _ = ref(ref_state)
+    return program, state, ref_state
+
+
+def _run(step, state, n):
+    for _ in range(n):
+        state, _ = step(state)
+    return state
+
+
+@pytest.mark.parametrize("mode,groups", [("sequential", 2), ("interleaved", 2), ("interleaved", 4)])
+def test_group_rollout_equals_single_batch(toy_setup, mode, groups):
+    program, state, ref_state = toy_setup
+    t = O.group_rollout(groups, mode)
+    ok, why = t.legal(O.trace_program(program, state))
+    assert ok, why
+    grouped = t.apply(program)
+    assert grouped.groups == groups and grouped.mode == mode
+    out = _run(jax.jit(grouped.iteration()), state, 3)
+    assert measure.compare_trees(out, ref_state, t.tolerance.rtol, t.tolerance.atol).equal
+
+
+def test_group_rollout_in_worker_function_path(toy_setup):
+    """The processes data path (split, per-group worker function rebuilt from the spec, merge)."""
+    program, state, ref_state = toy_setup
+    collect = processes.ProcessCollect(program, 4, executor=processes.InlineExecutor())
+    host_program = program._replace(collect=collect, host=True, groups=4, mode="processes")
+    out = _run(search.compile_step(host_program), state, 3)
+    cmp = measure.compare_trees(out, ref_state, O.group_rollout(2).tolerance.rtol)
+    assert cmp.equal, cmp.reason
+
+
+@pytest.mark.slow
+def test_group_rollout_in_real_worker_processes(toy_setup):
+    """mode='processes': two spawned rose_jax.runtime workers (CPU JAX here, MPS clients on a GPU)."""
+    program, state, ref_state = toy_setup
+    grouped = O.group_rollout(2, "processes").apply(program)
+    assert grouped.host and grouped.groups == 2
+    step = search.compile_step(grouped)
+    try:
+        out = _run(step, state, 3)
+        pids = grouped.collect.executor._pool.pids
+        assert len(pids) == 2 and all(pid > 0 for pid in pids.values())
+    finally:
+        step.close()
+    cmp = measure.compare_trees(out, ref_state, O.group_rollout(2).tolerance.rtol)
+    assert cmp.equal, cmp.reason
+
+
+def test_group_rollout_rejects_a_collect_that_reduces_over_envs():
+    program = toy.toy_program(8, 5, variant="normalizer_in_collect")
+    ok, why = O.group_rollout(2, "sequential").legal(O.trace_program(program, toy.init(8)))
+    assert not ok and "reduces over envs" in why and "state.mean" in why
+    ok, why = O.group_rollout(3).legal(O.trace_program(toy.toy_program(8, 5), toy.init(8)))
+    assert not ok and "divisible" in why
+
+
+# ------------------------------------------------------------------------------- the search
+
+
+def _sleep(seconds):
+    def cb():
+        time.sleep(seconds)
+        return np.zeros((), np.float32)
+
+    return io_callback(cb, jax.ShapeDtypeStruct((), jnp.float32), ordered=True)
+
+
+def core(state):
+    with rose_jax.component("update"):
+        w = state["w"] * 0.99 + 0.01 * jnp.tanh(state["w"])
+    return {"w": w, "n": state["n"] + 1}, {"norm": jnp.sum(w * w)}
+
+
+def slow_iteration(state):
+    new, metrics = core(state)
+    return {"w": new["w"] + _sleep(0.03), "n": new["n"]}, metrics
+
+
+def synthetic(name, make_fn, tolerance=T.FUSION_TOLERANCE):
+    return T.Transform(name, (), tolerance, "fn", lambda tree: (True, "synthetic"), lambda fn: make_fn(fn))
+
+
+def drop_sleep():
+    return synthetic("toy_drop_sleep", lambda fn: core)
+
+
+def _sleepier(fn):
+    def slower(state):
+        new, metrics = fn(state)
+        return {"w": new["w"] + _sleep(0.06), "n": new["n"]}, metrics
+
+    return slower
+
+
+def _wrong(fn):
+    def wrong(state):
+        new, metrics = core(state)
+        return {"w": new["w"] * 1.01, "n": new["n"]}, metrics
+
+    return wrong
+
+
+EXAMPLE = {"w": jnp.linspace(-1.0, 1.0, 16), "n": jnp.zeros((), jnp.int32)}
+
+
+def test_search_keeps_faster_equal_and_rejects_slower_and_unequal():
+    cands = [drop_sleep(), synthetic("toy_slower", _sleepier), synthetic("toy_wrong", _wrong)]
+    step, report = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=2, repeats=3)
+    by = {c.label.split("(")[0]: c for c in report.candidates}
+    assert by["toy_drop_sleep"].kept and by["toy_drop_sleep"].equal
+    assert not by["toy_slower"].kept and "not faster" in by["toy_slower"].reason
+    assert not by["toy_wrong"].kept and by["toy_wrong"].equal is False and "unequal" in by["toy_wrong"].reason
+    assert by["toy_wrong"].speedup > 1.0  # rejected although faster: the equality check decided
+    assert [p["name"] for p in report.plan] == ["toy_drop_sleep"]
+    assert report.speedup > 1.5 and report.equal
+    t0 = time.perf_counter()
+    jax.block_until_ready(step(EXAMPLE))
+    assert time.perf_counter() - t0 < 0.03  # the optimized step no longer sleeps
+    text = O.format_report(report)
+    assert "toy_wrong" in text and "unequal" in text
+    import json
+
+    json.dumps(report.to_json())  # JSON-able
+
+
+def test_search_rejects_illegal_and_mixing_group_candidates():
+    program = toy.toy_program(8, 5, variant="mixing")
+    cands = [O.group_rollout(2, "interleaved"), O.unroll_scans(2, where="no_such_loop")]
+    _, report = O.optimize(program, toy.init(8), candidates=cands, n_iters=1, repeats=1)
+    group, unroll = report.candidates
+    assert group.legal and not group.kept and "differs from the full batch" in group.reason
+    assert not unroll.legal and "illegal" in unroll.reason
+    assert report.plan == []
+
+
+def test_generated_candidates_cover_the_loops_and_groups():
+    program = toy.toy_program(8, 5)
+    state = toy.init(8)
+    tree = rtrace.trace(program.iteration(), state, arg_names=["state"])
+    cands = search.generate_candidates(tree, program, 1e-3, platform="cpu")
+    labels = [c.transform.label for c in cands]
+    assert any(x.startswith("unroll_scans(factor=2") for x in labels)
+    assert any(x.startswith("group_rollout(groups=2, mode='interleaved'") for x in labels)
+    assert all(c.predicted is not None and c.model for c in cands)
+
+
+def test_plan_cache_round_trip(tmp_path, monkeypatch):
+    O.register_transform("toy_drop_sleep", drop_sleep)
+    step, first = O.optimize(
+        slow_iteration,
+        EXAMPLE,
+        candidates=[drop_sleep()],
+        n_iters=1,
+        repeats=2,
+        cache_dir=str(tmp_path),
+        env_name="synthetic",
+        batch_size=16,
+    )
+    assert not first.cache_hit and first.measurements > 0 and first.plan
+    assert (tmp_path / "plans.json").exists()
+
+    def no_measuring(*a, **k):
+        raise AssertionError("a cache hit must not measure")
+
+    monkeypatch.setattr(measure, "time_repeats", no_measuring)
+    monkeypatch.setattr(measure, "time_call", no_measuring)
+    step2, second = O.optimize(
+        slow_iteration, EXAMPLE, cache_dir=str(tmp_path), env_name="synthetic", batch_size=16
+    )
+    assert second.cache_hit and second.measurements == 0
+    assert [p["name"] for p in second.plan] == ["toy_drop_sleep"]
+    chex.assert_trees_all_close(step2(EXAMPLE)[0], step(EXAMPLE)[0])
+    # another batch size is another key: a miss (which would measure)
+    with pytest.raises(AssertionError, match="must not measure"):
+        O.optimize(slow_iteration, EXAMPLE, cache_dir=str(tmp_path), env_name="synthetic", batch_size=32)
+
+
+def test_compare_trees_scales_per_leaf():
+    ref = {"big": jnp.array([1000.0, 1.0]), "small": jnp.array([1e-5, 2e-5]), "i": jnp.arange(2)}
+    close = {"big": jnp.array([1000.01, 1.0]), "small": jnp.array([1e-5, 2.0000001e-5]), "i": jnp.arange(2)}
+    assert measure.compare_trees(close, ref, rtol=1e-4).equal
+    assert not measure.compare_trees(close, ref, rtol=1e-6).equal
+    off = dict(close, i=jnp.array([0, 2]))
+    cmp = measure.compare_trees(off, ref, rtol=1.0)
+    assert not cmp.equal and "non-float" in cmp.reason
+
+
+# --------------------------------------------------------------------------- PPO and SAC
+
+
+@pytest.fixture(scope="module")
+def ppo_setup():
+    import envs
+    from algos import ppo
+
+    env = envs.make("pendulum")
+    config = ppo.PPOConfig(
+        num_envs=4,
+        unroll_length=4,
+        num_minibatches=2,
+        num_epochs=1,
+        policy_hidden_sizes=(8,),
+        value_hidden_sizes=(8,),
+    )
+    state = ppo.init(config, env, jax.random.PRNGKey(0))
+    ref_state = _run(jax.jit(ppo.iteration(config, env)), state, 2)
+    return ppo, config, env, state, ref_state
+
+
+@pytest.mark.slow
+def test_ppo_program_equals_ppo_iteration(ppo_setup):
+    ppo, config, env, state, ref_state = ppo_setup
+    program = O.ppo_program(config, env)
+    out = _run(jax.jit(program.iteration()), state, 2)
+    cmp = measure.compare_trees(out, ref_state)
+    assert cmp.equal and cmp.max_abs == 0.0, cmp.reason  # bitwise: the adapter is ppo's own code
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "make", [lambda: O.unroll_scans(2), lambda: O.hoist_invariants()], ids=["unroll", "hoist"]
+)
+def test_ppo_fn_transforms_equal_after_iterations(ppo_setup, make):
+    ppo, config, env, state, ref_state = ppo_setup
+    t = make()
+    assert t.legal(rtrace.trace(ppo.iteration(config, env), state, arg_names=["state"]))[0]
+    out = _run(jax.jit(t.apply(ppo.iteration(config, env))), state, 2)
+    cmp = measure.compare_trees(out, ref_state, t.tolerance.rtol, t.tolerance.atol)
+    assert cmp.equal, cmp.reason
+
+
+@pytest.mark.slow
+def test_ppo_group_rollout_interleaved_equal(ppo_setup):
+    ppo, config, env, state, ref_state = ppo_setup
+    program = O.ppo_program(config, env)
+    t = O.group_rollout(2, "interleaved")
+    ok, why = t.legal(O.trace_program(program, state))
+    assert ok, why
+    out = _run(jax.jit(t.apply(program).iteration()), state, 2)
+    cmp = measure.compare_trees(out, ref_state, t.tolerance.rtol, t.tolerance.atol)
+    assert cmp.equal, cmp.reason
+
+
+def test_ppo_dependent_components_rejected(ppo_setup):
+    ppo, config, env, state, _ = ppo_setup
+    tree = rtrace.trace(ppo.iteration(config, env), state, arg_names=["state"])
+    ok, why = O.overlap_independent("advantage", "update", mode="processes").legal(tree)
+    assert not ok and "dataflow" in why
+    ok, why = O.overlap_independent("rollout/step", "update/epoch_step").legal(tree)
+    assert not ok
+
+
+@pytest.mark.slow
+def test_sac_unroll_equal_and_group_rollout_illegal():
+    import envs
+    from algos import sac
+
+    env = envs.make("pendulum")
+    config = sac.SACConfig(
+        num_timesteps=1000,
+        num_envs=4,
+        batch_size=8,
+        grad_updates_per_step=2,
+        min_replay_size=16,
+        max_replay_size=256,
+        normalize_observations=True,
+        policy_hidden_sizes=(8,),
+        q_hidden_sizes=(8,),
+        num_eval_envs=0,
+    )
+    state = sac.init(config, env, jax.random.PRNGKey(0))
+    ref_state = _run(jax.jit(sac.iteration(config, env)), state, 2)
+    t = O.unroll_scans(2, where="train_steps")
+    assert t.legal(rtrace.trace(sac.iteration(config, env), state, arg_names=["state"]))[0]
+    out = _run(jax.jit(t.apply(sac.iteration(config, env))), state, 2)
+    cmp = measure.compare_trees(out, ref_state, t.tolerance.rtol, t.tolerance.atol)
+    assert cmp.equal, cmp.reason
+    program = O.sac_program(config, env)
+    ok, why = O.group_rollout(2).legal(O.trace_program(program, state))
+    assert not ok and "reduces over envs" in why and "normalizer" in why
+
+
+@pytest.mark.gpu
+def test_processes_mode_on_gpu():
+    if jax.default_backend() != "gpu":
+        pytest.skip("needs a GPU with MPS (rose_jax.runtime workers); run on the H200")
+    ok, why = processes.available()
+    if not ok:
+        pytest.skip(why)
+    program, state = toy.toy_program(8, 5), toy.init(8)
+    ref = _run(jax.jit(program.iteration()), state, 2)
+    grouped = O.group_rollout(2, "processes").apply(program)
+    try:
+        out = _run(search.compile_step(grouped), state, 2)
+    finally:
+        grouped.collect.close()
+    assert measure.compare_trees(out, ref, 1e-4).equal
