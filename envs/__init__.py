@@ -45,7 +45,7 @@ def register(name: str, target: str) -> None:
     _REGISTRY[name] = target
 
 
-def make(name: str, **kwargs) -> Env:
+def make(name: str, /, **kwargs) -> Env:
     """Build the environment registered as ``name``; keyword arguments go to its factory."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown env {name!r}; known envs: {', '.join(names())}")
