@@ -39,6 +39,7 @@ import numpy as np
 
 from rose_jax.profile import _jaxpr as J
 from rose_jax.profile.timeline import ActivitySeries, Phase, Timeline
+from rose_jax.trace import compat
 
 GLUE = "(glue)"
 ITERATION = "(iteration)"
@@ -103,7 +104,7 @@ def _split(eqns: list, context: tuple[str, ...], glue_max_eqns: int) -> list[_Se
 
 def _wire(segs: list, final_outvars: list) -> None:
     """Set each segment's live inputs and the outputs later segments (or the result) need."""
-    live = {v for v in final_outvars if J.is_var(v)}
+    live = {v for v in final_outvars if compat.is_var(v)}
     for s in reversed(segs):
         defined = J.defined_vars(s.eqns)
         s.out_vars = [v for v in defined if v in live]
@@ -112,14 +113,14 @@ def _wire(segs: list, final_outvars: list) -> None:
 
 
 def _read(env: dict, atom):
-    return env[atom] if J.is_var(atom) else atom.val
+    return env[atom] if compat.is_var(atom) else atom.val
 
 
 def _interesting(eqn) -> bool:
     """A loop with components deeper than its own path somewhere inside."""
-    if eqn.primitive.name not in J.LOOP_PRIMITIVES:
+    if eqn.primitive.name not in compat.LOOP_PRIMITIVES:
         return False
-    return J.effective(eqn)[1] > len(J.component_path(eqn))
+    return J.effective(eqn)[1] > len(compat.component_path(eqn))
 
 
 def _deeper(eqns: list, key: tuple[str, ...]) -> bool:
@@ -244,7 +245,7 @@ class _Block:
                 pos = i + 1
         if eqns[pos:]:
             items.append(_Segment((), eqns[pos:]))
-        live = {v for v in outs_needed if J.is_var(v)}
+        live = {v for v in outs_needed if compat.is_var(v)}
         self.items = []
         for it in reversed(items):
             it_eqns = it.eqns if isinstance(it, _Segment) else [it.eqn]
@@ -282,23 +283,27 @@ class _Loop:
     def __init__(self, eqn, level: int, opts: _Options):
         self.eqn, self.level, self.opts = eqn, level, opts
         self.kind = eqn.primitive.name
-        self.context = J.component_path(eqn)
+        self.context = compat.component_path(eqn)
         self.need_outputs = False
         self.warm = False
         self._full = None
         self._count = None
         if self.kind == "scan":
-            body = eqn.params["jaxpr"]
-            self.consts_i, self.carry_i, self.xs_i, self.carry_o, _ = J.scan_partition(eqn)
+            scan = compat.scan_params(eqn.params)
+            bj, body_consts = scan.body, scan.body_consts
+            self.length, self.reverse = scan.length, scan.reverse
+            self.consts_i, self.carry_i, self.xs_i, self.carry_o, _ = compat.scan_partition(eqn)
         else:
-            body = eqn.params["body_jaxpr"]
-            self.cond_n, self.body_n = J.while_partition(eqn)
-        bj = J.open_jaxpr(body)
-        body_eqns = [J.prefixed(q, eqn) for q in bj.eqns]
+            loop = compat.while_params(eqn.params)
+            bj, body_consts = loop.body, loop.body_consts
+            self.cond_n, self.body_n = loop.cond_nconsts, loop.body_nconsts
+            self._cond_f = compat.as_fun(loop.cond, loop.cond_consts)
+            self._body_f = compat.as_fun(loop.body, loop.body_consts)
+        body_eqns = [compat.prefixed(q, eqn) for q in bj.eqns]
         body_eqns, alias, consts = J.flatten_calls(body_eqns, len(self.context) + 1)
         self.body_invars = list(bj.invars)
         self.body_outvars = [J.resolve(v, alias) for v in bj.outvars]
-        self.const_env = dict(zip(bj.constvars, J.jaxpr_consts(body), strict=True))
+        self.const_env = dict(zip(bj.constvars, body_consts, strict=True))
         self.const_env.update(consts)
         self.steps = _make_steps(body_eqns, self.context, self.body_outvars, level, opts)
         # Transparent: nothing at this depth but loops with deeper components (PPO's epoch loop).
@@ -316,8 +321,7 @@ class _Loop:
     def _count_fn(self):
         """jit of (cond consts, body consts, carry) -> trip count of the while loop."""
         if self._count is None:
-            cond_f = J.as_fun(self.eqn.params["cond_jaxpr"])
-            body_f = J.as_fun(self.eqn.params["body_jaxpr"])
+            cond_f, body_f = self._cond_f, self._body_f
 
             def count(cc, bc, carry):
                 def c(s):
@@ -346,8 +350,8 @@ class _Loop:
     def _full_fn(self):
         if self._full is None:
             e = self.eqn
-            ins = list(dict.fromkeys(a for a in e.invars if J.is_var(a)))
-            self._full = (ins, J.jit_eqns(ins, [v for v in e.outvars if J.is_var(v)], [e]))
+            ins = list(dict.fromkeys(a for a in e.invars if compat.is_var(a)))
+            self._full = (ins, J.jit_eqns(ins, [v for v in e.outvars if compat.is_var(v)], [e]))
         return self._full
 
     def run(self, env: dict, weight: float, record: bool, rec: _Recorder) -> None:
@@ -359,7 +363,7 @@ class _Loop:
         if self.need_outputs:
             ins, fn = self._full_fn()
             outs = fn(*[env[v] for v in ins])
-            env.update(zip([v for v in self.eqn.outvars if J.is_var(v)], outs, strict=True))
+            env.update(zip([v for v in self.eqn.outvars if compat.is_var(v)], outs, strict=True))
 
     def _measure_count(self, trips: int) -> int:
         return min(trips, 1 if self.transparent else self.opts.max_loop_iterations)
@@ -379,7 +383,7 @@ class _Loop:
         )
 
     def _run_scan(self, vals: list, weight: float, record: bool, rec: _Recorder) -> None:
-        length, reverse = int(self.eqn.params["length"]), bool(self.eqn.params.get("reverse", False))
+        length, reverse = self.length, self.reverse
         if length == 0:
             return
 
@@ -447,11 +451,11 @@ class SegmentedProgram:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
         self.out_tree = jax.tree.structure(out_shape)
         self.in_tree = jax.tree.structure(args)
-        j = J.open_jaxpr(closed)
+        j, j_consts = compat.open_and_consts(closed)
         eqns, alias, consts = J.flatten_calls(j.eqns, 1)
         self.invars = list(j.invars)
         self.outvars = [J.resolve(v, alias) for v in j.outvars]
-        self.const_env = dict(zip(j.constvars, J.jaxpr_consts(closed), strict=True))
+        self.const_env = dict(zip(j.constvars, j_consts, strict=True))
         self.const_env.update(consts)
         self.opts = _Options(levels, max_loop_iterations, glue_max_eqns)
         self.segments = _split(eqns, (), glue_max_eqns)

@@ -620,7 +620,7 @@ def _counter_step(body, in_idx: int, out_idx: int) -> int | None:
 # --------------------------------------------------------------------------------- handlers
 
 # primitive name -> (node kind, params decoder). Add an entry to teach the tracer a new
-# higher-order primitive; the decoder returns a compat.*Info record.
+# higher-order primitive; the decoder returns a compat record (ScanParams, WhileParams, CondInfo, CallInfo).
 HANDLERS: dict[str, tuple[str, Callable]] = {
     "scan": ("scan", compat.scan_info),
     "while": ("while", compat.while_info),

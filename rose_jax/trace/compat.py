@@ -1,18 +1,22 @@
 """Every read of ``eqn.params`` and of jaxpr internals lives here, so a JAX upgrade touches one file.
 
-The tracer sees a higher-order equation only through the small records below (:class:`ScanInfo`,
-:class:`WhileInfo`, :class:`CondInfo`, :class:`CallInfo`): which sub-jaxprs it runs, and how the
-equation's operands and results map onto each sub-jaxpr's inputs and outputs.
+The tracer (``rose_jax.trace``), the phase timer (``rose_jax.profile``) and the optimizer
+(``rose_jax.optimize``) all see jaxprs through this module: higher-order equations only
+through the records below (:class:`ScanParams`, :class:`WhileParams`, :class:`CondInfo`,
+:class:`CallInfo`), which say which sub-jaxprs an equation runs and how its operands and
+results map onto each sub-jaxpr's inputs and outputs.
 
 Version notes (checked on JAX 0.11.2 and 0.12):
   * scan: ``jaxpr``, ``length``, ``reverse``, ``unroll`` and ``ft_in``/``ft_out`` flat-trees whose
-    three input groups are (consts, carry, xs); older JAX had ``num_consts``/``num_carry``. Both
-    are accepted.
-  * sub-jaxprs are ``Jaxpr`` objects with attached consts (``ClosedJaxpr`` is an alias of
-    ``Jaxpr``); older JAX wrapped an open jaxpr in a ``ClosedJaxpr``. :func:`open_jaxpr` unwraps.
+    three input groups are (consts, carry, xs) and two output groups (carry, ys); JAX 0.10 had
+    ``num_consts``/``num_carry`` (plus ``linear``, ``_split_transpose``). Both are accepted.
+  * ``ClosedJaxpr`` is an alias of ``Jaxpr`` (a ``Jaxpr`` carries its ``consts`` and its
+    ``.jaxpr`` is itself); older JAX wrapped an open ``Jaxpr`` (no ``.jaxpr``) and its consts in
+    a ``ClosedJaxpr``. :func:`open_jaxpr` / :func:`open_and_consts` unwrap either.
   * the jit primitive is ``jit`` (``pjit`` in older JAX); custom_vjp is ``custom_vjp_call``
     (``custom_vjp_call_jaxpr`` with ``fun_jaxpr`` in older JAX); remat is ``remat2``
-    (``checkpoint`` in older JAX).
+    (``checkpoint`` in older JAX); ``closed_call`` is now the ``eval_jaxpr`` primitive.
+  * ``Primitive.get_bind_params`` returns the params dict (``(subfuns, params)`` in older JAX).
   * name stacks: equations inside a scan/while/cond/jit body carry a name stack relative to the
     equation that holds the body (the enclosing scopes are on that equation).
 
@@ -21,14 +25,20 @@ Never imports ``jax._src``.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax.extend.core as jex
 
 from rose_jax.program import COMPONENT_PREFIX
 
+SCAN, WHILE, COND = "scan", "while", "cond"
+LOOP_PRIMITIVES = frozenset({SCAN, WHILE})
 JIT_PRIMITIVES = frozenset({"jit", "pjit"})
+# Calls whose body runs as is, operands onto invars (what the optimizer and profiler inline).
+PLAIN_CALL_PRIMITIVES = JIT_PRIMITIVES | {"closed_call", "core_call"}
+# Call-like primitives the tracer shows as "call" nodes (besides jit).
 CALL_PRIMITIVES = frozenset({"closed_call", "core_call", "remat2", "remat", "checkpoint", "shard_map"})
 CUSTOM_PRIMITIVES = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 CALLBACK_PRIMITIVES = frozenset({"pure_callback", "io_callback", "debug_callback", "ffi_call", "custom_call"})
@@ -72,10 +82,10 @@ def is_jaxpr(x: Any) -> bool:
 
 
 def open_jaxpr(j: Any):
-    """The object whose ``eqns``/``invars``/``outvars`` to walk (unwraps an old ClosedJaxpr).
+    """The object whose ``eqns``/``constvars``/``invars``/``outvars`` to walk.
 
-    In JAX >= 0.11 a closed jaxpr is a ``Jaxpr`` whose ``.jaxpr`` is itself; older JAX wrapped
-    an open ``Jaxpr`` (which has no ``.jaxpr``) in a ``ClosedJaxpr``.
+    A closed jaxpr is a ``Jaxpr`` whose ``.jaxpr`` is itself (returned as is); older JAX wrapped
+    an open ``Jaxpr`` (which has no ``.jaxpr``) in a ``ClosedJaxpr`` (unwrapped).
     """
     for _ in range(4):
         inner = getattr(j, "jaxpr", None)
@@ -83,6 +93,16 @@ def open_jaxpr(j: Any):
             return j
         j = inner
     return j
+
+
+def open_and_consts(j: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``(open jaxpr, values of its constvars)`` of a closed or open jaxpr (no consts: ``()``)."""
+    return open_jaxpr(j), tuple(getattr(j, "consts", ()) or ())
+
+
+def in_vars(jaxpr: Any) -> tuple[list[Any], list[Any]]:
+    """``(constvars, invars)`` of an open jaxpr."""
+    return list(jaxpr.constvars), list(jaxpr.invars)
 
 
 def sub_jaxprs(params: dict) -> list:
@@ -102,21 +122,67 @@ def sub_jaxprs(params: dict) -> list:
     return found
 
 
-def func_name(j: Any, default: str) -> str:
-    """The Python function name a (sub-)jaxpr was traced from, e.g. ``'minibatch_step'``."""
+_ANONYMOUS = ("<unknown>", "unknown")
+
+
+def func_name(j: Any, default: str, *, lambda_is_anonymous: bool = False) -> str:
+    """The Python function name a (sub-)jaxpr was traced from, e.g. ``'minibatch_step'``.
+
+    ``default`` when the jaxpr has no debug info or an unknown name (also for ``<lambda>`` when
+    ``lambda_is_anonymous``).
+    """
     info = getattr(open_jaxpr(j), "debug_info", None) or getattr(j, "debug_info", None)
     if info is None:
         return default
-    name = None
     try:
         name = info.func_name
     except Exception:  # noqa: BLE001 - older DebugInfo without func_name
+        name = None
+    if not name:
         src = getattr(info, "func_src_info", None)
-        if isinstance(src, str) and src:
-            name = src.split(" ")[0]
-    if not name or name in ("<unknown>", "unknown"):
+        name = src.split(" ")[0] if isinstance(src, str) and src else None
+    if not name or name in _ANONYMOUS or (lambda_is_anonymous and name == "<lambda>"):
         return default
     return str(name)
+
+
+def _effects(eqns: Sequence) -> frozenset:
+    eff: set = set()
+    for e in eqns:
+        eff |= set(e.effects)
+    return frozenset(eff)
+
+
+def make_closed(invars: Sequence, outvars: Sequence, eqns: Sequence):
+    """A closed jaxpr (no consts) of ``eqns`` taking ``invars`` and returning ``outvars``."""
+    invars, outvars, eqns = list(invars), list(outvars), list(eqns)
+    try:
+        dbg = jex.DebugInfo(
+            "rose_jax.profile",
+            "segment",
+            tuple(f"in{i}" for i in range(len(invars))),
+            tuple(f"out{i}" for i in range(len(outvars))),
+        )
+    except Exception:  # noqa: BLE001 - DebugInfo's signature moved between versions
+        dbg = None
+    try:
+        j = jex.Jaxpr([], invars, outvars, eqns, _effects(eqns), dbg)
+    except (TypeError, AssertionError):
+        j = jex.Jaxpr([], invars, outvars, eqns, _effects(eqns), None)
+    return jex.ClosedJaxpr(j, [])
+
+
+def as_fun(j: Any, consts: Sequence[Any] = ()):
+    """A Python callable evaluating a jaxpr (name stacks propagate into lowering).
+
+    ``j`` is a closed jaxpr, or an old-style open ``Jaxpr`` closed here over ``consts``.
+    """
+    if getattr(j, "jaxpr", None) is None:  # old-style open Jaxpr
+        j = jex.ClosedJaxpr(j, list(consts))
+    return jex.jaxpr_as_fun(j)
+
+
+# ----------------------------------------------------------------------------- atoms, eqns
 
 
 def is_literal(atom: Any) -> bool:
@@ -125,6 +191,16 @@ def is_literal(atom: Any) -> bool:
 
 def is_dropvar(atom: Any) -> bool:
     return isinstance(atom, jex.DropVar)
+
+
+def is_var(atom: Any) -> bool:
+    """A real variable (not a Literal, not a dropped output)."""
+    return isinstance(atom, jex.Var) and not is_dropvar(atom)
+
+
+def read_atom(env: dict, atom: Any) -> Any:
+    """The value of ``atom``: a Literal's value, else ``env[atom]``."""
+    return atom.val if is_literal(atom) else env[atom]
 
 
 def literal_int(atom: Any) -> int | None:
@@ -173,18 +249,50 @@ def aval_bytes(aval: Any) -> int:
     return size * itemsize
 
 
+def has_effects(eqn: Any) -> bool:
+    return bool(getattr(eqn, "effects", None))
+
+
+def bind_eqn(eqn: Any, invals: Sequence[Any]) -> list[Any]:
+    """Re-bind an equation unchanged on ``invals`` (what ``jax.core.eval_jaxpr`` does)."""
+    got = eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
+        subfuns, bind_params = got  # older JAX
+    else:
+        subfuns, bind_params = (), got
+    out = eqn.primitive.bind(*subfuns, *invals, **bind_params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def eqn_context(eqn: Any):
+    """The equation's context manager (compute type, xla metadata), or a null context."""
+    manager = getattr(getattr(eqn, "ctx", None), "manager", None)
+    return manager if manager is not None else contextlib.nullcontext()
+
+
 # ------------------------------------------------------------------------------ name stacks
 
 
 _COMPONENT_RE = re.compile(r"(?:^|[/(])" + re.escape(COMPONENT_PREFIX) + r"([^/()]+)")
 
 
+def _name_stack(eqn: Any):
+    return getattr(getattr(eqn, "source_info", None), "name_stack", None)
+
+
+def component_path(eqn: Any) -> tuple[str, ...]:
+    """Component names (``rose:<name>`` scopes) on an equation's name stack, outermost first,
+    as written (repeats kept), e.g. ``('rollout', 'sim')``."""
+    ns = _name_stack(eqn)
+    return () if ns is None else tuple(_COMPONENT_RE.findall(str(ns)))
+
+
 def name_stack_components(eqn: Any, cache: dict) -> tuple[str, ...]:
-    """Component names (``rose:<name>`` scopes) on an equation's name stack, outermost first.
+    """Component names on an equation's name stack, outermost first, repeats collapsed.
 
     ``cache`` maps name-stack objects to results (name stacks are shared by many equations).
     """
-    ns = getattr(getattr(eqn, "source_info", None), "name_stack", None)
+    ns = _name_stack(eqn)
     if ns is None:
         return ()
     try:
@@ -217,44 +325,45 @@ def collapse_repeats(names) -> tuple[str, ...]:
     return tuple(out)
 
 
+def scope_names(eqn: Any) -> list[str]:
+    """The named scopes on an equation's name stack (transform markers like ``jvp`` dropped)."""
+    stack = getattr(eqn.source_info.name_stack, "stack", None)
+    if stack is None:
+        text = str(eqn.source_info.name_stack)
+        return [s for s in text.split("/") if s and "(" not in s and ")" not in s]
+    return [s.name for s in stack if type(s).__name__ == "Scope"]
+
+
+def prefixed(eqn: Any, outer_eqn: Any):
+    """``eqn`` with ``outer_eqn``'s name stack prepended (so paths and HLO metadata stay full)."""
+    outer = outer_eqn.source_info.name_stack
+    if not str(outer):
+        return eqn
+    si = eqn.source_info.replace(name_stack=outer + eqn.source_info.name_stack)
+    return eqn.replace(source_info=si)
+
+
 # ------------------------------------------------------------------------ higher-order params
 
 
-class ScanInfo(NamedTuple):
-    """A scan: operands are ``consts + carry + xs``; results are ``carry + ys``."""
+class ScanParams(NamedTuple):
+    """A scan: operands are ``consts + carry + xs``; results are ``carry + ys``.
 
-    body: Any  # open jaxpr; body.invars align with the equation's operands
+    ``body`` is open (its ``invars`` align with the equation's operands); ``body_consts`` are the
+    values of its ``constvars`` (closed-over constants). ``unroll`` is as bound (int or bool).
+    """
+
     length: int
+    reverse: bool
+    unroll: int | bool
     num_consts: int
     num_carry: int
-    reverse: bool
-    unroll: int
-
-
-class WhileInfo(NamedTuple):
-    """A while: operands ``cond_consts + body_consts + carry``; results ``carry``."""
-
-    cond: Any  # open jaxpr over cond_consts + carry -> (bool,)
-    body: Any  # open jaxpr over body_consts + carry -> carry
-    cond_nconsts: int
-    body_nconsts: int
-
-
-class CondInfo(NamedTuple):
-    """A cond/switch: operand 0 is the branch index; branch i sees operands[1:]; branch 0 = false."""
-
-    branches: tuple
-
-
-class CallInfo(NamedTuple):
-    """A call-like equation: the body's invars/outvars align one-to-one with operands/results."""
-
     body: Any
-    name: str
+    body_consts: tuple[Any, ...]
 
 
 def _group_sizes(ft: Any) -> list[int] | None:
-    """Sizes of the top-level groups of a scan ``ft_in``/``ft_out`` flat-tree."""
+    """Sizes (leaf counts) of the top-level groups of a scan ``ft_in``/``ft_out`` flat-tree."""
     for attempt in ("unpack", "elts"):
         try:
             groups = ft.unpack() if attempt == "unpack" else ft.elts
@@ -269,28 +378,69 @@ def _group_sizes(ft: Any) -> list[int] | None:
     return None
 
 
-def scan_info(eqn: Any) -> ScanInfo:
-    """Decode a scan equation's params (JAX 0.10 ``num_consts``/``num_carry`` or 0.11+ ``ft_in``)."""
-    p = eqn.params
-    body = open_jaxpr(p["jaxpr"])
-    if "num_consts" in p and "num_carry" in p:
-        nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
+def scan_params(params: dict) -> ScanParams:
+    """Decode a scan equation's params (``num_consts``/``num_carry`` or ``ft_in`` layouts)."""
+    body, body_consts = open_and_consts(params["jaxpr"])
+    if "num_consts" in params and "num_carry" in params:
+        nc, ncarry = int(params["num_consts"]), int(params["num_carry"])
     else:
-        sizes = _group_sizes(p.get("ft_in"))
+        sizes = _group_sizes(params.get("ft_in"))
         if not sizes or len(sizes) != 3:
-            raise ValueError(f"scan params not understood: {sorted(p)}")
+            raise ValueError(f"scan params not understood: {sorted(params)}")
         nc, ncarry = sizes[0], sizes[1]
-    if nc + ncarry > len(eqn.invars) or len(body.invars) != len(eqn.invars):
+    return ScanParams(
+        length=int(params["length"]),
+        reverse=bool(params.get("reverse", False)),
+        unroll=params.get("unroll", 1),
+        num_consts=nc,
+        num_carry=ncarry,
+        body=body,
+        body_consts=body_consts,
+    )
+
+
+def scan_info(eqn: Any) -> ScanParams:
+    """:func:`scan_params` of a scan equation, checked against its operands."""
+    info = scan_params(eqn.params)
+    if info.num_consts + info.num_carry > len(eqn.invars) or len(info.body.invars) != len(eqn.invars):
         raise ValueError("scan operands do not match its body")
-    unroll = p.get("unroll", 1)
-    return ScanInfo(body, int(p["length"]), nc, ncarry, bool(p.get("reverse", False)),
-                    int(unroll) if not isinstance(unroll, bool) else int(unroll))
+    return info
 
 
-def while_info(eqn: Any) -> WhileInfo:
-    p = eqn.params
-    info = WhileInfo(open_jaxpr(p["cond_jaxpr"]), open_jaxpr(p["body_jaxpr"]),
-                     int(p["cond_nconsts"]), int(p["body_nconsts"]))
+def scan_partition(eqn: Any) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """Index lists (consts, carry, xs) into ``eqn.invars`` and (carry, ys) into ``eqn.outvars``."""
+    s = scan_params(eqn.params)
+    nc, nk, n_in, n_out = s.num_consts, s.num_carry, len(eqn.invars), len(eqn.outvars)
+    return (list(range(nc)), list(range(nc, nc + nk)), list(range(nc + nk, n_in)),
+            list(range(nk)), list(range(nk, n_out)))
+
+
+class WhileParams(NamedTuple):
+    """A while: operands ``cond_consts + body_consts + carry``; results ``carry``.
+
+    ``cond`` is open over ``cond_consts + carry -> (bool,)``, ``body`` over ``body_consts + carry
+    -> carry``; ``cond_consts``/``body_consts`` are the values of their ``constvars``.
+    """
+
+    cond_nconsts: int
+    body_nconsts: int
+    cond: Any
+    cond_consts: tuple[Any, ...]
+    body: Any
+    body_consts: tuple[Any, ...]
+
+
+def while_params(params: dict) -> WhileParams:
+    cond, cond_consts = open_and_consts(params["cond_jaxpr"])
+    body, body_consts = open_and_consts(params["body_jaxpr"])
+    return WhileParams(
+        int(params["cond_nconsts"]), int(params["body_nconsts"]), cond, cond_consts, body, body_consts
+    )
+
+
+def while_info(eqn: Any) -> WhileParams:
+    """:func:`while_params` of a while equation, checked against its operands."""
+    info = while_params(eqn.params)
     ncarry = len(eqn.invars) - info.cond_nconsts - info.body_nconsts
     if (len(info.body.invars) != info.body_nconsts + ncarry
             or len(info.cond.invars) != info.cond_nconsts + ncarry):
@@ -298,34 +448,62 @@ def while_info(eqn: Any) -> WhileInfo:
     return info
 
 
+class CondInfo(NamedTuple):
+    """A cond/switch: operand 0 is the branch index; branch i sees operands[1:]; branch 0 = false."""
+
+    branches: tuple  # open jaxprs
+
+
+def cond_branches(params: dict) -> list[tuple[Any, tuple[Any, ...]]]:
+    """``[(open branch jaxpr, consts)]`` of a cond equation; operands are ``[index, *ops]``."""
+    return [open_and_consts(b) for b in params["branches"]]
+
+
 def cond_info(eqn: Any) -> CondInfo:
-    branches = tuple(open_jaxpr(b) for b in eqn.params["branches"])
+    """The branches of a cond equation, checked against its operands."""
+    branches = tuple(b for b, _ in cond_branches(eqn.params))
     for b in branches:
         if len(b.invars) != len(eqn.invars) - 1 or len(b.outvars) != len(eqn.outvars):
             raise ValueError("cond operands do not match its branches")
     return CondInfo(branches)
 
 
+class CallInfo(NamedTuple):
+    """A call-like equation: the body's invars/outvars align one-to-one with operands/results."""
+
+    body: Any
+    name: str
+
+
 _CALL_BODY_KEYS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
+def call_jaxpr(params: dict) -> tuple[Any, tuple[Any, ...]]:
+    """``(open body, consts)`` of a jit/pjit, closed_call/core_call, remat, shard_map or
+    custom_jvp/vjp call equation."""
+    for key in _CALL_BODY_KEYS:
+        if key in params and is_jaxpr(params[key]):
+            return open_and_consts(params[key])
+    raise ValueError(f"no body jaxpr among params {sorted(params)}")
+
+
 def call_info(eqn: Any) -> CallInfo:
-    """Decode jit/pjit, closed_call/core_call, remat, shard_map, custom_jvp/vjp call params."""
+    """The body and name of a call-like equation, checked against its operands."""
     p = eqn.params
     prim = eqn.primitive.name
-    body = None
-    for key in _CALL_BODY_KEYS:
-        if key in p and is_jaxpr(p[key]):
-            body = open_jaxpr(p[key])
-            break
-    if body is None:
-        raise ValueError(f"{prim}: no body jaxpr among params {sorted(p)}")
+    try:
+        body, _ = call_jaxpr(p)
+    except ValueError as e:
+        raise ValueError(f"{prim}: {e}") from None
     if len(body.invars) != len(eqn.invars) or len(body.outvars) != len(eqn.outvars):
         raise ValueError(f"{prim}: operands do not match its body")
     name = p.get("name")
     if not isinstance(name, str) or not name:
         name = func_name(body, prim)
     return CallInfo(body, name)
+
+
+# ------------------------------------------------------------------------- first-order params
 
 
 def dot_contracting_size(eqn: Any) -> int:
