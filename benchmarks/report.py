@@ -1,0 +1,493 @@
+"""Suite results -> Markdown, bar chart and the README's headline table (from the JSON only).
+
+    python -m benchmarks.report --suite quick            # rewrite results.md / results.png from results.json
+    python -m benchmarks.report --readme                 # README block from the GPU suite (full, else quick)
+    python -m benchmarks.report --readme --suite tiny --readme-path /tmp/README.md
+
+Files of suite ``S`` live in ``benchmarks/results/suite/S/``: ``results.json`` (every number),
+``results.md`` (tables), ``results.png`` (bars); a ``--part i/n`` run writes
+``part-i-of-n.json`` and :func:`merge_parts` combines the parts into ``results.*``. The README
+block sits between ``<!-- RESULTS -->`` and ``<!-- /RESULTS -->``; only that block is replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+from typing import Any, Sequence
+
+from benchmarks import common
+from benchmarks.suite import BASELINES, LABELS, VARIANTS
+
+SUITE_DIR = os.path.join(common.RESULTS_DIR, "suite")
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+START, END = "<!-- RESULTS -->", "<!-- /RESULTS -->"
+SHORT = {
+    "brax": "(a) Brax",
+    "single_jit": "(b) single-jit",
+    "hand_pipelined": "(c) hand pipeline",
+    "rose_jax": "(d) rose-jax",
+}
+
+
+# ------------------------------------------------------------------------------ numbers
+
+
+def rate(row: dict, variant: str) -> float | None:
+    """A variant's env-steps/s, or None when it did not run to completion."""
+    rec = row.get("variants", {}).get(variant)
+    if not rec or rec.get("status") != "ok":
+        return None
+    value = rec.get("env_steps_per_s")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else None
+
+
+def summarize(row: dict) -> dict:
+    """The row's derived numbers: best baseline of (a)-(c), ratio (d) / best, overhead, break-even.
+
+    Returns ``{"best_baseline", "best_baseline_env_steps_per_s", "ratio", "search_overhead_s",
+    "breakeven_env_steps", "baselines_measured"}``; values are None where a number is missing.
+    ``breakeven_env_steps``: env steps after which (d) including its search overhead has caught
+    up with the best baseline (None unless (d) is faster).
+    """
+    measured = {v: rate(row, v) for v in BASELINES if rate(row, v) is not None}
+    best = max(measured, key=measured.get) if measured else None
+    best_rate = measured[best] if best else None
+    d = rate(row, "rose_jax")
+    ratio = d / best_rate if (d is not None and best_rate) else None
+    rec = row.get("variants", {}).get("rose_jax") or {}
+    overhead = rec.get("search_overhead_s")
+    breakeven = None
+    if ratio is not None and ratio > 1.0 and isinstance(overhead, (int, float)):
+        breakeven = overhead / (1.0 / best_rate - 1.0 / d)
+    return {
+        "best_baseline": best,
+        "best_baseline_env_steps_per_s": best_rate,
+        "ratio": ratio,
+        "search_overhead_s": overhead,
+        "breakeven_env_steps": breakeven,
+        "baselines_measured": sorted(measured),
+    }
+
+
+# ------------------------------------------------------------------------------ formatting
+
+
+def _fmt_rate(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.0f}"
+
+
+def _cell(row: dict, variant: str) -> str:
+    rec = row.get("variants", {}).get(variant)
+    if rec is None:
+        return "—"
+    status = rec.get("status")
+    if status == "ok":
+        return _fmt_rate(rate(row, variant))
+    return status or "?"
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return str(x)
+        return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
+    return str(x)
+
+
+def _activity(row: dict) -> str:
+    parts = []
+    for v in VARIANTS:
+        rec = row.get("variants", {}).get(v) or {}
+        act = rec.get("sm_activity") or {}
+        if isinstance(act.get("mean_sm_util"), (int, float)):
+            parts.append(f"{SHORT[v].split()[0]} {act['mean_sm_util']:.0f}")
+    return ", ".join(parts) if parts else "n/a"
+
+
+def _plan(row: dict) -> str:
+    rec = row.get("variants", {}).get("rose_jax") or {}
+    plan = rec.get("plan")
+    if plan is None:
+        return "—"
+    labels = [p.get("label") or p.get("name", "?") for p in plan]
+    return " + ".join(labels) if labels else "baseline (nothing kept)"
+
+
+def _setting(results: dict) -> str:
+    m = results.get("machine", {})
+    where = m.get("gpu") or ", ".join(m.get("devices", [])) or m.get("backend", "?")
+    part = results.get("part")
+    part_s = ""
+    if isinstance(part, list) and part:
+        part_s = f", parts {', '.join(map(str, part))}" + (
+            "" if results.get("complete", True) else " (incomplete)"
+        )
+    elif isinstance(part, str):
+        part_s = f", part {part}"
+    return (
+        f"{m.get('date', '?')} on {where} (backend {m.get('backend', '?')}); jax {m.get('jax', '?')}, "
+        f"brax {m.get('brax', '?')}, mujoco {m.get('mujoco', '?')}{part_s}"
+    )
+
+
+def markdown(results: dict) -> str:
+    """The suite's full Markdown: setting, main table, per-row details."""
+    rows = results.get("rows", [])
+    headers = [
+        "workload",
+        *[SHORT[v] for v in VARIANTS],
+        "d / best (a-c)",
+        "search s",
+        "SM % (a b c d)",
+        "plan",
+    ]
+    body = []
+    for row in rows:
+        s = row.get("summary") or summarize(row)
+        body.append(
+            [
+                row["name"],
+                *[_cell(row, v) for v in VARIANTS],
+                "—" if s["ratio"] is None else f"{s['ratio']:.3f}",
+                _fmt(s["search_overhead_s"]),
+                _activity(row),
+                _plan(row),
+            ]
+        )
+    lines = [
+        f"# Benchmark suite `{results.get('suite', '?')}`",
+        "",
+        _setting(results) + ".",
+        f"Command: `{results.get('command') or results.get('machine', {}).get('command', '?')}`",
+        "",
+        *_activity_note(results),
+        "Env-steps/s after warm-up (median over timed blocks; compilation excluded). "
+        "(a) Brax's own trainer (`training/sps`), (b) our algorithm K iterations per jitted `lax.scan`, "
+        "(c) (b) with a hand-written 2-group staggered rollout, (d) `rose_jax.optimize`'s plan run like (b) "
+        "(its search time is listed separately). Ratio = (d) / best of (a)-(c). "
+        "`skipped`/`error`: see details.",
+        "",
+        common.markdown_table(headers, body) if body else "(no rows)",
+        "",
+    ]
+    for row in rows:
+        lines += _details(row)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _activity_note(results: dict) -> list[str]:
+    act = (results.get("settings") or {}).get("sm_activity") or {}
+    if act.get("available") is False:
+        return [f"SM activity: not measured ({act.get('reason', 'no GPU')}).", ""]
+    return []
+
+
+def _details(row: dict) -> list[str]:
+    w = row.get("workload", {})
+    out = [
+        f"## {row['name']}",
+        "",
+        f"{w.get('algo', '?')} on `{w.get('env', '?')}`"
+        + (f" ({w['backend']})" if w.get("backend") else "")
+        + f", {w.get('num_envs')} envs, policy {w.get('policy_hidden_sizes')}, "
+        f"{row.get('env_steps_per_iteration')} env steps per iteration, "
+        f"K={w.get('iterations_per_block')} iterations x {w.get('blocks')} timed blocks.",
+        "",
+    ]
+    headers = [
+        "variant",
+        "status",
+        "env-steps/s",
+        "blocks",
+        "warm-up s",
+        "max abs Δparams vs (b)",
+        "SM %",
+        "time to threshold s",
+        "note",
+    ]
+    body = []
+    for v in VARIANTS:
+        rec = row.get("variants", {}).get(v)
+        if rec is None:
+            continue
+        act = rec.get("sm_activity") or {}
+        ttt = rec.get("time_to_threshold") or {}
+        ttt_s = "—"
+        if ttt.get("reached") is True:
+            ttt_s = _fmt(ttt.get("seconds"))
+        elif ttt.get("reached") is False:
+            ttt_s = f"> {_fmt(ttt.get('seconds'))}"
+        note = rec.get("error") or rec.get("reason") or rec.get("note") or ""
+        body.append(
+            [
+                LABELS[v],
+                rec.get("status", "?"),
+                _fmt_rate(rate(row, v)),
+                ", ".join(f"{b:,.0f}" for b in rec.get("blocks", [])) or "—",
+                _fmt(rec.get("warmup_s")),
+                _fmt(rec.get("max_abs_diff_vs_single_jit")),
+                _fmt(act.get("mean_sm_util")) if "mean_sm_util" in act else "n/a",
+                ttt_s,
+                str(note).replace("|", "/")[:160],
+            ]
+        )
+    out += [common.markdown_table(headers, body), ""]
+    rec = row.get("variants", {}).get("rose_jax") or {}
+    cands = (rec.get("report") or {}).get("candidates") or []
+    if cands:
+        out += ["Optimizer candidates:", ""]
+        out += [
+            common.markdown_table(
+                ["candidate", "stage", "speedup", "equal", "kept", "reason"],
+                [
+                    [
+                        c.get("label"),
+                        c.get("stage"),
+                        _fmt(c.get("speedup")),
+                        c.get("equal"),
+                        c.get("kept"),
+                        str(c.get("reason", "")).replace("|", "/")[:120],
+                    ]
+                    for c in cands
+                ],
+            ),
+            "",
+        ]
+    return out
+
+
+def headline(results: dict, source: str) -> str:
+    """The README block: one line of setting and a short table (workload, best baseline, rose-jax, ratio)."""
+    rows = results.get("rows", [])
+    body = []
+    for row in rows:
+        s = row.get("summary") or summarize(row)
+        best = s["best_baseline"]
+        body.append(
+            [
+                row["name"],
+                "—" if best is None else f"{_fmt_rate(s['best_baseline_env_steps_per_s'])} {SHORT[best]}",
+                _cell(row, "rose_jax"),
+                "—" if s["ratio"] is None else f"{s['ratio']:.2f}x",
+                _fmt(s["search_overhead_s"]),
+                _plan(row),
+            ]
+        )
+    table = common.markdown_table(
+        ["workload", "best baseline env-steps/s", "rose-jax env-steps/s", "ratio", "search s", "plan"], body
+    )
+    return (
+        f"Suite `{results.get('suite')}`: {_setting(results)}. Env-steps/s after warm-up; "
+        "the best baseline is the fastest of Brax's own trainer, our single-jit loop and a hand-written "
+        "env-group pipeline. "
+        f"Generated from `{source}` by `python -m benchmarks.report --readme`; details in "
+        f"`{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
+    )
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def suite_dir(suite: str, root: str | None = None) -> str:
+    return os.path.join(root or SUITE_DIR, suite)
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def merge_parts(directory: str) -> dict | None:
+    """Combine the ``part-i-of-n.json`` files of the largest complete-or-not ``n`` (rows in part order).
+
+    Returns the merged results (``part`` lists the parts present), or None when there are no parts.
+    """
+    found: dict[int, dict[int, str]] = {}
+    for path in glob.glob(os.path.join(directory, "part-*-of-*.json")):
+        m = re.fullmatch(r"part-(\d+)-of-(\d+)\.json", os.path.basename(path))
+        if m:
+            found.setdefault(int(m.group(2)), {})[int(m.group(1))] = path
+    if not found:
+        return None
+    n = max(found, key=lambda k: (len(found[k]), k))
+    parts = [load(found[n][i]) for i in sorted(found[n])]
+    merged = dict(parts[-1])
+    merged["rows"] = [row for p in parts for row in p.get("rows", [])]
+    merged["part"] = [f"{i}/{n}" for i in sorted(found[n])]
+    merged["complete"] = len(found[n]) == n
+    merged["machines"] = [p.get("machine") for p in parts]
+    merged["command"] = "; ".join(dict.fromkeys(p.get("command", "") for p in parts))
+    return merged
+
+
+def plot(results: dict, path: str) -> None:
+    """Grouped bars of env-steps/s per workload and variant (log scale), ratio above (d)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results.get("rows", [])
+    colors = {
+        "brax": "tab:gray",
+        "single_jit": "tab:blue",
+        "hand_pipelined": "tab:green",
+        "rose_jax": "tab:red",
+    }
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(rows) + 2.0), 3.8))
+    width = 0.8 / len(VARIANTS)
+    for j, v in enumerate(VARIANTS):
+        xs, ys = [], []
+        for i, row in enumerate(rows):
+            r = rate(row, v)
+            if r is not None:
+                xs.append(i + (j - (len(VARIANTS) - 1) / 2) * width)
+                ys.append(r)
+        ax.bar(xs, ys, width=width, color=colors[v], label=LABELS[v])
+        if v == "rose_jax":
+            for x, y, row in zip(xs, ys, [r for r in rows if rate(r, v) is not None], strict=True):
+                ratio = (row.get("summary") or summarize(row))["ratio"]
+                if ratio is not None:
+                    ax.text(x, y, f"{ratio:.2f}x", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r["name"] for r in rows], rotation=20, ha="right", fontsize=8)
+    if any(rate(r, v) for r in rows for v in VARIANTS):
+        ax.set_yscale("log")
+    ax.set_ylabel("env-steps/s (after warm-up)")
+    machine = results.get("machine", {})
+    ax.set_title(
+        f"suite {results.get('suite')}: {machine.get('gpu') or machine.get('backend', '')}"[:90],
+        fontsize=9,
+    )
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(axis="y", alpha=0.3)
+    command = results.get("command") or machine.get("command", "")
+    fig.text(0.01, -0.12, f"{_setting(results)}\n{command}"[:400], fontsize=6, ha="left", va="top", wrap=True)
+    common.save_plot(fig, path)
+    plt.close(fig)
+
+
+def write_outputs(results: dict, directory: str, stem: str = "results", png: bool = True) -> list[str]:
+    """Write ``<stem>.json`` (with summaries), ``<stem>.md`` and (``png``) ``<stem>.png``; returns paths."""
+    for row in results.get("rows", []):
+        row["summary"] = summarize(row)
+    base = os.path.join(directory, stem)
+    common.write_json(base + ".json", results)
+    common.atomic_write(base + ".md", markdown(results))
+    paths = [base + ".json", base + ".md"]
+    if png:
+        plot(results, base + ".png")
+        paths.append(base + ".png")
+    return paths
+
+
+def regenerate(suite: str, root: str | None = None) -> list[str]:
+    """Rewrite a suite's ``results.*`` from its JSON (merging parts when there are any)."""
+    directory = suite_dir(suite, root)
+    merged = merge_parts(directory)
+    if merged is not None:
+        return write_outputs(merged, directory)
+    path = os.path.join(directory, "results.json")
+    if not os.path.exists(path):
+        raise ValueError(
+            f"no results for suite {suite!r}: {path} does not exist "
+            f"(run python -m benchmarks.run --suite {suite})"
+        )
+    return write_outputs(load(path), directory)
+
+
+# ------------------------------------------------------------------------------ README
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with everything between the RESULTS markers replaced by ``block``.
+
+    Only the marked block changes. If the closing marker is missing it is added right after the
+    block (whatever followed the opening marker is kept after it). No opening marker: ValueError.
+    """
+    i = text.find(START)
+    if i < 0:
+        raise ValueError(
+            f"README has no {START} marker: add '{START}' and '{END}' where the results table goes"
+        )
+    head_end = i + len(START)
+    j = text.find(END, head_end)
+    body = "\n" + block.strip("\n") + "\n"
+    if j < 0:
+        rest = text[head_end:]
+        return text[:head_end] + body + END + ("\n" if not rest.startswith("\n") else "") + rest
+    return text[:head_end] + body + text[j:]
+
+
+def readme_block(suite: str = "auto", root: str | None = None) -> str:
+    """The README block for ``suite`` (``auto``: ``full`` if it has rows, else ``quick``)."""
+    candidates = ("full", "quick") if suite == "auto" else (suite,)
+    for name in candidates:
+        directory = suite_dir(name, root)
+        path = os.path.join(directory, "results.json")
+        results = merge_parts(directory) or (load(path) if os.path.exists(path) else None)
+        if results and results.get("rows"):
+            rel = os.path.relpath(path, os.path.dirname(README))
+            return headline(results, rel)
+    if suite != "auto":
+        raise ValueError(f"no results for suite {suite!r} under {suite_dir(suite, root)}")
+    return (
+        "No GPU benchmark results yet. On a GPU machine run `python -m benchmarks.run --suite quick`, "
+        "then `python -m benchmarks.report --readme`.\n"
+    )
+
+
+def update_readme(path: str = README, suite: str = "auto", root: str | None = None) -> str:
+    """Regenerate the README's RESULTS block from the suite JSON; returns the new block."""
+    with open(path) as f:
+        text = f.read()
+    block = readme_block(suite, root)
+    new = replace_block(text, block)
+    if new != text:
+        common.atomic_write(path, new)
+    return block
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description="Regenerate suite tables/plots and the README results block from JSON."
+    )
+    p.add_argument("--suite", default=None, help="suite name (default: every suite found; README: auto)")
+    p.add_argument(
+        "--readme", action="store_true", help="rewrite the README block between the RESULTS markers"
+    )
+    p.add_argument("--readme-path", default=README, help="the README to update (default: the repo's)")
+    p.add_argument("--results-dir", default=None, help=f"suite results root (default {SUITE_DIR})")
+    args = p.parse_args(argv)
+    try:
+        if args.readme:
+            block = update_readme(args.readme_path, args.suite or "auto", args.results_dir)
+            print(f"updated {args.readme_path}:\n{block}")
+            return 0
+        root = args.results_dir or SUITE_DIR
+        names = (
+            [args.suite]
+            if args.suite
+            else sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+            if os.path.isdir(root)
+            else []
+        )
+        if not names:
+            raise ValueError(f"no suite results under {root}")
+        for name in names:
+            for path in regenerate(name, args.results_dir):
+                print(f"wrote {path}")
+    except ValueError as e:
+        raise SystemExit(f"benchmarks.report: {e}") from None
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

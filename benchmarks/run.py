@@ -1,0 +1,779 @@
+"""The benchmark suite: Brax, single-jit, hand-pipelined and rose-jax, one process, one GPU.
+
+    python -m benchmarks.run --suite quick                # H200 headline rows, < 8 min with compilation
+    python -m benchmarks.run --suite full --part 3/32     # one part of every combination
+    python -m benchmarks.run --suite tiny                 # CPU smoke run (< 2 min), used by the tests
+    python -m benchmarks.run --suite full --list          # rows, parts and estimated device time
+
+Every variant of a row (see :mod:`benchmarks.suite`) runs in this process on the same device with
+the same hyperparameters, env count and initial state. Throughput is env-steps/s after warm-up:
+the median over ``blocks`` timed calls of K iterations each, every call fenced with
+``block_until_ready`` (compilation is in the first, untimed call); the device-resident variants
+(b)-(d) are compiled first and then timed in turns, one call of each per round, so that drift
+of the machine affects all of them alike. Brax's number is its own
+``training/sps`` of the epochs after the first two (its first epoch compiles; on JAX >= 0.11 its
+second recompiles for the donated layouts, a persistent-cache hit here). Where NVML can sample
+the GPU, one more call per variant runs under :class:`rose_jax.profile.Sampler` for the mean SM
+activity (so the sampler never perturbs the timed blocks). Results: ``benchmarks/results/suite/
+<suite>/results.{json,md,png}`` (``part-i-of-n.*`` for a part, merged into ``results.*``).
+
+A row's variants run in :data:`benchmarks.suite.RUN_ORDER`; with a time budget (``--budget-s``,
+default the suite's) a variant whose estimated cost no longer fits is skipped and recorded as
+``skipped``; an exception in one variant is recorded as ``error`` and the suite goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+from benchmarks import common, report
+from benchmarks import suite as S
+
+
+# ------------------------------------------------------------------------------ context
+
+
+@dataclasses.dataclass
+class Context:
+    """What every variant of a run shares: the clock, the budget, the device facts, the log."""
+
+    suite: str
+    budget_s: float | None
+    gpu: bool
+    activity: tuple[bool, str]
+    measure_threshold: bool
+    plan_cache: str | None
+    log: Callable[[str], None]
+    t0: float = dataclasses.field(default_factory=time.perf_counter)
+    observed: list = dataclasses.field(default_factory=list)  # (actual s, estimated s) per finished variant
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def scale(self) -> float:
+        """Measured / estimated seconds of the variants so far (median, clamped to [0.3, 3])."""
+        if not self.observed:
+            return 1.0
+        return min(3.0, max(0.3, statistics.median(a / e for a, e in self.observed if e > 0)))
+
+    def estimate(self, w: S.Workload, variant: str) -> float:
+        return S.estimate_s(w, variant, self.gpu) * self.scale()
+
+    def fits(self, estimate_s: float) -> bool:
+        return self.budget_s is None or self.elapsed() + estimate_s <= self.budget_s
+
+
+def _activity_available(gpu: bool) -> tuple[bool, str]:
+    if not gpu:
+        import jax
+
+        return False, f"JAX runs on {jax.default_backend()}: no GPU to sample (no SM activity reported)"
+    try:
+        from rose_jax import profile
+
+        return profile.available()
+    except Exception as e:  # noqa: BLE001 - the profiler is optional for throughput numbers
+        return False, f"rose_jax.profile unavailable: {type(e).__name__}: {e}"
+
+
+def _enable_compile_cache(directory: str | None) -> tempfile.TemporaryDirectory | None:
+    """Turn on JAX's persistent compilation cache (a temp dir unless ``directory``).
+
+    Identical programs compiled twice in one run (Brax's second epoch, the optimizer's final
+    step) then load the first compile instead of compiling again: less device time, same code.
+    """
+    import jax
+
+    tmp = None
+    if directory is None:
+        tmp = tempfile.TemporaryDirectory(prefix="rose-jax-xla-cache-")
+        directory = tmp.name
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return tmp
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _copy(state: Any) -> Any:
+    """A fresh device copy (each variant donates its own)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
+
+
+def _metric(metrics: Any, name: str) -> float | None:
+    value = getattr(metrics, name, None) if not isinstance(metrics, dict) else metrics.get(name)
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _params(algo: str, state: Any) -> Any:
+    """The trained parameters of a state (host copy), for equality checks between variants."""
+    import jax
+
+    tree = state.params if algo == "ppo" else (state.actor_params, state.critic_params)
+    return jax.device_get(tree)
+
+
+def _max_abs_diff(a: Any, b: Any) -> float:
+    import jax
+    import numpy as np
+
+    diffs = jax.tree.leaves(
+        jax.tree.map(
+            lambda x, y: (
+                float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+                if np.size(x)
+                else 0.0
+            ),
+            a,
+            b,
+        )
+    )
+    return max(diffs) if diffs else 0.0
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}"
+
+
+def _host_loop(step: Callable, iterations: int) -> Callable:
+    """``state -> (state, last metrics)``: ``iterations`` dispatches of a compiled step (no host sync)."""
+
+    def call(state):
+        metrics = None
+        for _ in range(iterations):
+            state, metrics = step(state)
+        return state, metrics
+
+    return call
+
+
+def _sm_activity(call: Callable, state: Any, ctx: Context, min_s: float = 0.5) -> tuple[Any, dict]:
+    """Run ``call`` (at least once, at least ``min_s``) under the NVML sampler: mean SM activity."""
+    import jax
+
+    ok, reason = ctx.activity
+    if not ok:
+        return state, {"status": "unavailable", "reason": reason}
+    from rose_jax import profile
+
+    try:
+        sampler = profile.Sampler(period_ms=10.0, window_ms=100.0).start()
+    except Exception as e:  # noqa: BLE001
+        return state, {"status": "unavailable", "reason": _one_line(e)}
+    spans = []
+    try:
+        time.sleep(0.12)  # one GPM window before the first span
+        stop = time.perf_counter() + min_s
+        while True:
+            a = time.perf_counter_ns()
+            state, _ = call(state)
+            jax.block_until_ready(state)
+            spans.append((a, time.perf_counter_ns()))
+            if time.perf_counter() >= stop:
+                break
+        time.sleep(0.07)
+    finally:
+        series = sampler.stop()
+    util = profile.mean_activity(series, spans, "sm_util")
+    occ = profile.mean_activity(series, spans, "sm_occupancy") if series.sm_occupancy is not None else None
+    return state, {
+        "status": "ok",
+        "mean_sm_util": None if math.isnan(util) else util,
+        "mean_sm_occupancy": None if occ is None or math.isnan(occ) else occ,
+        "source": series.source,
+        "seconds": sum(b - a for a, b in spans) * 1e-9,
+        "calls": len(spans),
+        "resolution_ms": series.resolution_ns * 1e-6,
+    }
+
+
+def _time_to_threshold(call: Callable, state: Any, steps_per_call: int, w: S.Workload) -> dict:
+    """Training seconds (compiled, from the initial state) until the mean episode return >= threshold."""
+    import jax
+
+    t0 = time.perf_counter()
+    steps, best = 0, -math.inf
+    while True:
+        state, metrics = call(state)
+        jax.block_until_ready(state)
+        steps += steps_per_call
+        ret = _metric(metrics, "episode_return")
+        elapsed = time.perf_counter() - t0
+        if ret is not None:
+            best = max(best, ret)
+            if ret >= w.return_threshold:
+                return {
+                    "reached": True,
+                    "seconds": elapsed,
+                    "env_steps": steps,
+                    "threshold": w.return_threshold,
+                    "return": ret,
+                }
+        if elapsed >= w.threshold_max_s:
+            return {
+                "reached": False,
+                "seconds": elapsed,
+                "env_steps": steps,
+                "threshold": w.return_threshold,
+                "best_return": None if best == -math.inf else best,
+            }
+
+
+# ------------------------------------------------------------------------------ one row
+
+
+@dataclasses.dataclass
+class Row:
+    """A row being measured: its workload, env, config, initial state and shared results."""
+
+    w: S.Workload
+    env: Any
+    config: Any
+    algo: Any
+    state0: Any
+    reference_params: Any = None  # (b)'s parameters after its first call
+    # (b)'s compiled K-iteration loop, reused by (d) when its plan is empty
+    single_jit_loop: Callable | None = None
+
+    @property
+    def steps_per_call(self) -> int:
+        return self.w.env_steps_per_iteration * self.w.iterations_per_block
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A device-resident variant after its warm-up call: ``call(state) -> (state, metrics)`` and its state."""
+
+    variant: str
+    call: Callable
+    state: Any
+    record: dict
+    metrics: Any = None
+
+
+def _warm(row: Row, variant: str, call: Callable, extra: dict | None = None) -> Prepared:
+    """The first (compiling) call from a copy of the initial state; equality of params vs (b)'s."""
+    import jax
+
+    t = time.perf_counter()
+    state, metrics = call(_copy(row.state0))
+    jax.block_until_ready(state)
+    record = {"status": "ok", "warmup_s": time.perf_counter() - t, **(extra or {})}
+    first = _params(row.w.algo, state)
+    if variant == "single_jit":
+        row.reference_params = first
+    elif row.reference_params is not None:
+        record["max_abs_diff_vs_single_jit"] = _max_abs_diff(first, row.reference_params)
+    return Prepared(variant, call, state, record, metrics)
+
+
+def prepare_single_jit(row: Row, ctx: Context) -> Prepared:
+    from benchmarks import baselines
+
+    loop = baselines.single_jit_loop(row.algo.iteration(row.config, row.env), row.w.iterations_per_block)
+    row.single_jit_loop = loop
+    return _warm(row, "single_jit", loop)
+
+
+def prepare_hand_pipelined(row: Row, ctx: Context) -> Prepared:
+    from benchmarks import baselines
+
+    it = baselines.pipelined_iteration(row.w.algo, row.config, row.env, row.w.groups)
+    return _warm(
+        row,
+        "hand_pipelined",
+        baselines.single_jit_loop(it, row.w.iterations_per_block),
+        {"groups": row.w.groups},
+    )
+
+
+def _program(row: Row):
+    from rose_jax import optimize as ro
+
+    w = row.w
+    make = ro.ppo_program if w.algo == "ppo" else ro.sac_program
+    if w.env.startswith("brax:"):  # not in the registry: workers could not rebuild it
+        return make(row.config, row.env)
+    kwargs = (("episode_length", w.episode_length),) + ((("backend", w.backend),) if w.backend else ())
+    return make(row.config, row.env, env_name=w.env, env_kwargs=kwargs)
+
+
+def prepare_rose_jax(row: Row, ctx: Context) -> Prepared:
+    """Search with ``rose_jax.optimize`` (timed: the search overhead), then warm up its plan."""
+    from rose_jax import optimize as ro
+
+    w, o = row.w, row.w.optimizer
+    candidates = None
+    if o.candidates is not None:
+        candidates = [ro.transform_by_name(name, dict(params)) for name, params in o.candidates]
+    t = time.perf_counter()
+    step, plan_report = ro.optimize(
+        _program(row),
+        row.state0,
+        candidates=candidates,
+        n_iters=o.n_iters,
+        repeats=o.repeats,
+        cache_dir=ctx.plan_cache,
+        max_candidates=o.max_candidates,
+        local=o.local,
+        combine=o.combine,
+        log=lambda line: ctx.log("      " + line),
+    )
+    search_s = time.perf_counter() - t
+    rep = plan_report.to_json()
+    plan = rep.get("plan", [])
+    if not plan and row.single_jit_loop is not None:
+        # Nothing kept: the optimizer hands back the untransformed iteration, i.e. (b)'s program.
+        call, protocol = row.single_jit_loop, "empty plan: (b)'s compiled K-iteration loop, timed again"
+    elif any(p.get("level") == "host" for p in plan):
+        call, protocol = (
+            _host_loop(step, w.iterations_per_block),
+            "host loop over the plan's step (worker processes)",
+        )
+    elif o.measure == "host":
+        call = _host_loop(step, w.iterations_per_block)
+        protocol = "K dispatches of the optimizer's compiled step per block (asynchronous, no host sync)"
+    else:
+        from benchmarks import baselines
+
+        call = baselines.single_jit_loop(step, w.iterations_per_block)
+        protocol = "the plan's step, K iterations in one jitted lax.scan (as (b))"
+    return _warm(
+        row,
+        "rose_jax",
+        call,
+        {
+            # optimize() wall time: tracing, compiles, measurements (a plan-cache hit: the lookup)
+            "search_overhead_s": search_s,
+            "search_wall_s": search_s,
+            "plan": [
+                {
+                    "name": p.get("name"),
+                    "params": p.get("params"),
+                    "label": p.get("label"),
+                    "level": p.get("level"),
+                }
+                for p in plan
+            ],
+            "optimizer_speedup": rep.get("speedup"),
+            "optimizer_equal": rep.get("equal"),
+            "cache_hit": rep.get("cache_hit"),
+            "report": rep,
+            "note": protocol,
+        },
+    )
+
+
+def time_in_turns(prepared: list[Prepared], row: Row, ctx: Context) -> None:
+    """``blocks`` rounds; in each, one timed call of every variant (so drift hits all alike)."""
+    import jax
+
+    rates: dict[str, list[float]] = {p.variant: [] for p in prepared}
+    for _ in range(row.w.blocks):
+        for p in prepared:
+            if p.record["status"] != "ok":
+                continue
+            try:
+                t = time.perf_counter()
+                p.state, p.metrics = p.call(p.state)
+                jax.block_until_ready(p.state)
+                rates[p.variant].append(row.steps_per_call / (time.perf_counter() - t))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc(file=sys.stderr)
+                p.record.update(status="error", error=f"timed call: {_one_line(e)}")
+    for p in prepared:
+        if p.record["status"] == "ok":
+            p.record.update(
+                env_steps_per_s=statistics.median(rates[p.variant]),
+                blocks=rates[p.variant],
+                env_steps_per_block=row.steps_per_call,
+                last_episode_return=_metric(p.metrics, "episode_return"),
+            )
+
+
+def finish(p: Prepared, row: Row, ctx: Context) -> dict:
+    """SM activity (one more sampled call) and, if asked, time to the return threshold."""
+    rec = p.record
+    if rec["status"] != "ok":
+        return rec
+    w = row.w
+    try:
+        p.state, rec["sm_activity"] = _sm_activity(p.call, p.state, ctx)
+        p.state = None  # free the device state before the threshold run
+        if ctx.measure_threshold and w.return_threshold is not None:
+            rec["time_to_threshold"] = _time_to_threshold(p.call, _copy(row.state0), row.steps_per_call, w)
+    except Exception as e:  # noqa: BLE001 - the throughput number stands; say what failed after it
+        traceback.print_exc(file=sys.stderr)
+        rec["finish_error"] = _one_line(e)
+    act = rec.get("sm_activity") or {}
+    ttt = rec.get("time_to_threshold") or {}
+    ctx.log(
+        f"    {LABEL[p.variant]}: {rec['env_steps_per_s']:,.0f} env-steps/s "
+        f"(blocks {', '.join(f'{r:,.0f}' for r in rec['blocks'])}; warm-up {rec['warmup_s']:.1f}s)"
+        + (f"; SM {act['mean_sm_util']:.0f}%" if act.get("mean_sm_util") is not None else "")
+        + (
+            f"; max|Δ| vs (b) {rec['max_abs_diff_vs_single_jit']:.2g}"
+            if "max_abs_diff_vs_single_jit" in rec
+            else ""
+        )
+        + (
+            f"; threshold {ttt['threshold']:g} {'reached' if ttt['reached'] else 'not reached'} in "
+            f"{ttt['seconds']:.1f}s"
+            if ttt
+            else ""
+        )
+    )
+    return rec
+
+
+def run_brax(row: Row, ctx: Context) -> dict:
+    from benchmarks import baselines
+
+    w = row.w
+    warm = 2
+    sample = ctx.activity[0]
+    epochs = warm + w.blocks + (1 if sample else 0)
+    activity: dict = {"status": "unavailable", "reason": ctx.activity[1]}
+    sampler: dict = {}
+
+    def on_epoch(i: int) -> None:
+        if not sample:
+            return
+        from rose_jax import profile
+
+        if i == warm + w.blocks - 1:  # the last timed epoch is done: sample the next one
+            try:
+                sampler["s"] = profile.Sampler(period_ms=10.0, window_ms=100.0).start()
+                time.sleep(0.12)
+                sampler["t0"] = time.perf_counter_ns()
+            except Exception as e:  # noqa: BLE001
+                activity.update(status="unavailable", reason=_one_line(e))
+        elif i == warm + w.blocks and "s" in sampler:
+            t1 = time.perf_counter_ns()
+            series = sampler.pop("s").stop()
+            util = profile.mean_activity(series, [(sampler["t0"], t1)], "sm_util")
+            activity.clear()
+            activity.update(
+                status="ok",
+                mean_sm_util=None if math.isnan(util) else util,
+                source=series.source,
+                seconds=(t1 - sampler["t0"]) * 1e-9,
+                resolution_ms=series.resolution_ns * 1e-6,
+                note="one extra Brax epoch under the sampler (host bookkeeping between epochs included)",
+            )
+
+    train = baselines.brax_ppo_train if w.algo == "ppo" else baselines.brax_sac_train
+    run = train(w, row.config, epochs, on_epoch)
+    timed = run.sps[warm : warm + w.blocks]
+    record = {
+        "status": "ok",
+        "env_steps_per_s": statistics.median(timed),
+        "blocks": timed,
+        "env_steps_per_block": run.epoch_env_steps,
+        "warmup_s": sum(run.epoch_env_steps / s for s in run.sps[:warm]),
+        "all_epochs_sps": run.sps,
+        "total_s": run.total_s,
+        "sm_activity": activity,
+        "note": f"Brax training/sps of epochs {warm + 1}-{warm + w.blocks} (of {epochs})",
+    }
+    ctx.log(
+        f"    {LABEL['brax']}: {record['env_steps_per_s']:,.0f} env-steps/s (epochs "
+        f"{', '.join(f'{r:,.0f}' for r in run.sps)}); whole train() {run.total_s:.1f}s"
+        + (f"; SM {activity['mean_sm_util']:.0f}%" if activity.get("mean_sm_util") is not None else "")
+    )
+    return record
+
+
+LABEL = S.LABELS
+PREPARE = {
+    "single_jit": prepare_single_jit,
+    "rose_jax": prepare_rose_jax,
+    "hand_pipelined": prepare_hand_pipelined,
+}
+
+
+def _skip(out: dict, v: str, ctx: Context, estimate: float) -> bool:
+    if ctx.fits(estimate):
+        return False
+    out["variants"][v] = {
+        "status": "skipped",
+        "reason": (
+            f"time budget: {ctx.elapsed():.0f}s elapsed + ~{estimate:.0f}s estimated > {ctx.budget_s:.0f}s"
+        ),
+    }
+    ctx.log(f"    {LABEL[v]}: skipped (budget: {ctx.elapsed():.0f}s elapsed, ~{estimate:.0f}s needed)")
+    return True
+
+
+def run_workload(w: S.Workload, ctx: Context, index: str = "") -> dict:
+    """Measure every variant of ``w``; returns the row's JSON record (never raises for a variant).
+
+    Device-resident variants (b), (d), (c) are compiled and warmed up one after the other, then
+    timed in turns (one call of each per round); Brax (a) runs its own training loop last.
+    """
+    import jax
+
+    import algos
+
+    out: dict[str, Any] = {
+        "name": w.name,
+        "workload": w.to_json(),
+        "env_steps_per_iteration": w.env_steps_per_iteration,
+        "variants": {},
+    }
+    ctx.log(
+        f"[{ctx.suite} {index}] {w.name}: {w.algo} on {w.env}"
+        + (f" ({w.backend})" if w.backend else "")
+        + f", {w.num_envs} envs, {w.env_steps_per_iteration} "
+        f"env-steps/iteration, K={w.iterations_per_block} x {w.blocks} blocks; elapsed {ctx.elapsed():.0f}s"
+    )
+    t = time.perf_counter()
+    try:
+        env = w.make_env()
+        config = w.config(env)
+        algo = algos.get(w.algo)
+        state0 = algo.init(config, env, jax.random.PRNGKey(w.seed))
+        jax.block_until_ready(state0)
+    except Exception as e:  # noqa: BLE001 - a row that cannot even start is recorded
+        traceback.print_exc(file=sys.stderr)
+        out["error"] = _one_line(e)
+        for v in w.variants:
+            out["variants"][v] = {"status": "error", "error": f"setup failed: {out['error']}"}
+        ctx.log(f"    setup failed: {out['error']}")
+        return out
+    out["setup_s"] = time.perf_counter() - t
+    row = Row(w, env, config, algo, state0)
+
+    prepared: list[Prepared] = []
+    for v in [v for v in S.RUN_ORDER if v in w.variants and v in PREPARE]:
+        estimate = ctx.estimate(w, v)
+        if _skip(out, v, ctx, estimate):
+            continue
+        t = time.perf_counter()
+        try:
+            p = PREPARE[v](row, ctx)
+            prepared.append(p)
+            ctx.log(
+                f"    {LABEL[v]}: compiled and warmed up in {p.record['warmup_s']:.1f}s"
+                + (f" (search {p.record['search_wall_s']:.1f}s)" if "search_wall_s" in p.record else "")
+            )
+        except Exception as e:  # noqa: BLE001 - one failing variant must not lose the others
+            traceback.print_exc(file=sys.stderr)
+            p = Prepared(v, None, None, {"status": "error", "error": _one_line(e)})
+            ctx.log(f"    {LABEL[v]}: ERROR {p.record['error']}")
+        p.record["prepare_wall_s"] = time.perf_counter() - t
+        p.record["estimated_s"] = estimate
+        if p.record["status"] == "ok":
+            ctx.observed.append((p.record["prepare_wall_s"], S.estimate_s(w, v, ctx.gpu)))
+        out["variants"][v] = p.record
+    time_in_turns([p for p in prepared if p.record["status"] == "ok"], row, ctx)
+    for p in prepared:
+        out["variants"][p.variant] = finish(p, row, ctx)
+    del prepared
+    row.single_jit_loop = None
+    gc.collect()
+
+    if "brax" in w.variants:
+        estimate = ctx.estimate(w, "brax")
+        if not _skip(out, "brax", ctx, estimate):
+            t = time.perf_counter()
+            try:
+                rec = run_brax(row, ctx)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc(file=sys.stderr)
+                rec = {"status": "error", "error": _one_line(e)}
+                ctx.log(f"    {LABEL['brax']}: ERROR {rec['error']}")
+            rec["wall_s"] = time.perf_counter() - t
+            rec["estimated_s"] = estimate
+            if rec["status"] == "ok":
+                ctx.observed.append((rec["wall_s"], S.estimate_s(w, "brax", ctx.gpu)))
+            out["variants"]["brax"] = rec
+    out["variants"] = {v: out["variants"][v] for v in S.VARIANTS if v in out["variants"]}
+    out["summary"] = report.summarize(out)
+    s = out["summary"]
+    if s["ratio"] is not None:
+        ctx.log(
+            f"    ratio (d) / best of {', '.join(s['baselines_measured'])} ({s['best_baseline']}): "
+            f"{s['ratio']:.3f}; search overhead {s['search_overhead_s']:.1f}s"
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------ the suite
+
+
+def _parse_part(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--part must look like i/n (e.g. 2/8), got {text!r}") from None
+    if not (n >= 1 and 1 <= i <= n):
+        raise ValueError(f"--part must be i/n with 1 <= i <= n, got {text!r}")
+    return i, n
+
+
+def select(suite: S.Suite, part: tuple[int, int] | None, only: str | None) -> tuple[S.Workload, ...]:
+    rows = suite.workloads
+    if part is not None:
+        rows = S.split(rows, *part)
+    if only:
+        keep = [r for r in rows if only in r.name]
+        if not keep:
+            raise ValueError(
+                f"--only {only!r} matches no row of suite {suite.name!r}: {', '.join(r.name for r in rows)}"
+            )
+        rows = tuple(keep)
+    return rows
+
+
+def print_plan(suite: S.Suite, rows: Sequence[S.Workload], gpu: bool, budget: float | None) -> None:
+    total = sum(S.estimate_s(w, gpu=gpu) for w in rows)
+    print(f"suite {suite.name}: {suite.description}")
+    print(
+        f"{len(rows)} rows, estimated {total / 60:.1f} min on {'the GPU' if gpu else 'this CPU'}"
+        + (
+            f" (budget {budget / 60:.1f} min per run; parts needed for the whole suite: "
+            f"{S.parts_needed(suite, budget)})"
+            if budget
+            else ""
+        )
+    )
+    for w in rows:
+        print(f"  {w.name:34s} {','.join(w.variants):45s} ~{S.estimate_s(w, gpu=gpu):5.0f}s")
+
+
+def short_table(results: dict) -> str:
+    headers = ["workload", *[report.SHORT[v] for v in S.VARIANTS], "ratio"]
+    body = []
+    for row in results["rows"]:
+        ratio = (row.get("summary") or report.summarize(row))["ratio"]
+        body.append(
+            [
+                row["name"],
+                *[report._cell(row, v) for v in S.VARIANTS],
+                "—" if ratio is None else f"{ratio:.3f}",
+            ]
+        )
+    return common.markdown_table(headers, body)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description="Run a benchmark suite: Brax vs single-jit vs hand pipeline vs rose-jax."
+    )
+    p.add_argument("--suite", required=True, choices=sorted(S.SUITES))
+    p.add_argument("--part", help="i/n: run part i of n of the suite's rows (balanced by estimated cost)")
+    p.add_argument("--only", help="run only rows whose name contains this text")
+    p.add_argument("--list", action="store_true", help="print the rows and estimated time, run nothing")
+    p.add_argument(
+        "--budget-s", type=float, help="wall-time budget of this run incl. compilation (default: suite's)"
+    )
+    p.add_argument("--no-budget", action="store_true", help="run every variant whatever the time")
+    p.add_argument(
+        "--threshold",
+        dest="threshold",
+        action="store_true",
+        default=None,
+        help="measure time to the return threshold (default: the suite's setting)",
+    )
+    p.add_argument("--no-threshold", dest="threshold", action="store_false")
+    p.add_argument("--out", help=f"results root (default {report.SUITE_DIR})")
+    p.add_argument(
+        "--compile-cache", help="persistent XLA compilation cache dir (default: a temp dir per run)"
+    )
+    p.add_argument("--plan-cache", help="rose-jax plan cache dir (default: none, every run searches)")
+    args = p.parse_args(argv)
+    try:
+        suite = S.get(args.suite)
+        part = _parse_part(args.part)
+        rows = select(suite, part, args.only)
+    except ValueError as e:
+        raise SystemExit(f"benchmarks.run: {e}") from None
+    budget = None if args.no_budget else (args.budget_s if args.budget_s is not None else suite.budget_s)
+
+    # Before JAX starts: worker processes of rose-jax's multi-process plans need GPU memory too,
+    # so this process must not grab 75% of it up front (the same setting for every variant).
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+
+    gpu = jax.default_backend() == "gpu"
+    if args.list:
+        print_plan(suite, rows, gpu or suite.name != "tiny", budget)
+        return 0
+    tmp_cache = _enable_compile_cache(args.compile_cache)
+    ctx = Context(
+        suite=suite.name,
+        budget_s=budget,
+        gpu=gpu,
+        activity=_activity_available(gpu),
+        measure_threshold=suite.measure_threshold if args.threshold is None else args.threshold,
+        plan_cache=args.plan_cache,
+        log=lambda line: print(line, flush=True),
+    )
+    directory = report.suite_dir(suite.name, args.out)
+    stem = "results" if part is None else f"part-{part[0]}-of-{part[1]}"
+    info = common.machine_info()
+    results: dict[str, Any] = {
+        "suite": suite.name,
+        "description": suite.description,
+        "part": None if part is None else f"{part[0]}/{part[1]}",
+        "command": info["command"],
+        "machine": info,
+        "settings": {
+            "budget_s": budget,
+            "measure_threshold": ctx.measure_threshold,
+            "only": args.only,
+            "sm_activity": {"available": ctx.activity[0], "reason": ctx.activity[1]},
+            "plan_cache": args.plan_cache,
+        },
+        "rows": [],
+    }
+    ctx.log(
+        f"benchmarks.run: suite {suite.name}{'' if part is None else f' part {part[0]}/{part[1]}'}, "
+        f"{len(rows)} rows on {info.get('gpu') or jax.default_backend()}; budget "
+        f"{'none' if budget is None else f'{budget:.0f}s'}; SM activity: {ctx.activity[1]}"
+    )
+    try:
+        for i, w in enumerate(rows):
+            results["rows"].append(run_workload(w, ctx, f"{i + 1}/{len(rows)}"))
+            results["elapsed_s"] = ctx.elapsed()
+            common.write_json(
+                os.path.join(directory, stem + ".json"), results
+            )  # partial results survive a kill
+        results["elapsed_s"] = ctx.elapsed()
+        paths = report.write_outputs(results, directory, stem, png=part is None)
+        if part is not None:
+            merged = report.merge_parts(directory)
+            if merged is not None:
+                paths += report.write_outputs(merged, directory)
+    finally:
+        if tmp_cache is not None:
+            tmp_cache.cleanup()
+    print(f"\nsuite {suite.name}: {len(rows)} rows in {ctx.elapsed():.0f}s; wrote {', '.join(paths)}\n")
+    print(short_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

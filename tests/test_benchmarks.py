@@ -1,0 +1,306 @@
+"""benchmarks.suite / baselines / run / report: suite structure, the tiny suite end to end, README block.
+
+The end-to-end test runs ``python -m benchmarks.run --suite tiny`` in a subprocess (it turns on
+JAX's persistent compilation cache, which must not leak into other tests) and checks the JSON:
+every variant has numbers, the hand-pipelined baseline and rose-jax's plan give (b)'s parameters,
+and the ratio is rose-jax over the best baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks` is a top-level directory, not an installed package
+    sys.path.insert(0, ROOT)
+
+from benchmarks import report  # noqa: E402
+from benchmarks import suite as S  # noqa: E402
+
+
+def one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message, message
+    return message
+
+
+# ---------------------------------------------------------------------------------------------
+# Suite definitions
+
+
+def test_quick_suite_has_the_headline_rows_and_fits_its_budget_model():
+    quick = S.get("quick")
+    names = [w.name for w in quick.workloads]
+    assert names == [
+        "ppo-ant-2048-4x32",
+        "sac-ant-1024-4x32",
+        "ppo-mjx_swimmer-2048-4x32",
+        "ppo-humanoid-2048-4x32",
+    ]
+    ant = quick.workloads[0]
+    assert set(ant.variants) == set(S.VARIANTS) and ant.backend == "mjx" and ant.brax_env == "ant"
+    assert quick.workloads[2].brax_env is None and "brax" not in quick.workloads[2].variants  # plain MJCF
+    assert quick.budget_s is not None and quick.budget_s < 8 * 60
+    assert not quick.measure_threshold
+
+
+def test_full_suite_is_every_combination_once():
+    full = S.get("full")
+    combos = {(w.algo, w.env, w.policy_hidden_sizes, w.num_envs) for w in full.workloads}
+    assert len(combos) == len(full.workloads) == 2 * 4 * 2 * 2
+    assert {w.env for w in full.workloads} == {"ant", "humanoid", "halfcheetah", "mjx_swimmer"}
+    assert {w.policy_hidden_sizes for w in full.workloads} == {(32,) * 4, (256,) * 4}
+    for algo in ("ppo", "sac"):
+        assert len({w.num_envs for w in full.workloads if w.algo == algo}) == 2
+
+
+@pytest.mark.parametrize("parts", [1, 3, 7, 32])
+def test_parts_partition_the_rows(parts):
+    rows = S.get("full").workloads
+    chosen = [w.name for i in range(1, parts + 1) for w in S.split(rows, i, parts)]
+    assert sorted(chosen) == sorted(w.name for w in rows)  # every row exactly once
+    loads = [sum(S.estimate_s(w) for w in S.split(rows, i, parts)) for i in range(1, parts + 1)]
+    assert max(loads) <= max(S.estimate_s(w) for w in rows) + sum(loads) / parts  # greedy balance bound
+
+
+def test_bad_workloads_and_parts_give_one_line_errors():
+    with pytest.raises(ValueError, match="algo") as e:
+        S.Workload(algo="dqn", env="cartpole", num_envs=8, policy_hidden_sizes=(8,))
+    one_line(e)
+    with pytest.raises(ValueError, match="brax_env") as e:
+        S.Workload(algo="ppo", env="cartpole", num_envs=8, policy_hidden_sizes=(8,), variants=("brax",))
+    one_line(e)
+    with pytest.raises(ValueError, match="divisible") as e:
+        S.Workload(algo="ppo", env="cartpole", num_envs=9, policy_hidden_sizes=(8,), variants=("single_jit",))
+    with pytest.raises(ValueError, match="part"):
+        S.split(S.get("full").workloads, 0, 3)
+    with pytest.raises(ValueError, match="unknown suite"):
+        S.get("huge")
+    with pytest.raises(SystemExit, match="--part"):
+        from benchmarks import run
+
+        run.main(["--suite", "tiny", "--part", "4/3", "--list"])
+
+
+def test_workload_config_matches_brax_conventions():
+    # SAC uses one hidden size for policy and Q (as Brax) and Brax's target entropy -0.5 * |A|.
+    class FakeEnv:
+        action_size = 8
+
+    w = S.sac_row("ant", 1024, (32,) * 4)
+    config = w.config(FakeEnv())
+    assert config.q_hidden_sizes == config.policy_hidden_sizes == (32,) * 4
+    assert config.target_entropy == -4.0 and config.num_envs == 1024
+    assert config.replay_capacity >= w.total_timed_env_steps
+    p = S.ppo_row("ant", 2048, (32,) * 4).config(FakeEnv())
+    assert p.num_envs % p.num_minibatches == 0  # Brax: batch_size * num_minibatches == num_envs
+    assert p.value_hidden_sizes == (256,) * 5 and p.activation == "swish" and p.reward_scaling == 10.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived numbers
+
+
+def _row(**rates):
+    return {
+        "name": "r",
+        "variants": {
+            v: ({"status": "ok", "env_steps_per_s": r} if isinstance(r, (int, float)) else {"status": r})
+            for v, r in rates.items()
+        },
+    }
+
+
+def test_ratio_is_against_the_best_measured_baseline():
+    row = _row(brax=100.0, single_jit=300.0, hand_pipelined=250.0, rose_jax=450.0)
+    row["variants"]["rose_jax"]["search_overhead_s"] = 10.0
+    s = report.summarize(row)
+    assert s["best_baseline"] == "single_jit" and s["ratio"] == pytest.approx(1.5)
+    # break-even: 10 s = steps * (1/300 - 1/450)  ->  steps = 10 / (1/900) = 9000
+    assert s["breakeven_env_steps"] == pytest.approx(9000.0)
+    # skipped / failed baselines do not count; a slower rose-jax has no break-even point
+    s = report.summarize(_row(brax="skipped", single_jit=200.0, hand_pipelined="error", rose_jax=100.0))
+    assert s["baselines_measured"] == ["single_jit"] and s["ratio"] == pytest.approx(0.5)
+    assert s["breakeven_env_steps"] is None
+    assert report.summarize(_row(single_jit=200.0, rose_jax="error"))["ratio"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# README block
+
+
+def test_replace_block_touches_only_the_marked_block():
+    text = "# T\n\nintro\n<!-- RESULTS -->\nold table\n<!-- /RESULTS -->\n\n## After\nkeep me\n"
+    new = report.replace_block(text, "NEW TABLE")
+    assert new == "# T\n\nintro\n<!-- RESULTS -->\nNEW TABLE\n<!-- /RESULTS -->\n\n## After\nkeep me\n"
+    assert report.replace_block(new, "NEW TABLE") == new  # idempotent
+
+
+def test_replace_block_adds_a_missing_closing_marker_and_keeps_what_follows():
+    assert (
+        report.replace_block("head\n<!-- RESULTS -->", "T")
+        == "head\n<!-- RESULTS -->\nT\n<!-- /RESULTS -->\n"
+    )
+    out = report.replace_block("a\n<!-- RESULTS -->\n## Next\ntext\n", "T")
+    assert out == "a\n<!-- RESULTS -->\nT\n<!-- /RESULTS -->\n## Next\ntext\n"
+    with pytest.raises(ValueError, match="RESULTS") as e:
+        report.replace_block("no markers here\n", "T")
+    one_line(e)
+
+
+def test_readme_without_gpu_results_says_so(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- RESULTS -->\n")
+    block = report.update_readme(str(readme), "auto", str(tmp_path / "none"))
+    assert "No GPU benchmark results yet" in block
+    assert readme.read_text() == f"x\n<!-- RESULTS -->\n{block}<!-- /RESULTS -->\n"
+
+
+def test_merge_parts_keeps_rows_in_part_order(tmp_path):
+    for i, names in ((2, ["c"]), (1, ["a", "b"])):
+        (tmp_path / f"part-{i}-of-3.json").write_text(
+            json.dumps(
+                {
+                    "suite": "full",
+                    "machine": {"backend": "gpu"},
+                    "command": f"run {i}",
+                    "rows": [{"name": n, "variants": {}} for n in names],
+                }
+            )
+        )
+    merged = report.merge_parts(str(tmp_path))
+    assert [r["name"] for r in merged["rows"]] == ["a", "b", "c"]
+    assert merged["part"] == ["1/3", "2/3"] and merged["complete"] is False
+
+
+# ---------------------------------------------------------------------------------------------
+# The tiny suite end to end (CPU)
+
+
+def run_suite(args: list[str], timeout: int, **env_overrides) -> str:
+    """``python -m benchmarks.run ARGS`` in a subprocess (its compilation cache stays there); stdout."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_overrides)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("suite")
+    stdout = run_suite(["--suite", "tiny", "--out", str(out)], timeout=300, JAX_PLATFORMS="cpu")
+    directory = out / "tiny"
+    with open(directory / "results.json") as f:
+        return json.load(f), directory, stdout
+
+
+@pytest.mark.slow
+def test_tiny_suite_measures_every_variant(tiny_results):
+    results, directory, stdout = tiny_results
+    assert results["suite"] == "tiny" and results["machine"]["backend"] == "cpu"
+    assert "jax" in results["machine"] and "benchmarks.run" in results["command"]
+    want = {w.name: w.variants for w in S.get("tiny").workloads}
+    assert [r["name"] for r in results["rows"]] == list(want)
+    for row in results["rows"]:
+        assert set(row["variants"]) == set(want[row["name"]])
+        for v, rec in row["variants"].items():
+            assert rec["status"] == "ok", (row["name"], v, rec)
+            assert rec["env_steps_per_s"] > 0 and len(rec["blocks"]) == row["workload"]["blocks"]
+            assert all(b > 0 for b in rec["blocks"])
+            assert rec["sm_activity"]["status"] == "unavailable" and "cpu" in rec["sm_activity"]["reason"]
+        # Brax's own trainer ran (tiny Brax env), with its training/sps per epoch
+        if "brax" in row["variants"]:
+            assert len(row["variants"]["brax"]["all_epochs_sps"]) == 2 + row["workload"]["blocks"]
+        # same results as the single-jit loop: the hand pipeline up to per-group float rounding
+        for v in ("hand_pipelined", "rose_jax"):
+            if v in row["variants"]:
+                assert row["variants"][v]["max_abs_diff_vs_single_jit"] <= 1e-5, (row["name"], v)
+        rj = row["variants"]["rose_jax"]
+        assert rj["search_overhead_s"] > 0 and isinstance(rj["plan"], list) and rj["report"]["candidates"]
+    assert "ratio" in stdout and "| workload |" in stdout  # the short table printed last
+
+
+@pytest.mark.slow
+def test_tiny_suite_ratio_is_rose_jax_over_best_baseline(tiny_results):
+    results, _, _ = tiny_results
+    for row in results["rows"]:
+        baselines = {v: row["variants"][v]["env_steps_per_s"] for v in S.BASELINES if v in row["variants"]}
+        best = max(baselines, key=baselines.get)
+        s = row["summary"]
+        assert s["best_baseline"] == best
+        assert s["ratio"] == pytest.approx(row["variants"]["rose_jax"]["env_steps_per_s"] / baselines[best])
+    # the cartpole row defines a return threshold and the tiny suite measures it
+    ttt = results["rows"][0]["variants"]["single_jit"]["time_to_threshold"]
+    assert ttt["threshold"] == 90.0 and ttt["seconds"] >= 0 and isinstance(ttt["reached"], bool)
+
+
+@pytest.mark.slow
+def test_tiny_suite_writes_table_plot_and_readme_block(tiny_results, tmp_path):
+    results, directory, _ = tiny_results
+    md = (directory / "results.md").read_text()
+    for row in results["rows"]:
+        assert row["name"] in md
+        assert f"{row['summary']['ratio']:.3f}" in md
+    png = (directory / "results.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+    # README regeneration on a temp copy of the real README: only the marked block changes
+    with open(report.README) as f:
+        original = f.read()
+    copy = tmp_path / "README.md"
+    copy.write_text(original + "\n## Appendix\nuntouched\n")
+    block = report.update_readme(str(copy), "tiny", str(directory.parent))
+    new = copy.read_text()
+    start = original.index(report.START) + len(report.START)
+    assert new.startswith(original[:start])  # everything before the opening marker is unchanged
+    assert new.endswith("\n## Appendix\nuntouched\n") and new.count(report.END) == 1
+    inside = new[start : new.index(report.END)]
+    assert inside.strip() == block.strip()
+    for row in results["rows"]:
+        assert row["name"] in inside and f"{row['summary']['ratio']:.2f}x" in inside
+    assert "results.json" in inside and "benchmarks.report --readme" in inside
+    # regenerating from the JSON gives the same block (nothing typed by hand)
+    assert report.update_readme(str(copy), "tiny", str(directory.parent)) == block and copy.read_text() == new
+    with open(report.README) as f:
+        assert f.read() == original  # the real README is not touched
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_quick_mjcf_row_on_gpu_reports_sm_activity(tmp_path):
+    import jax
+
+    if jax.default_backend() != "gpu":
+        pytest.skip(
+            "needs a GPU (runs one quick-suite row on the H200: python -m benchmarks.run --suite quick)"
+        )
+    run_suite(
+        ["--suite", "quick", "--only", "mjx_swimmer", "--out", str(tmp_path), "--no-budget"], timeout=600
+    )
+    with open(tmp_path / "quick" / "results.json") as f:
+        row = json.load(f)["rows"][0]
+    for v in ("single_jit", "rose_jax"):
+        rec = row["variants"][v]
+        assert rec["status"] == "ok" and rec["env_steps_per_s"] > 0
+        act = rec["sm_activity"]
+        assert act["status"] == "ok" or "NVML" in act.get("reason", "") or "GPM" in act.get("reason", "")
+        if act["status"] == "ok":
+            assert 0.0 <= act["mean_sm_util"] <= 100.0
+    assert math.isfinite(row["summary"]["ratio"])
