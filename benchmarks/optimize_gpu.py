@@ -208,6 +208,16 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
         (base_final, tb), (opt_final, to) = measure.time_alternating(
             [base_step, step], state, args.iters, args.repeats
         )
+        # processes mode keeps the env state in its workers: fetch it before later runs move it on
+        opt_final = getattr(step, "sync_state", lambda s: s)(opt_final)
+        transfers = getattr(step, "stats", lambda: None)()
+        if transfers and transfers.get("last_iteration"):
+            last = transfers["last_iteration"]
+            log(
+                f"{name}: processes collect ({transfers['mode']}): {last['sent_bytes']:,} B sent + "
+                f"{last['received_bytes']:,} B received per iteration; env state "
+                f"{transfers['env_state_bytes']:,} B uploaded {transfers['counts'].get('put', 0)}x"
+            )
         base_s, opt_s = tb.median, to.median
         if not report.plan:  # nothing kept: the "optimized" step is the baseline program itself
             opt_s = base_s
@@ -243,10 +253,18 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
         "sm_activity_after": opt_act,
         "activity": act_reason,
         "search_s": search_s,
+        "process_transfers": _transfer_summary(transfers),
         "cache_hit": report.cache_hit,
         "report": report.to_json(),
         "report_text": O.format_report(report),
     }
+
+
+def _transfer_summary(stats):
+    """The processes collect's transfer counters without its per-iteration log (None otherwise)."""
+    if not stats:
+        return None
+    return {k: v for k, v in stats.items() if k != "per_iteration"}
 
 
 def _f(x, spec=".2f"):

@@ -252,14 +252,252 @@ def test_group_rollout_equals_single_batch(toy_setup, mode, groups):
     assert measure.compare_trees(out, ref_state, t.tolerance.rtol, t.tolerance.atol).equal
 
 
-def test_group_rollout_in_worker_function_path(toy_setup):
-    """The processes data path (split, per-group worker function rebuilt from the spec, merge)."""
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "full"])
+def test_group_rollout_in_worker_function_path(toy_setup, resident):
+    """The processes data path (per-group worker functions rebuilt from the spec, merge), in process."""
     program, state, ref_state = toy_setup
-    collect = processes.ProcessCollect(program, 4, executor=processes.InlineExecutor())
+    collect = processes.ProcessCollect(program, 4, executor=processes.InlineExecutor(), resident=resident)
     host_program = program._replace(collect=collect, host=True, groups=4, mode="processes")
-    out = _run(search.compile_step(host_program), state, 3)
-    cmp = measure.compare_trees(out, ref_state, O.group_rollout(2).tolerance.rtol)
+    step = search.compile_step(host_program)
+    out = _run(step, state, 3)
+    assert isinstance(out.x, processes.ResidentEnv) == resident  # the env batch stayed in the "workers"
+    cmp = measure.compare_trees(step.sync_state(out), ref_state, O.group_rollout(2).tolerance.rtol)
     assert cmp.equal, cmp.reason
+    st = collect.stats()
+    assert st["mode"] == ("resident" if resident else "full") and st["counts"]["iteration"] == 3
+    iters = [r for r in st["per_iteration"] if r["kind"] == "iteration"]
+    x_bytes = state.x.nbytes
+    if resident:
+        # sent: w, mean, key to each of 4 workers (not x, not steps); back: the data (obs, action)
+        assert [r["sent_bytes"] for r in iters] == [
+            4 * (state.w.nbytes + state.mean.nbytes + state.key.nbytes)
+        ] * 3
+        assert [r["received_bytes"] for r in iters] == [2 * 5 * x_bytes] * 3
+        assert [r["upload_bytes"] for r in iters] == [x_bytes, 0, 0] and st["counts"]["put"] == 1
+    else:
+        assert all(r["sent_bytes"] >= x_bytes and r["upload_bytes"] == 0 for r in iters)
+
+
+def _paths(tree, prefix=""):
+    return [prefix + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _uploads(pc):
+    return [(r["upload"], r["upload_bytes"]) for r in pc.stats()["per_iteration"] if r["kind"] == "iteration"]
+
+
+def test_resident_state_rules(toy_setup):
+    """Versions and identity: a state from an earlier iteration cannot continue; a real env part is
+    uploaded (a changed env state re-initialises the workers); the same start state again restores
+    the workers' copy without a transfer; put_env is the explicit upload."""
+    program, state, ref_state = toy_setup
+    tol = O.group_rollout(2).tolerance.rtol
+    pc = processes.ProcessCollect(program, 2, executor=processes.InlineExecutor())
+    learn = jax.jit(program.learn)
+
+    def run(s, n):
+        for _ in range(n):
+            s = learn(*pc(s))[0]
+        return s
+
+    s1 = run(state, 1)
+    s3 = run(s1, 2)
+    with pytest.raises(ValueError, match="earlier iteration cannot continue"):
+        pc(s1)
+    with pytest.raises(ValueError, match="another ProcessCollect"):
+        processes.ProcessCollect(program, 2, executor=processes.InlineExecutor()).sync_state(s3)
+    assert measure.compare_trees(pc.sync_state(s3), ref_state, tol).equal
+    assert _uploads(pc) == [("put", state.x.nbytes), (None, 0), (None, 0)]
+
+    assert measure.compare_trees(pc.sync_state(run(state, 3)), ref_state, tol).equal
+    assert _uploads(pc)[3:] == [("restore", 0), (None, 0), (None, 0)]
+
+    moved = state.replace(x=state.x[::-1] + 0.5)  # e.g. restored from elsewhere
+    ref_moved = _run(jax.jit(program.iteration()), moved, 3)
+    assert measure.compare_trees(pc.sync_state(run(moved, 3)), ref_moved, tol).equal
+    assert _uploads(pc)[6:] == [("put", state.x.nbytes), (None, 0), (None, 0)]
+
+    marked = pc.put_env(state)
+    assert isinstance(marked.x, processes.ResidentEnv)
+    chex.assert_trees_all_equal(pc.sync_state(marked), state)
+    assert measure.compare_trees(pc.sync_state(run(marked, 3)), ref_state, tol).equal
+    pc.close()
+    with pytest.raises(ValueError, match="no longer hold this state's env state"):
+        pc(marked)
+
+
+def test_resident_falls_back_when_learn_reads_the_env_part(toy_setup):
+    program, state, ref_state = toy_setup
+
+    def learn(s, data):
+        new, metrics = program.learn(s, data)
+        return new, {**metrics, "x_mean": jnp.mean(s.x)}
+
+    variant = program._replace(learn=learn)
+    plan = processes.plan_resident(variant, state, 2)
+    assert not plan.resident and "learn reads the state's env part (.x)" in plan.reason
+    pc = processes.ProcessCollect(variant, 2, executor=processes.InlineExecutor())
+    out = _run(search.compile_step(variant._replace(collect=pc, host=True, groups=2)), state, 3)
+    assert not isinstance(out.x, processes.ResidentEnv)
+    assert measure.compare_trees(out, ref_state, O.group_rollout(2).tolerance.rtol).equal
+    st = pc.stats()
+    assert st["mode"] == "full" and "learn reads" in st["reason"]
+
+
+def test_resident_plan_of_ppo_sends_only_what_the_rollout_reads(ppo_setup):
+    ppo, config, env, state, _ = ppo_setup
+    program = O.ppo_program(config, env, env_name="pendulum")
+    plan = processes.plan_resident(program, state, 2)
+    assert plan.resident, plan.reason
+    sent = {plan.paths[i] for i in plan.layout.sent}
+    assert sent == set(_paths(state.params.policy, ".params.policy")) | {
+        ".normalizer.mean",
+        ".normalizer.std",
+        ".key",
+    }
+    zeros = {plan.paths[i] for i, _, _ in plan.layout.zeros}
+    assert (
+        set(_paths(state.opt_state, ".opt_state")) | set(_paths(state.params.value, ".params.value")) <= zeros
+    )
+    assert not plan.layout.changed
+    names = _paths(jax.eval_shape(program.collect, state)[1])
+    used = {names[j] for j in plan.layout.data_used}
+    transitions = {f"[0].{f}" for f in ppo.Transition._fields}
+    assert used == transitions | {"[1].obs", "[1].last_episode_return", "[1].episodes"}  # no physics state
+    assert plan.env_bytes == sum(x.nbytes for x in jax.tree.leaves(state.env_state))
+
+
+# ---------------------------------------------------- processes mode in real worker processes
+
+
+def _our_segments() -> set[str]:
+    import os
+
+    prefix = f"rose{os.getpid()}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)} if os.path.isdir("/dev/shm") else set()
+
+
+def _children() -> set[int]:
+    import psutil
+
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def ppo16():
+    import envs
+    from algos import ppo
+
+    env = envs.make("pendulum")
+    config = ppo.PPOConfig(
+        num_envs=16,
+        unroll_length=4,
+        num_minibatches=2,
+        num_epochs=1,
+        policy_hidden_sizes=(8,),
+        value_hidden_sizes=(8,),
+    )
+    program = O.ppo_program(config, env, env_name="pendulum")
+    state = ppo.init(config, env, jax.random.PRNGKey(0))
+    moved = state.replace(env_state=ppo.init(config, env, jax.random.PRNGKey(1)).env_state)
+    iterate = jax.jit(program.iteration())
+    return program, state, _run(iterate, state, 3), moved, _run(iterate, moved, 3)
+
+
+def test_resident_ppo_in_real_workers_equal_and_env_state_stays(ppo16):
+    """2 spawned CPU workers: equal after 3 iterations; only the first iteration moves the env state,
+    and the runtime's own byte counts agree; an env state changed on the driver is re-uploaded."""
+    program, state, ref, moved, ref_moved = ppo16
+    tol = O.group_rollout(2).tolerance.rtol
+    grouped = O.group_rollout(2, "processes").apply(program)
+    pc, step = grouped.collect, search.compile_step(grouped)
+    try:
+        out = _run(step, state, 3)
+        assert isinstance(out.env_state, processes.ResidentEnv)
+        pool = pc.executor.pool
+        per_worker_in = {
+            w: sum(st[f"in_{k}_bytes"] for k in ("shm", "ipc", "inline")) for w, st in pool.last_stats.items()
+        }
+        iters = [r for r in pc.stats()["per_iteration"] if r["kind"] == "iteration"]
+        cmp = measure.compare_trees(step.sync_state(out), ref, tol)
+        assert cmp.equal, cmp.reason
+
+        env_bytes = sum(x.nbytes for x in jax.tree.leaves(state.env_state))
+        rollout_reads = sum(
+            x.nbytes
+            for x in jax.tree.leaves(
+                (state.params.policy, state.normalizer.mean, state.normalizer.std, state.key)
+            )
+        )
+        transitions, final = jax.eval_shape(program.collect, state)[1]
+        learn_reads = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(transitions))
+        learn_reads += sum(
+            x.size * x.dtype.itemsize for x in (final.obs, final.last_episode_return, final.episodes)
+        )
+        assert [r["upload_bytes"] for r in iters] == [env_bytes, 0, 0]
+        assert [r["sent_bytes"] for r in iters] == [2 * rollout_reads] * 3
+        assert [r["received_bytes"] for r in iters] == [learn_reads] * 3
+        assert per_worker_in == {"group0": rollout_reads, "group1": rollout_reads}  # what really moved
+        assert env_bytes > 0 and rollout_reads < pc.stats()["state_bytes"]
+
+        out = _run(step, moved, 3)
+        assert measure.compare_trees(step.sync_state(out), ref_moved, tol).equal
+        assert [u for u, _ in _uploads(pc)[3:]] == ["put", None, None]
+        assert pc.executor.pool is pool  # the same workers
+    finally:
+        step.close()
+
+
+def test_resident_worker_killed_mid_iteration(toy_setup):
+    import os
+    import signal
+    import threading
+
+    from rose_jax.runtime import WorkerDied
+
+    program, state, _ = toy_setup
+    segments, children = _our_segments(), _children()
+    pc = processes.ProcessCollect(program, 2)
+    killed: dict = {}
+
+    def kill_when_the_rollout_runs():
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            pool = pc.executor.pool
+            if pool is not None and any(fn == processes.WORKER_ROLLOUT for _, fn in pool.in_flight()):
+                killed["pid"] = pool.pids["group1"]
+                os.kill(killed["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.002)
+
+    killer = threading.Thread(target=kill_when_the_rollout_runs, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(WorkerDied) as ei:
+            pc(state)  # upload, then the rollout (compiling in the workers) is cut short
+        killer.join(10)
+        e = ei.value
+        assert e.name == "group1" and e.pid == killed["pid"] and e.signal == signal.SIGKILL
+        assert processes.WORKER_ROLLOUT in str(e)
+        assert _children() == children and _our_segments() == segments
+        with pytest.raises(ValueError, match="no longer hold"):
+            pc.sync_state(program.env.set(state, processes.ResidentEnv(np.int32(2), pc.owner)))
+        # a state with its real env part starts fresh workers and uploads again
+        out, _ = pc(state)
+        assert (
+            isinstance(out.x, processes.ResidentEnv) and killed["pid"] not in pc.executor.pool.pids.values()
+        )
+        chex.assert_trees_all_close(pc.sync_state(out), jax.jit(program.collect)(state)[0], rtol=1e-4)
+    finally:
+        pc.close()
+    assert _children() == children and _our_segments() == segments
 
 
 @pytest.mark.slow
@@ -270,8 +508,8 @@ def test_group_rollout_in_real_worker_processes(toy_setup):
     assert grouped.host and grouped.groups == 2
     step = search.compile_step(grouped)
     try:
-        out = _run(step, state, 3)
-        pids = grouped.collect.executor._pool.pids
+        out = step.sync_state(_run(step, state, 3))
+        pids = grouped.collect.executor.pool.pids
         assert len(pids) == 2 and all(pid > 0 for pid in pids.values())
     finally:
         step.close()
@@ -523,8 +761,13 @@ def test_processes_mode_on_gpu():
     program, state = toy.toy_program(8, 5), toy.init(8)
     ref = _run(jax.jit(program.iteration()), state, 2)
     grouped = O.group_rollout(2, "processes").apply(program)
+    step = search.compile_step(grouped)
     try:
-        out = _run(search.compile_step(grouped), state, 2)
+        out = step.sync_state(_run(step, state, 2))
+        st = grouped.collect.stats()
     finally:
         grouped.collect.close()
     assert measure.compare_trees(out, ref, 1e-4).equal
+    assert st["mode"] == "resident", st["reason"]
+    iters = [r for r in st["per_iteration"] if r["kind"] == "iteration"]
+    assert [r["upload_bytes"] for r in iters] == [state.x.nbytes, 0]

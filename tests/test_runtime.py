@@ -240,6 +240,34 @@ def test_bad_calls_are_clear_errors(pool):
         pool.call_all(P + "identity", per_worker={"a": (1.0,)})
 
 
+def test_resident_values_stay_in_the_worker(pool):
+    x = np.arange(2**16, dtype=np.float32)  # 256 KiB: would travel through shared memory
+    pool.put_resident("a", "x", {"v": x})
+    assert pool.last_stats["a"]["in_shm_bytes"] == x.nbytes
+    assert pool.resident("a") == {"x": x.nbytes} and pool.resident("b") == {}
+    # reads: the resident value is the first argument and moves no bytes; writes: stored, not sent back
+    out = pool.call("a", P + "tree_summary", reads=("x",))
+    assert float(out["sum"]) == float(x.sum()) and int(out["count"]) == x.size
+    st = pool.last_stats["a"]
+    assert st["in_shm_bytes"] == st["in_inline_bytes"] == 0 and st["resident_bytes"] == x.nbytes
+    got = pool.call("a", P + "scale_resident", np.float32(2.0), reads=("x",), writes=("x", "y"))
+    assert float(got) == pytest.approx(2.0 * float(x.sum()))
+    assert pool.last_stats["a"]["out_shm_bytes"] == 0  # the scaled tree stayed in the worker
+    assert set(pool.resident("a")) == {"x", "y"}
+    np.testing.assert_array_equal(pool.get_resident("a", "x")["v"], 2 * x)
+    np.testing.assert_array_equal(pool.get_resident("a", "y")["v"], 2 * x)
+    with pytest.raises(RemoteError, match="no resident value named 'z' on this worker"):
+        pool.call("a", P + "identity", reads=("z",))
+    with pytest.raises(RemoteError, match=r"must return \(written, outputs\)"):
+        pool.call("a", P + "identity", 1.0, writes=("w",))
+    with pytest.raises(ValueError, match="non-empty strings"):
+        pool.put_resident("a", "", 1.0)
+    pool.drop_resident("a", "x", "y", "never_put")
+    assert pool.resident("a") == {} and pool.running
+    with pytest.raises(RemoteError, match="no resident value named 'x'"):
+        pool.get_resident("a", "x")
+
+
 # ----------------------------------------------------------------- failure paths
 
 
@@ -351,3 +379,28 @@ def test_cuda_ipc_roundtrip_on_one_gpu():
         assert st["in_ipc_bytes"] == x.nbytes + y.nbytes == st["out_ipc_bytes"]
         host = p.call("g", P + "identity", x, transport="shm")
         assert isinstance(host, np.ndarray) and np.array_equal(host, np.asarray(x))
+
+
+@pytest.mark.gpu
+def test_resident_values_over_cuda_ipc():
+    if jax.default_backend() != "gpu":
+        pytest.skip(f"needs a CUDA GPU (JAX backend is {jax.default_backend()!r})")
+    from rose_jax.runtime import cuda_ipc
+
+    support = cuda_ipc.probe()
+    if not support.available:
+        pytest.skip(support.reason)
+    with start_workers([WorkerSpec("g", mem_fraction=0.2)], transport="auto") as p:
+        assert p.transport.kind == "cuda_ipc", p.transport
+        x = jnp.arange(2**22, dtype=jnp.float32)
+        p.put_resident("g", "x", {"v": x})
+        assert p.last_stats["g"]["in_ipc_bytes"] == x.nbytes
+        total = p.call("g", P + "scale_resident", jnp.float32(3.0), reads=("x",), writes=("x", "y"))
+        st = p.last_stats["g"]
+        assert st["in_ipc_bytes"] + st["in_inline_bytes"] + st["in_shm_bytes"] == 4  # only the factor
+        assert float(total) == pytest.approx(3.0 * float(jnp.sum(x)), rel=1e-5)
+        back = p.get_resident("g", "y")
+        assert isinstance(back["v"], jax.Array) and cuda_ipc.on_gpu(back["v"])
+        assert bool(jnp.array_equal(back["v"], 3.0 * x))
+        p.drop_resident("g", "x", "y")
+        assert p.resident("g") == {}

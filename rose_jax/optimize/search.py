@@ -185,6 +185,9 @@ def compile_step(target: Any, host: bool = False) -> Callable:
                 return learn(state, data)
 
             host_iteration.close = getattr(collect, "close", lambda: None)  # stops the worker processes
+            # the env state may live in the workers: sync_state gives the full state (for comparing)
+            host_iteration.sync_state = getattr(collect, "sync_state", lambda s: s)
+            host_iteration.stats = getattr(collect, "stats", dict)
             return host_iteration
         return jax.jit(target.iteration())
     return target if host else jax.jit(target)
@@ -496,6 +499,7 @@ def optimize(
             (_, tb), (state_c, tc) = measure.time_alternating(
                 [base_step, step], example_state, n_iters, repeats
             )
+            state_c = _synced(step, state_c)
             report.measurements += 2 * repeats
         except Exception as e:  # noqa: BLE001 - a failing candidate is logged, not fatal
             rec.reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -554,6 +558,7 @@ def optimize(
                 (_, tb), (state_c, tc) = measure.time_alternating(
                     [base_step, step], example_state, n_iters, repeats
                 )
+                state_c = _synced(step, state_c)
                 report.measurements += 2 * repeats
             except Exception as e:  # noqa: BLE001
                 rec.reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -616,7 +621,10 @@ def _local_check(rec, t, program, transformed, state, repeats, local_base, repor
         base_total += local_base[piece][0].median
         new_total += new_timing.median
         if piece == "collect" and t.name == "group_rollout":
-            cmp = measure.compare_trees(out, local_base[piece][1], t.tolerance.rtol, t.tolerance.atol)
+            norm = getattr(transformed.collect, "comparable", lambda o: o)  # env state in workers: sync
+            cmp = measure.compare_trees(
+                norm(out), norm(local_base[piece][1]), t.tolerance.rtol, t.tolerance.atol
+            )
             if not cmp.equal:
                 rec.local_baseline_s, rec.local_time_s = base_total, new_total
                 return (
@@ -631,6 +639,12 @@ def _local_check(rec, t, program, transformed, state, repeats, local_base, repor
             f"slower locally ({', '.join(pieces)}): {new_total * 1e3:.3f} ms vs {base_total * 1e3:.3f} ms",
         )
     return True, "local ok"
+
+
+def _synced(step, state):
+    """``state`` in full (a host step's env state may be resident in its workers)."""
+    sync = getattr(step, "sync_state", None)
+    return sync(state) if callable(sync) else state
 
 
 def _close(target) -> None:

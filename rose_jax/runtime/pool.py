@@ -20,6 +20,14 @@ still use shared memory); "auto" picks cuda_ipc when the driver and every worker
 the same GPU, else shm, and ``pool.transport.reason`` says why. Outputs come back as numpy
 arrays (host path) or jax.Arrays on the driver's GPU (cuda_ipc).
 
+Resident values: ``put_resident(worker, name, pytree)`` keeps a pytree on that worker's device
+between calls (``get_resident`` fetches it back, ``drop_resident`` deletes it, ``resident``
+lists names and bytes); a call with ``reads=(name, ...)`` gets those values as its first
+positional arguments, and one with ``writes=(name, ...)`` returns ``(written, outputs)``: the
+worker stores ``written`` under those names and only ``outputs`` travel back. So a loop can keep
+its big state (e.g. an env batch) in the worker and exchange only what changes hands.
+Resident values live as long as the worker process: a relaunch or a death loses them.
+
 Failures: a function that raises gives ``RemoteError`` (the pool stays usable). A worker that
 dies (e.g. SIGKILL) gives ``WorkerDied`` naming it and the signal; a wait that exceeds its
 timeout gives ``WorkerTimeout``. In both cases the pool first terminates every other worker,
@@ -399,6 +407,8 @@ class WorkerPool:
         static: Mapping[str, Any] | None = None,
         jit: bool = True,
         transport: str | None = None,
+        reads: Sequence[str] = (),
+        writes: Sequence[str] = (),
     ) -> CallHandle:
         """Send a call to one worker without waiting; see ``wait``.
 
@@ -406,10 +416,13 @@ class WorkerPool:
         arrays (numpy, jax, Python scalars). static: keyword arguments bound with
         functools.partial before jit (hashable when jit). jit=False calls the function as is (for
         host-level functions that time or loop themselves). transport: override for this call.
+        reads: names of resident values passed before ``args``; writes: names the function's
+        ``written`` values are stored under (it returns ``(written, outputs)``; see the module
+        docstring).
         """
         self._check_running()
-        if worker_name not in self._workers:
-            raise ValueError(f"no worker named {worker_name!r}; workers are {list(self._workers)}")
+        self._check_worker(worker_name)
+        reads, writes = _names(reads, "reads"), _names(writes, "writes")
         path = fn_path(fn)
         static_items = tuple(sorted((static or {}).items()))
         if jit:
@@ -426,13 +439,86 @@ class WorkerPool:
             tuple(args), shm_name=in_name, use_ipc=use_ipc, inline_limit=self.inline_limit
         )
         self._pending[cid] = _Pending(worker_name, path, outbound, out_name)
-        try:
-            self._workers[worker_name].conn.send(
-                ("call", cid, path, packet, static_items, jit, out_name, use_ipc)
-            )
-        except (OSError, ValueError):
-            self._on_death(worker_name)
+        self._send(
+            worker_name, ("call", cid, path, packet, static_items, jit, out_name, use_ipc, reads, writes)
+        )
         return CallHandle(worker_name, cid, path)
+
+    # ---------------------------------------------------------- resident values
+    def submit_put(
+        self, worker_name: str, name: str, value: Any, *, transport: str | None = None
+    ) -> CallHandle:
+        """Start storing the pytree ``value`` as resident ``name`` on one worker (see ``put_resident``)."""
+        self._check_running()
+        self._check_worker(worker_name)
+        (name,) = _names((name,), "name")
+        cid = next(self._ids)
+        packet, outbound = exchange.encode(
+            value,
+            shm_name=f"{self._prefix}{cid}i",
+            use_ipc=self._use_ipc(transport),
+            inline_limit=self.inline_limit,
+        )
+        fn = f"put_resident:{name}"
+        self._pending[cid] = _Pending(worker_name, fn, outbound, None)
+        self._send(worker_name, ("put", cid, name, packet))
+        return CallHandle(worker_name, cid, fn)
+
+    def put_resident(
+        self,
+        worker_name: str,
+        name: str,
+        value: Any,
+        *,
+        transport: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Store the pytree ``value`` on worker ``worker_name``'s device as resident ``name``.
+
+        It replaces any value of that name; calls read it with ``reads=(name,)``."""
+        self.wait([self.submit_put(worker_name, name, value, transport=transport)], timeout)
+
+    def submit_get(self, worker_name: str, name: str, *, transport: str | None = None) -> CallHandle:
+        """Start fetching resident ``name`` from one worker (see ``get_resident``)."""
+        self._check_running()
+        self._check_worker(worker_name)
+        (name,) = _names((name,), "name")
+        cid = next(self._ids)
+        out_name = f"{self._prefix}{cid}o"
+        fn = f"get_resident:{name}"
+        self._pending[cid] = _Pending(worker_name, fn, exchange.Outbound(), out_name)
+        self._send(worker_name, ("get", cid, name, out_name, self._use_ipc(transport)))
+        return CallHandle(worker_name, cid, fn)
+
+    def get_resident(
+        self, worker_name: str, name: str, *, transport: str | None = None, timeout: float | None = None
+    ) -> Any:
+        """A copy of resident ``name`` of one worker (numpy arrays, or jax.Arrays over CUDA IPC);
+        the worker keeps its value. A missing name is a ``RemoteError``."""
+        return self.wait([self.submit_get(worker_name, name, transport=transport)], timeout)[0]
+
+    def drop_resident(self, worker_name: str, *names: str, timeout: float | None = None) -> None:
+        """Delete resident values of one worker (names it does not have are ignored)."""
+        self._check_running()
+        self._check_worker(worker_name)
+        names = _names(names, "names")
+        cid = next(self._ids)
+        self._pending[cid] = _Pending(worker_name, "drop_resident", exchange.Outbound(), None)
+        self._send(worker_name, ("drop", cid, names))
+        self.wait([CallHandle(worker_name, cid, "drop_resident")], timeout)
+
+    def resident(self, worker_name: str, *, timeout: float | None = None) -> dict[str, int]:
+        """``{name: bytes}`` of the values resident on one worker."""
+        self._check_running()
+        self._check_worker(worker_name)
+        cid = next(self._ids)
+        self._pending[cid] = _Pending(worker_name, "resident", exchange.Outbound(), None)
+        self._send(worker_name, ("list", cid))
+        return self.wait([CallHandle(worker_name, cid, "resident")], timeout)[0]
+
+    def in_flight(self) -> list[tuple[str, str]]:
+        """``(worker, function)`` of every call (or resident-value operation) sent and not yet answered."""
+        return [(p.worker, p.fn) for p in list(self._pending.values())]
 
     def wait(self, handles: Sequence[CallHandle], timeout: float | None = None) -> list[Any]:
         """Outputs of the given calls, in order; raises the first RemoteError after all finished."""
@@ -457,9 +543,13 @@ class WorkerPool:
         jit: bool = True,
         transport: str | None = None,
         timeout: float | None = None,
+        reads: Sequence[str] = (),
+        writes: Sequence[str] = (),
     ) -> Any:
-        """Run fn(*args) on one worker and return its outputs."""
-        h = self.submit(worker_name, fn, *args, static=static, jit=jit, transport=transport)
+        """Run fn(*args) on one worker and return its outputs (reads/writes: see ``submit``)."""
+        h = self.submit(
+            worker_name, fn, *args, static=static, jit=jit, transport=transport, reads=reads, writes=writes
+        )
         return self.wait([h], timeout)[0]
 
     def call_all(
@@ -527,6 +617,16 @@ class WorkerPool:
             self._done.pop(cid, None)
 
     # ----------------------------------------------------------------- internals
+    def _check_worker(self, worker_name: str) -> None:
+        if worker_name not in self._workers:
+            raise ValueError(f"no worker named {worker_name!r}; workers are {list(self._workers)}")
+
+    def _send(self, worker_name: str, msg: tuple) -> None:
+        try:
+            self._workers[worker_name].conn.send(msg)
+        except (OSError, ValueError):
+            self._on_death(worker_name)
+
     def _check_running(self) -> None:
         if self._state != "running":
             if self.failure is not None:
@@ -637,6 +737,19 @@ class WorkerPool:
     def __repr__(self) -> str:
         t = self.transport.kind if self.transport else None
         return f"WorkerPool({list(self.names)}, state={self._state}, transport={t})"
+
+
+def _names(names: Sequence[str], what: str) -> tuple[str, ...]:
+    """Resident-value names as a tuple of non-empty strings (a clear ValueError otherwise)."""
+    if isinstance(names, str):
+        names = (names,)
+    out = tuple(names)
+    bad = [n for n in out if not isinstance(n, str) or not n]
+    if bad:
+        raise ValueError(f"resident {what} must be non-empty strings, got {bad[0]!r}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"resident {what} repeat a name: {list(out)}")
+    return out
 
 
 def start_workers(specs: Iterable[WorkerSpec], daemon=None, **kw) -> WorkerPool:

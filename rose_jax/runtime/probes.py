@@ -1,7 +1,7 @@
 """Small worker functions, importable by path, for tests and benchmarks of the runtime.
 
-Pure (jit-able) ones: ``affine``, ``identity``, ``scale``, ``tree_summary``. Host-level ones
-(call with ``jit=False``; they time, sleep, sync or read the environment): ``getenv``,
+Pure (jit-able) ones: ``affine``, ``identity``, ``scale``, ``scale_resident``, ``tree_summary``.
+Host-level ones (call with ``jit=False``; they time, sleep, sync or read the environment): ``getenv``,
 ``whoami``, ``barrier_probe``, ``hold``, ``fail``, ``matmul_rate``, ``prepare_branch``,
 ``time_branch``. Benchmark kernels are built once per worker process and cached
 (``functools.lru_cache``), so repeated calls measure steady state, not compilation.
@@ -41,6 +41,12 @@ def tree_summary(tree):
     total = sum(jnp.sum(a.astype(jnp.float32)) for a in leaves)
     count = sum(a.size for a in leaves)
     return {"sum": total, "count": jnp.asarray(count, jnp.int32)}
+
+
+def scale_resident(tree, factor):
+    """For resident-store tests: ``((tree * factor, tree * factor), sum of tree * factor)``."""
+    scaled = jax.tree_util.tree_map(lambda a: a * factor, tree)
+    return (scaled, scaled), tree_summary(scaled)["sum"]
 
 
 def getenv(*, names: tuple[str, ...]):

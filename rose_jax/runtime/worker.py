@@ -5,10 +5,18 @@ memory variables are in place before its interpreter starts and long before ``im
 creates a CUDA context. ``main`` then reports ``ready`` and serves messages from the driver, one
 at a time, in order:
 
-- ``("call", id, "pkg.mod:fn", packet, static, jit, out_shm_name, out_ipc)``: decode the inputs
-  (a tuple of pytrees) onto the device, import ``fn`` (``jax.jit(partial(fn, **static))`` is
-  cached per (path, static)), run it, wait for the result, encode the outputs and reply
-  ``("ok", id, packet, stats)`` or ``("err", id, type, message, traceback)``.
+- ``("call", id, "pkg.mod:fn", packet, static, jit, out_shm_name, out_ipc, reads, writes)``:
+  decode the inputs (a tuple of pytrees) onto the device, import ``fn``
+  (``jax.jit(partial(fn, **static))`` is cached per (path, static)), run it, wait for the
+  result, encode the outputs and reply ``("ok", id, packet, stats)`` or
+  ``("err", id, type, message, traceback)``. ``reads``/``writes`` name values of the worker's
+  resident store (below): the call is ``fn(*[store[n] for n in reads], *inputs)``, and with
+  ``writes`` it must return ``(written, outputs)``, ``written`` a tuple with one value per name
+  in ``writes``; those are stored and only ``outputs`` go back.
+- the resident store (pytrees of device arrays kept between calls, by name):
+  ``("put", id, name, packet)`` stores the decoded pytree; ``("get", id, name, out_shm_name,
+  out_ipc)`` sends it back; ``("drop", id, names)`` deletes them (missing names are ignored);
+  ``("list", id)`` replies ``{name: bytes}``. Each replies like a call.
 - ``("ping", id)`` -> ``("pong", id)``; ``("release", id)`` frees the IPC buffer of a reply;
   ``("exit",)`` or a closed pipe ends the worker.
 
@@ -150,6 +158,7 @@ def _serve(conn) -> None:
 
     cache: dict[Any, Callable] = {}
     exported: dict[int, exchange.Outbound] = {}
+    store: dict[str, Any] = {}  # the resident values, by name
     try:
         while True:
             try:
@@ -158,8 +167,10 @@ def _serve(conn) -> None:
                 break
             kind = msg[0]
             if kind == "call":
-                reply = _run_call(msg, cache, exported, jax, exchange)
+                reply = _run_call(msg, cache, exported, store, jax, exchange)
                 conn.send(reply)
+            elif kind in _STORE_OPS:
+                conn.send(_STORE_OPS[kind](msg, exported, store, jax, exchange))
             elif kind == "ping":
                 conn.send(("pong", msg[1]))
             elif kind == "release":
@@ -169,6 +180,7 @@ def _serve(conn) -> None:
             elif kind == "exit":
                 break
     finally:
+        store.clear()
         for ob in exported.values():
             try:
                 ob.release()
@@ -176,11 +188,29 @@ def _serve(conn) -> None:
                 pass
 
 
-def _run_call(msg, cache, exported, jax, exchange):
-    _, cid, path, packet, static, jit, out_shm_name, out_ipc = msg
+def _read_store(store: dict, names) -> list:
+    missing = [n for n in names if n not in store]
+    if missing:
+        have = ", ".join(sorted(store)) or "none"
+        raise LookupError(
+            f"no resident value named {missing[0]!r} on this worker (resident: {have}); put it first"
+        )
+    return [store[n] for n in names]
+
+
+def _store_bytes(store: dict, exchange) -> int:
+    """Bytes of the resident arrays (an array stored under two names counts once)."""
+    import jax
+
+    unique = {id(x): x for v in store.values() for x in jax.tree_util.tree_leaves(v)}
+    return exchange.nbytes(list(unique.values()))
+
+
+def _run_call(msg, cache, exported, store, jax, exchange):
+    _, cid, path, packet, static, jit, out_shm_name, out_ipc, reads, writes = msg
     t0 = time.perf_counter()
     try:
-        args = exchange.decode(packet, to="jax")
+        args = tuple(_read_store(store, reads)) + tuple(exchange.decode(packet, to="jax"))
         t1 = time.perf_counter()
         key = (path, static, jit)
         fn = cache.get(key)
@@ -192,6 +222,19 @@ def _run_call(msg, cache, exported, jax, exchange):
                 fn = jax.jit(fn)
             cache[key] = fn
         result = jax.block_until_ready(fn(*args))
+        if writes:
+            if not (isinstance(result, tuple) and len(result) == 2):
+                raise TypeError(
+                    f"{path} writes resident values {list(writes)}: it must return (written, outputs), "
+                    f"got {type(result).__name__}"
+                )
+            written, result = result
+            if not isinstance(written, (tuple, list)) or len(written) != len(writes):
+                raise TypeError(
+                    f"{path} writes resident values {list(writes)}: written must be a tuple of "
+                    f"{len(writes)} value(s), got {type(written).__name__}"
+                )
+            store.update(zip(writes, written, strict=True))
         t2 = time.perf_counter()
         out, ob = exchange.encode(result, shm_name=out_shm_name, use_ipc=out_ipc)
         if ob.ipc_ptr is not None:
@@ -207,9 +250,80 @@ def _run_call(msg, cache, exported, jax, exchange):
             "out_shm_bytes": out.shm_bytes,
             "out_ipc_bytes": out.ipc_bytes,
             "out_inline_bytes": out.inline_bytes,
+            "resident_bytes": _store_bytes(store, exchange),
         }
         return ("ok", cid, out, stats)
     except BaseException as e:  # reported to the driver; the worker keeps serving
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         return ("err", cid, type(e).__name__, str(e), traceback.format_exc())
+
+
+def _store_op(op):
+    """Wrap a resident-store operation ``op(msg, exported, store, jax, exchange) -> (value, stats)``
+    into a reply like a call's (errors are reported, the worker keeps serving)."""
+
+    @functools.wraps(op)
+    def run(msg, exported, store, jax, exchange):
+        cid = msg[1]
+        try:
+            packet, stats = op(msg, exported, store, jax, exchange)
+            for way in ("in", "out"):
+                for path in ("shm", "ipc", "inline"):
+                    stats.setdefault(f"{way}_{path}_bytes", 0)
+            stats["resident_bytes"] = _store_bytes(store, exchange)
+            return ("ok", cid, packet, stats)
+        except BaseException as e:
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            return ("err", cid, type(e).__name__, str(e), traceback.format_exc())
+
+    return run
+
+
+def _empty(exchange, value=None):
+    return exchange.Packet(value)
+
+
+@_store_op
+def _put(msg, exported, store, jax, exchange):
+    _, cid, name, packet = msg
+    t0 = time.perf_counter()
+    store[name] = jax.block_until_ready(exchange.decode(packet, to="jax"))
+    return _empty(exchange), {
+        "decode_s": time.perf_counter() - t0,
+        "in_shm_bytes": packet.shm_bytes,
+        "in_ipc_bytes": packet.ipc_bytes,
+        "in_inline_bytes": packet.inline_bytes,
+    }
+
+
+@_store_op
+def _get(msg, exported, store, jax, exchange):
+    _, cid, name, out_shm_name, out_ipc = msg
+    t0 = time.perf_counter()
+    (value,) = _read_store(store, (name,))
+    out, ob = exchange.encode(value, shm_name=out_shm_name, use_ipc=out_ipc)
+    if ob.ipc_ptr is not None:
+        exported[cid] = exchange.Outbound(ipc_ptr=ob.ipc_ptr)
+    return out, {
+        "encode_s": time.perf_counter() - t0,
+        "out_shm_bytes": out.shm_bytes,
+        "out_ipc_bytes": out.ipc_bytes,
+        "out_inline_bytes": out.inline_bytes,
+    }
+
+
+@_store_op
+def _drop(msg, exported, store, jax, exchange):
+    for name in msg[2]:
+        store.pop(name, None)
+    return _empty(exchange), {}
+
+
+@_store_op
+def _list(msg, exported, store, jax, exchange):
+    return _empty(exchange, {n: exchange.nbytes(v) for n, v in store.items()}), {}
+
+
+_STORE_OPS = {"put": _put, "get": _get, "drop": _drop, "list": _list}
