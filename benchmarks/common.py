@@ -36,7 +36,9 @@ def machine_info() -> dict[str, Any]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         if out.returncode == 0:
             info["gpu"] = out.stdout.strip()

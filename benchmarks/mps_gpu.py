@@ -29,7 +29,6 @@ versions, command, every measured point) are written atomically (temp file + ren
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -496,18 +495,9 @@ def versions() -> dict:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    from rose_jax.io import atomic_write_text
+
+    atomic_write_text(str(path), text)
 
 
 def checks(res: dict) -> dict:

@@ -152,17 +152,28 @@ def main(argv=None) -> None:
     brax = run_brax(args, hp)
     ratio = rose["env_steps_per_s"] / brax["env_steps_per_s"]
     info = common.machine_info()
-    result = {"machine": info, "env": args.env, "backend": args.backend, "hyperparameters": hp,
-              "rose_jax": rose, "brax": brax, "ratio_rose_over_brax": ratio}
+    result = {
+        "machine": info,
+        "env": args.env,
+        "backend": args.backend,
+        "hyperparameters": hp,
+        "rose_jax": rose,
+        "brax": brax,
+        "ratio_rose_over_brax": ratio,
+    }
     table = common.markdown_table(
         ["trainer", "env-steps/s (median)", "blocks"],
-        [["rose-jax PPO", rose["env_steps_per_s"], ", ".join(f"{r:,.0f}" for r in rose["blocks"])],
-         ["Brax ppo.train", brax["env_steps_per_s"], ", ".join(f"{r:,.0f}" for r in brax["blocks"])],
-         ["ratio rose/brax", ratio, ""]],
+        [
+            ["rose-jax PPO", rose["env_steps_per_s"], ", ".join(f"{r:,.0f}" for r in rose["blocks"])],
+            ["Brax ppo.train", brax["env_steps_per_s"], ", ".join(f"{r:,.0f}" for r in brax["blocks"])],
+            ["ratio rose/brax", ratio, ""],
+        ],
     )
-    md = (f"# PPO training throughput: {args.env} ({args.backend}), {args.num_envs} envs\n\n"
-          f"{info['date']} on {info.get('gpu', info['devices'])}; jax {info['jax']}, brax {info.get('brax')}, "
-          f"mujoco {info.get('mujoco')}.\nCommand: `{info['command']}`\n\n{table}\n")
+    md = (
+        f"# PPO training throughput: {args.env} ({args.backend}), {args.num_envs} envs\n\n"
+        f"{info['date']} on {info.get('gpu', info['devices'])}; jax {info['jax']}, brax {info.get('brax')}, "
+        f"mujoco {info.get('mujoco')}.\nCommand: `{info['command']}`\n\n{table}\n"
+    )
     if not args.tiny:
         common.write_json(args.out + ".json", result)
         common.atomic_write(args.out + ".md", md)
@@ -172,8 +183,11 @@ def main(argv=None) -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(5, 3))
-        ax.bar(["rose-jax PPO", "Brax ppo.train"], [rose["env_steps_per_s"], brax["env_steps_per_s"]],
-               color=["tab:red", "tab:gray"])
+        ax.bar(
+            ["rose-jax PPO", "Brax ppo.train"],
+            [rose["env_steps_per_s"], brax["env_steps_per_s"]],
+            color=["tab:red", "tab:gray"],
+        )
         ax.set_ylabel("env-steps/s")
         ax.set_title(f"PPO {args.env} ({args.backend}) {args.num_envs} envs")
         common.save_plot(fig, args.out + ".png")

@@ -48,8 +48,15 @@ def main(argv=None) -> None:
     if jax.device_count() < 2:
         raise SystemExit(f"two_gpu: needs >= 2 devices, found {jax.devices()}")
     env = envs.make(args.env, backend=args.backend) if args.backend != "none" else envs.make(args.env)
-    config = ppo.PPOConfig(num_envs=args.num_envs, unroll_length=10, num_minibatches=16, num_epochs=4,
-                           policy_hidden_sizes=(32,) * 4, value_hidden_sizes=(256,) * 5, activation="swish")
+    config = ppo.PPOConfig(
+        num_envs=args.num_envs,
+        unroll_length=10,
+        num_minibatches=16,
+        num_epochs=4,
+        policy_hidden_sizes=(32,) * 4,
+        value_hidden_sizes=(256,) * 5,
+        activation="swish",
+    )
     it = ppo.iteration(config, env)
     state0 = ppo.init(config, env, jax.random.PRNGKey(0))
     per_iter = config.num_envs * config.unroll_length
@@ -61,19 +68,31 @@ def main(argv=None) -> None:
     print(f"{jax.device_count()} devices: {dp_rate:,.0f} env-steps/s", flush=True)
     equal = True
     try:
-        chex.assert_trees_all_close(jax.device_get(dp_state.params), jax.device_get(one_state.params),
-                                    rtol=1e-3, atol=1e-5)
+        chex.assert_trees_all_close(
+            jax.device_get(dp_state.params), jax.device_get(one_state.params), rtol=1e-3, atol=1e-5
+        )
     except AssertionError:
         equal = False
     info = common.machine_info()
-    result = {"machine": info, "num_envs": args.num_envs, "one_device": one_rate, "data_parallel": dp_rate,
-              "devices": jax.device_count(), "ratio": dp_rate / one_rate, "params_equal": equal}
-    table = common.markdown_table(["run", "env-steps/s"], [["1 GPU", one_rate],
-                                                         [f"{jax.device_count()} GPUs", dp_rate],
-                                                         ["ratio", dp_rate / one_rate]])
+    result = {
+        "machine": info,
+        "num_envs": args.num_envs,
+        "one_device": one_rate,
+        "data_parallel": dp_rate,
+        "devices": jax.device_count(),
+        "ratio": dp_rate / one_rate,
+        "params_equal": equal,
+    }
+    table = common.markdown_table(
+        ["run", "env-steps/s"],
+        [["1 GPU", one_rate], [f"{jax.device_count()} GPUs", dp_rate], ["ratio", dp_rate / one_rate]],
+    )
     common.write_json(args.out + ".json", result)
-    common.atomic_write(args.out + ".md", f"# PPO {args.env}: 1 vs {jax.device_count()} GPUs\n\n"
-                        f"{info['date']}, {info.get('gpu')}\n\n{table}\n\nparams equal: {equal}\n")
+    common.atomic_write(
+        args.out + ".md",
+        f"# PPO {args.env}: 1 vs {jax.device_count()} GPUs\n\n"
+        f"{info['date']}, {info.get('gpu')}\n\n{table}\n\nparams equal: {equal}\n",
+    )
     print(table)
 
 

@@ -16,7 +16,7 @@ def make_pendulum(episode_length: int = 200, reset_mode: str = "sample") -> Env:
 
     A random policy scores about -1200 per 200-step episode; a good one above -200.
     """
-    g, m, l, dt, max_speed, max_torque = 10.0, 1.0, 1.0, 0.05, 8.0, 2.0
+    g, m, length, dt, max_speed, max_torque = 10.0, 1.0, 1.0, 0.05, 8.0, 2.0
 
     def obs_of(s):
         th, thdot = s[0], s[1]
@@ -31,7 +31,11 @@ def make_pendulum(episode_length: int = 200, reset_mode: str = "sample") -> Env:
         u = jnp.clip(action[0], -1.0, 1.0) * max_torque
         th_norm = ((th + jnp.pi) % (2 * jnp.pi)) - jnp.pi
         cost = th_norm**2 + 0.1 * thdot**2 + 0.001 * u**2
-        thdot = jnp.clip(thdot + (3 * g / (2 * l) * jnp.sin(th) + 3.0 / (m * l**2) * u) * dt, -max_speed, max_speed)
+        thdot = jnp.clip(
+            thdot + (3 * g / (2 * length) * jnp.sin(th) + 3.0 / (m * length**2) * u) * dt,
+            -max_speed,
+            max_speed,
+        )
         s = jnp.stack([th + thdot * dt, thdot])
         return s, obs_of(s), -cost, jnp.zeros((), jnp.bool_)
 
@@ -60,7 +64,9 @@ def make_cartpole(episode_length: int = 500, reset_mode: str = "sample") -> Env:
         temp = (force + pole_ml * theta_dot**2 * sin) / total_mass
         theta_acc = (gravity * sin - cos * temp) / (half_len * (4.0 / 3.0 - m_pole * cos**2 / total_mass))
         x_acc = temp - pole_ml * theta_acc * cos / total_mass
-        s = jnp.stack([x + dt * x_dot, x_dot + dt * x_acc, theta + dt * theta_dot, theta_dot + dt * theta_acc])
+        s = jnp.stack(
+            [x + dt * x_dot, x_dot + dt * x_acc, theta + dt * theta_dot, theta_dot + dt * theta_acc]
+        )
         terminal = (jnp.abs(s[0]) > x_limit) | (jnp.abs(s[2]) > theta_limit)
         return s, s.astype(jnp.float32), jnp.ones((), jnp.float32), terminal
 

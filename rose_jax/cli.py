@@ -21,11 +21,26 @@ from typing import Any, Sequence
 
 # Defaults of the no-argument job, per platform: small enough to finish in < 2 minutes on a 2-core CPU
 # and visibly learn; on a GPU a real MJX task.
-CPU_DEFAULT = dict(env="cartpole", algo="ppo", steps=400_000,
-                   overrides=dict(num_envs=64, unroll_length=32, num_minibatches=8, num_epochs=4))
-GPU_DEFAULT = dict(env="ant", algo="ppo", steps=20_000_000,
-                   overrides=dict(num_envs=4096, unroll_length=10, num_minibatches=16, num_epochs=4,
-                                  reward_scaling=10.0, entropy_cost=1e-2, discounting=0.97))
+CPU_DEFAULT = dict(
+    env="cartpole",
+    algo="ppo",
+    steps=400_000,
+    overrides=dict(num_envs=64, unroll_length=32, num_minibatches=8, num_epochs=4),
+)
+GPU_DEFAULT = dict(
+    env="ant",
+    algo="ppo",
+    steps=20_000_000,
+    overrides=dict(
+        num_envs=4096,
+        unroll_length=10,
+        num_minibatches=16,
+        num_epochs=4,
+        reward_scaling=10.0,
+        entropy_cost=1e-2,
+        discounting=0.97,
+    ),
+)
 
 
 def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -107,7 +122,9 @@ def cmd_train(args) -> int:
     steps = args.steps if args.steps is not None else default["steps"]
     if steps <= 0:
         raise SystemExit(f"rose-jax: --steps must be > 0, got {steps}")
-    overrides = dict(default["overrides"]) if (env_name, algo_name) == (default["env"], default["algo"]) else {}
+    overrides = (
+        dict(default["overrides"]) if (env_name, algo_name) == (default["env"], default["algo"]) else {}
+    )
     overrides.update(_parse_overrides(args.set))
     env = _make_env(env_name, args.backend)
     try:
@@ -120,8 +137,14 @@ def cmd_train(args) -> int:
     from tqdm import tqdm
 
     history: list[dict] = []
-    bar = tqdm(total=steps, unit="step", unit_scale=True, dynamic_ncols=True, file=sys.stdout,
-               mininterval=1.0 if sys.stdout.isatty() else 10.0)
+    bar = tqdm(
+        total=steps,
+        unit="step",
+        unit_scale=True,
+        dynamic_ncols=True,
+        file=sys.stdout,
+        mininterval=1.0 if sys.stdout.isatty() else 10.0,
+    )
     t0 = time.perf_counter()
 
     def progress(env_steps: int, metrics) -> None:
@@ -132,8 +155,11 @@ def cmd_train(args) -> int:
 
     train_kwargs = dict(num_timesteps=steps, seed=args.seed, progress_fn=progress, **overrides)
     if args.checkpoint_every:
-        train_kwargs.update(checkpoint_dir=os.path.join(os.path.abspath(run_dir), "checkpoints"),
-                            checkpoint_every=args.checkpoint_every, resume=args.resume)
+        train_kwargs.update(
+            checkpoint_dir=os.path.join(os.path.abspath(run_dir), "checkpoints"),
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+        )
     if args.optimize:
         from rose_jax import optimize as rj_optimize
 
@@ -147,9 +173,11 @@ def cmd_train(args) -> int:
     atomic_write_text(os.path.join(run_dir, "metrics.json"), json.dumps(history, indent=1) + "\n")
     _plot_curve(history, os.path.join(run_dir, "learning_curve.png"), f"{algo_name} on {env_name}")
     last = history[-1] if history else {}
-    print(f"done: {int(last.get('env_steps', 0)):,} env steps in {time.perf_counter() - t0:.1f}s, "
-          f"mean episode return {last.get('episode_return', float('nan')):.1f}; "
-          f"wrote {run_dir}/metrics.json and learning_curve.png")
+    print(
+        f"done: {int(last.get('env_steps', 0)):,} env steps in {time.perf_counter() - t0:.1f}s, "
+        f"mean episode return {last.get('episode_return', float('nan')):.1f}; "
+        f"wrote {run_dir}/metrics.json and learning_curve.png"
+    )
     return 0
 
 
@@ -214,7 +242,9 @@ def cmd_profile(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rose-jax", description="GPU-resident RL training, traced and overlapped.")
+    p = argparse.ArgumentParser(
+        prog="rose-jax", description="GPU-resident RL training, traced and overlapped."
+    )
     sub = p.add_subparsers(dest="command")
 
     t = sub.add_parser("train", help="train an agent (the default command)")
@@ -230,8 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--optimize", action="store_true", help="apply (or search for) a rose-jax plan")
     t.set_defaults(func=cmd_train)
 
-    for name, func, helptext in (("inspect", cmd_inspect, "print the traced loop tree of one iteration"),
-                                 ("profile", cmd_profile, "profile one iteration on the GPU")):
+    for name, func, helptext in (
+        ("inspect", cmd_inspect, "print the traced loop tree of one iteration"),
+        ("profile", cmd_profile, "profile one iteration on the GPU"),
+    ):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--env", required=True)
         s.add_argument("--algo", choices=["ppo", "sac"], default="ppo")

@@ -101,7 +101,10 @@ def per_device_worker_specs(specs: Sequence[Any], num_devices: int) -> list[list
         group = []
         for spec in specs:
             env = tuple(kv for kv in spec.env if kv[0] != "CUDA_VISIBLE_DEVICES")
-            group.append(dataclasses.replace(spec, name=f"{spec.name}.gpu{d}",
-                                             env=env + (("CUDA_VISIBLE_DEVICES", str(d)),)))
+            group.append(
+                dataclasses.replace(
+                    spec, name=f"{spec.name}.gpu{d}", env=env + (("CUDA_VISIBLE_DEVICES", str(d)),)
+                )
+            )
         out.append(group)
     return out

@@ -18,6 +18,7 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; results are ordinary files
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -9,8 +9,25 @@ from rose_jax import cli
 
 def test_train_writes_metrics_and_curve(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    rc = cli.main(["train", "--env", "cartpole", "--algo", "ppo", "--steps", "8192", "--run-dir", str(run_dir),
-                   "--set", "num_envs=16", "--set", "unroll_length=32", "--set", "num_minibatches=4"])
+    rc = cli.main(
+        [
+            "train",
+            "--env",
+            "cartpole",
+            "--algo",
+            "ppo",
+            "--steps",
+            "8192",
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "num_envs=16",
+            "--set",
+            "unroll_length=32",
+            "--set",
+            "num_minibatches=4",
+        ]
+    )
     assert rc == 0
     history = json.loads((run_dir / "metrics.json").read_text())
     assert history and history[-1]["env_steps"] >= 8192
@@ -37,8 +54,23 @@ def test_bad_input_is_one_clear_line(argv, message, tmp_path):
 
 def test_inspect_prints_the_loop_tree(tmp_path, capsys):
     out = tmp_path / "tree.json"
-    rc = cli.main(["inspect", "--env", "pendulum", "--algo", "ppo", "--set", "num_envs=8",
-                   "--set", "unroll_length=4", "--set", "num_minibatches=2", "--json", str(out)])
+    rc = cli.main(
+        [
+            "inspect",
+            "--env",
+            "pendulum",
+            "--algo",
+            "ppo",
+            "--set",
+            "num_envs=8",
+            "--set",
+            "unroll_length=4",
+            "--set",
+            "num_minibatches=2",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     for name in ("rollout", "policy", "sim", "advantage", "update", "loss", "optimizer"):

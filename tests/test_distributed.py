@@ -33,14 +33,16 @@ SCRIPT = textwrap.dedent(
     par = distributed.shard_state(state0, mesh)
     kernel = par.params.policy["params"]["hidden_0"]["kernel"]
     assert kernel.sharding.is_fully_replicated
-    assert len(par.env_state.obs.sharding.device_set) == 4 and not par.env_state.obs.sharding.is_fully_replicated
+    obs_sharding = par.env_state.obs.sharding
+    assert len(obs_sharding.device_set) == 4 and not obs_sharding.is_fully_replicated
     step = distributed.data_parallel(it, par, mesh)
     for _ in range(3):
         par, metrics = step(par)
     assert len(par.env_state.obs.sharding.device_set) == 4  # the env batch stays split
     chex.assert_trees_all_close(jax.device_get(par.params), jax.device_get(ref.params), rtol=2e-4, atol=2e-6)
     # and the run really differs from the initial parameters (the comparison is not vacuous)
-    d = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), jax.device_get(ref.params), jax.device_get(state0.params))
+    d = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))),
+                     jax.device_get(ref.params), jax.device_get(state0.params))
     assert max(jax.tree.leaves(d)) > 1e-4
     try:
         distributed.shard_state(ppo.init(ppo.PPOConfig(num_envs=6, unroll_length=8, num_minibatches=4), env,

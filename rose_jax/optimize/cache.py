@@ -12,10 +12,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from typing import Any, Callable
 
 import jax
+
+from rose_jax.io import atomic_write_text
 
 CACHE_FILE = "plans.json"
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
@@ -75,15 +76,5 @@ def store(cache_dir: str, key: str, entry: dict) -> str:
     data = load(cache_dir)
     data[key] = entry
     path = os.path.join(cache_dir, CACHE_FILE)
-    fd, tmp = tempfile.mkstemp(prefix=".plans.", suffix=".json", dir=cache_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
     return path

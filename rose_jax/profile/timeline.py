@@ -11,10 +11,11 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
+
+from rose_jax.io import atomic_write_text
 
 SOURCES = ("gpm", "utilization")
 
@@ -246,18 +247,7 @@ class Timeline:
     def save(self, path: str | os.PathLike) -> str:
         """Write JSON atomically (temporary file in the same directory, then ``os.replace``)."""
         path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".timeline-", suffix=".json.tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json(indent=1))
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600 files
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write_text(path, self.to_json(indent=1))
         return path
 
     @classmethod

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
+from rose_jax.io import atomic_write_text
 from rose_jax.trace.tree import Cost, LoopTree, Node
 
 
@@ -97,17 +97,7 @@ def to_json(tree: LoopTree) -> dict[str, Any]:
 def save_json(tree: LoopTree, path: str | os.PathLike) -> str:
     """Write :func:`to_json` to ``path`` atomically (temporary file, then rename)."""
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(to_json(tree), f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, json.dumps(to_json(tree), indent=1))
     return path
 
 
