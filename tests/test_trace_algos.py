@@ -152,4 +152,8 @@ def test_tracing_a_ppo_iteration_on_mjx_ant_is_fast():
     assert seconds < 10.0, f"tracing took {seconds:.1f} s"
     sim = find(tree, "rollout/sim")
     assert sim.reads and not {p for p in sim.reads if "opt_state" in p}
-    assert any(n.kind in ("scan", "while") for n in sim.walk() if n is not sim)  # MJX's inner loops
+    # the physics substeps: Brax's ant steps MJX n_frames = 5 times per env step, as a scan inside sim
+    substeps = [n for n in sim.children if n.kind == "scan"]
+    assert [n.trip_count for n in substeps] == [5], [(n.kind, n.name, n.trip_count) for n in sim.children]
+    assert any("pipeline_state.qpos" in p for p in substeps[0].writes)
+    assert find(tree, "rollout").children[0].trip_count == config.unroll_length
