@@ -533,6 +533,73 @@ def _check_state(config: PPOConfig, env: Env, state: TrainState) -> None:
             )
 
 
+def learn(
+    nets: "Networks", config: PPOConfig, state: TrainState, env_state: EnvState, data: Transition
+) -> tuple[TrainState, Metrics]:
+    """Everything of an iteration after its rollout: normalizer, advantage (GAE), update, counters.
+
+    ``state`` is the TrainState the rollout started from; ``env_state`` and ``data`` are
+    :func:`rollout`'s outputs. ``iteration`` is ``rollout`` then ``learn``; other schedules of the
+    rollout (e.g. env groups in several processes) reuse this unchanged.
+    """
+    _, update_key, key = jax.random.split(state.key, 3)
+    normalizer = state.normalizer
+    if config.normalize_observations:
+        with rose_jax.component("normalizer"):
+            normalizer = normalize.update(normalizer, data.obs)
+
+    with rose_jax.component("advantage"):
+        all_obs = _normalized(config, normalizer, jnp.concatenate([data.obs, env_state.obs[None]], axis=0))
+        values = nets.value(state.params.value, all_obs)  # (T + 1, N), one batched pass
+        target, advantage = compute_gae(
+            data.reward * config.reward_scaling,
+            values[:-1],
+            values[-1],
+            data.done,
+            data.truncated,
+            config.discounting,
+            config.gae_lambda,
+        )
+
+    def flat(x):
+        return x.reshape((config.steps_per_iteration,) + x.shape[2:])
+
+    batch = Batch(
+        flat(all_obs[:-1]), flat(data.raw_action), flat(data.log_prob), flat(advantage), flat(target)
+    )
+    params, opt_state, loss_metrics, grad_norm = update(
+        nets, config, state.params, state.opt_state, batch, update_key
+    )
+
+    env_steps = state.env_steps + config.steps_per_iteration
+    finished = env_state.episodes > 0
+    num_finished = jnp.sum(finished)
+    episode_return = jnp.where(
+        num_finished > 0,
+        jnp.sum(jnp.where(finished, env_state.last_episode_return, 0.0)) / jnp.maximum(num_finished, 1),
+        jnp.nan,
+    )
+    metrics = Metrics(
+        env_steps=env_steps,
+        iteration=state.iteration + 1,
+        reward=jnp.mean(data.reward),
+        episode_return=episode_return,
+        episodes=jnp.sum(data.done),
+        grad_norm=grad_norm,
+        **loss_metrics._asdict(),
+    )
+    new_state = TrainState(
+        params=params,
+        opt_state=opt_state,
+        normalizer=normalizer,
+        env_state=env_state,
+        key=key,
+        env_steps=env_steps,
+        iteration=state.iteration + 1,
+    )
+    return new_state, metrics
+
+
 def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
     """One PPO iteration ``state -> (state, metrics)``: pure and jittable (jit it once, donate the state)."""
     config.validate(env)
@@ -540,69 +607,11 @@ def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[Train
 
     def iterate(state: TrainState) -> tuple[TrainState, Metrics]:
         _check_state(config, env, state)
-        rollout_key, update_key, key = jax.random.split(state.key, 3)
-
+        rollout_key, _, _ = jax.random.split(state.key, 3)
         env_state, data = rollout(
             nets, config, env, state.params.policy, state.normalizer, state.env_state, rollout_key
         )
-
-        normalizer = state.normalizer
-        if config.normalize_observations:
-            with rose_jax.component("normalizer"):
-                normalizer = normalize.update(normalizer, data.obs)
-
-        with rose_jax.component("advantage"):
-            all_obs = _normalized(
-                config, normalizer, jnp.concatenate([data.obs, env_state.obs[None]], axis=0)
-            )
-            values = nets.value(state.params.value, all_obs)  # (T + 1, N), one batched pass
-            target, advantage = compute_gae(
-                data.reward * config.reward_scaling,
-                values[:-1],
-                values[-1],
-                data.done,
-                data.truncated,
-                config.discounting,
-                config.gae_lambda,
-            )
-
-        def flat(x):
-            return x.reshape((config.steps_per_iteration,) + x.shape[2:])
-
-        batch = Batch(
-            flat(all_obs[:-1]), flat(data.raw_action), flat(data.log_prob), flat(advantage), flat(target)
-        )
-        params, opt_state, loss_metrics, grad_norm = update(
-            nets, config, state.params, state.opt_state, batch, update_key
-        )
-
-        env_steps = state.env_steps + config.steps_per_iteration
-        finished = env_state.episodes > 0
-        num_finished = jnp.sum(finished)
-        episode_return = jnp.where(
-            num_finished > 0,
-            jnp.sum(jnp.where(finished, env_state.last_episode_return, 0.0)) / jnp.maximum(num_finished, 1),
-            jnp.nan,
-        )
-        metrics = Metrics(
-            env_steps=env_steps,
-            iteration=state.iteration + 1,
-            reward=jnp.mean(data.reward),
-            episode_return=episode_return,
-            episodes=jnp.sum(data.done),
-            grad_norm=grad_norm,
-            **loss_metrics._asdict(),
-        )
-        new_state = TrainState(
-            params=params,
-            opt_state=opt_state,
-            normalizer=normalizer,
-            env_state=env_state,
-            key=key,
-            env_steps=env_steps,
-            iteration=state.iteration + 1,
-        )
-        return new_state, metrics
+        return learn(nets, config, state, env_state, data)
 
     return iterate
 

@@ -151,63 +151,9 @@ def ppo_pipelined_iteration(config, env, groups: int = GROUPS) -> Callable:
         return _concat(state_a, state_b), _concat(tr_a, tr_b, axis=1)  # (N, ...), (T, N, ...)
 
     def iterate(state):
-        rollout_key, update_key, key = jax.random.split(state.key, 3)
+        rollout_key, _, _ = jax.random.split(state.key, 3)
         env_state, data = rollout(state.params.policy, state.normalizer, state.env_state, rollout_key)
-
-        normalizer = state.normalizer
-        if config.normalize_observations:
-            with rose_jax.component("normalizer"):
-                normalizer = normalize.update(normalizer, data.obs)
-
-        with rose_jax.component("advantage"):
-            all_obs = normalized(normalizer, jnp.concatenate([data.obs, env_state.obs[None]], axis=0))
-            values = nets.value(state.params.value, all_obs)
-            target, advantage = ppo.compute_gae(
-                data.reward * config.reward_scaling,
-                values[:-1],
-                values[-1],
-                data.done,
-                data.truncated,
-                config.discounting,
-                config.gae_lambda,
-            )
-
-        def flat(x):
-            return x.reshape((config.steps_per_iteration,) + x.shape[2:])
-
-        batch = ppo.Batch(
-            flat(all_obs[:-1]), flat(data.raw_action), flat(data.log_prob), flat(advantage), flat(target)
-        )
-        params, opt_state, loss_metrics, grad_norm = ppo.update(
-            nets, config, state.params, state.opt_state, batch, update_key
-        )
-        env_steps = state.env_steps + config.steps_per_iteration
-        finished = env_state.episodes > 0
-        num_finished = jnp.sum(finished)
-        episode_return = jnp.where(
-            num_finished > 0,
-            jnp.sum(jnp.where(finished, env_state.last_episode_return, 0.0)) / jnp.maximum(num_finished, 1),
-            jnp.nan,
-        )
-        metrics = ppo.Metrics(
-            env_steps=env_steps,
-            iteration=state.iteration + 1,
-            reward=jnp.mean(data.reward),
-            episode_return=episode_return,
-            episodes=jnp.sum(data.done),
-            grad_norm=grad_norm,
-            **loss_metrics._asdict(),
-        )
-        new_state = state.replace(
-            params=params,
-            opt_state=opt_state,
-            normalizer=normalizer,
-            env_state=env_state,
-            key=key,
-            env_steps=env_steps,
-            iteration=state.iteration + 1,
-        )
-        return new_state, metrics
+        return ppo.learn(nets, config, state, env_state, data)  # ppo.iteration's own second half
 
     return iterate
 

@@ -495,65 +495,11 @@ def ppo_program(
         return finish(state, env_state, transitions)
 
     def learn(state, data):
-        # ppo.iteration after its rollout, line for line (tests check equality with it)
+        # ppo.iteration after its rollout: ppo.learn itself. The env state stays the one collect put
+        # into ``state`` (in processes mode a resident-env marker), not the one carried in ``data``.
         transitions, env_state = data
-        _, update_key, key = jax.random.split(state.key, 3)
-        normalizer = state.normalizer
-        if config.normalize_observations:
-            with rose_jax.component("normalizer"):
-                normalizer = normalize.update(normalizer, transitions.obs)
-        with rose_jax.component("advantage"):
-            all_obs = normalized(normalizer, jnp.concatenate([transitions.obs, env_state.obs[None]], axis=0))
-            values = nets.value(state.params.value, all_obs)
-            target, advantage = ppo.compute_gae(
-                transitions.reward * config.reward_scaling,
-                values[:-1],
-                values[-1],
-                transitions.done,
-                transitions.truncated,
-                config.discounting,
-                config.gae_lambda,
-            )
-
-        def flat(x):
-            return x.reshape((config.steps_per_iteration,) + x.shape[2:])
-
-        batch = ppo.Batch(
-            flat(all_obs[:-1]),
-            flat(transitions.raw_action),
-            flat(transitions.log_prob),
-            flat(advantage),
-            flat(target),
-        )
-        params, opt_state, loss_metrics, grad_norm = ppo.update(
-            nets, config, state.params, state.opt_state, batch, update_key
-        )
-        env_steps = state.env_steps + config.steps_per_iteration
-        finished = env_state.episodes > 0
-        num_finished = jnp.sum(finished)
-        episode_return = jnp.where(
-            num_finished > 0,
-            jnp.sum(jnp.where(finished, env_state.last_episode_return, 0.0)) / jnp.maximum(num_finished, 1),
-            jnp.nan,
-        )
-        metrics = ppo.Metrics(
-            env_steps=env_steps,
-            iteration=state.iteration + 1,
-            reward=jnp.mean(transitions.reward),
-            episode_return=episode_return,
-            episodes=jnp.sum(transitions.done),
-            grad_norm=grad_norm,
-            **loss_metrics._asdict(),
-        )
-        new_state = state.replace(
-            params=params,
-            opt_state=opt_state,
-            normalizer=normalizer,
-            key=key,
-            env_steps=env_steps,
-            iteration=state.iteration + 1,
-        )
-        return new_state, metrics
+        new_state, metrics = ppo.learn(nets, config, state, env_state, transitions)
+        return new_state.replace(env_state=state.env_state), metrics
 
     spec = None
     if env_name is not None:
