@@ -17,6 +17,9 @@ the GPU, one more call per variant runs under :class:`rose_jax.profile.Sampler` 
 activity (so the sampler never perturbs the timed blocks). Results: ``benchmarks/results/suite/
 <suite>/results.{json,md,png}`` (``part-i-of-n.*`` for a part, merged into ``results.*``).
 
+Three phases (:func:`run_rows`): every row's setup and its (b)/(c) compiles, ``--compile-workers``
+rows at a time (nothing is timed meanwhile); then row by row (d)'s search and the timed runs of
+(b), (d), (c); then the Brax runs (a), cheapest first, so a budget cuts SAC's Brax run first.
 A row's variants run in :data:`benchmarks.suite.RUN_ORDER`; with a time budget (``--budget-s``,
 default the suite's) a variant whose estimated cost no longer fits is skipped and recorded as
 ``skipped``; an exception in one variant is recorded as ``error`` and the suite goes on.
@@ -66,8 +69,8 @@ class Context:
             return 1.0
         return min(3.0, max(0.3, statistics.median(a / e for a, e in self.observed if e > 0)))
 
-    def estimate(self, w: S.Workload, variant: str) -> float:
-        return S.estimate_s(w, variant, self.gpu) * self.scale()
+    def estimate(self, w: S.Workload, variant: str, precompiled: bool = False) -> float:
+        return S.estimate_s(w, variant, self.gpu, precompiled) * self.scale()
 
     def fits(self, estimate_s: float) -> bool:
         return self.budget_s is None or self.elapsed() + estimate_s <= self.budget_s
@@ -253,6 +256,10 @@ class Row:
     reference_params: Any = None  # (b)'s parameters after its first call
     # (b)'s compiled K-iteration loop, reused by (d) when its plan is empty
     single_jit_loop: Callable | None = None
+    # ahead-of-time compiled loops of (b) / (c) (see precompile): variant -> callable, seconds, error
+    compiled: dict = dataclasses.field(default_factory=dict)
+    compile_s: dict = dataclasses.field(default_factory=dict)
+    compile_error: dict = dataclasses.field(default_factory=dict)
 
     @property
     def steps_per_call(self) -> int:
@@ -270,14 +277,48 @@ class Prepared:
     metrics: Any = None
 
 
+def _loop(row: Row, variant: str) -> Callable:
+    """The jitted (not yet compiled) K-iteration loop of (b) or (c)."""
+    from benchmarks import baselines
+
+    if variant == "single_jit":
+        it = row.algo.iteration(row.config, row.env)
+    else:
+        it = baselines.pipelined_iteration(row.w.algo, row.config, row.env, row.w.groups)
+    return baselines.single_jit_loop(it, row.w.iterations_per_block)
+
+
+def precompile(row: Row, variant: str) -> None:
+    """Compile (b)'s or (c)'s loop ahead of time for ``row.state0`` (``jit(...).lower(...).compile()``).
+
+    Stores the compiled callable (same program, same donation as the jitted loop) and the compile
+    seconds in the row; on failure records why, and the variant compiles at its first call instead.
+    """
+    t = time.perf_counter()
+    try:
+        row.compiled[variant] = _loop(row, variant).lower(row.state0).compile()
+    except Exception as e:  # noqa: BLE001 - the variant falls back to compiling at its first call
+        row.compile_error[variant] = _one_line(e)
+    row.compile_s[variant] = time.perf_counter() - t
+
+
 def _warm(row: Row, variant: str, call: Callable, extra: dict | None = None) -> Prepared:
-    """The first (compiling) call from a copy of the initial state; equality of params vs (b)'s."""
+    """The first call (compiling unless compiled ahead) from a copy of the initial state; params vs (b)'s.
+
+    ``warmup_s`` is compile + first call: an ahead-of-time compile's seconds are included (and
+    also recorded as ``precompile_s``; they ran concurrently with other rows' compiles).
+    """
     import jax
 
+    extra = dict(extra or {})
+    if variant in row.compile_s:
+        extra["precompile_s"] = row.compile_s[variant]
+        if variant in row.compile_error:
+            extra["precompile_error"] = row.compile_error[variant]
     t = time.perf_counter()
     state, metrics = call(_copy(row.state0))
     jax.block_until_ready(state)
-    record = {"status": "ok", "warmup_s": time.perf_counter() - t, **(extra or {})}
+    record = {"status": "ok", "warmup_s": time.perf_counter() - t + extra.get("precompile_s", 0.0), **extra}
     first = _params(row.w.algo, state)
     if variant == "single_jit":
         row.reference_params = first
@@ -287,23 +328,14 @@ def _warm(row: Row, variant: str, call: Callable, extra: dict | None = None) -> 
 
 
 def prepare_single_jit(row: Row, ctx: Context) -> Prepared:
-    from benchmarks import baselines
-
-    loop = baselines.single_jit_loop(row.algo.iteration(row.config, row.env), row.w.iterations_per_block)
+    loop = row.compiled.get("single_jit") or _loop(row, "single_jit")
     row.single_jit_loop = loop
     return _warm(row, "single_jit", loop)
 
 
 def prepare_hand_pipelined(row: Row, ctx: Context) -> Prepared:
-    from benchmarks import baselines
-
-    it = baselines.pipelined_iteration(row.w.algo, row.config, row.env, row.w.groups)
-    return _warm(
-        row,
-        "hand_pipelined",
-        baselines.single_jit_loop(it, row.w.iterations_per_block),
-        {"groups": row.w.groups},
-    )
+    loop = row.compiled.get("hand_pipelined") or _loop(row, "hand_pipelined")
+    return _warm(row, "hand_pipelined", loop, {"groups": row.w.groups})
 
 
 def _program(row: Row):
@@ -504,6 +536,7 @@ def run_brax(row: Row, ctx: Context) -> dict:
 
 
 LABEL = S.LABELS
+DEFAULT_WORKERS = 4  # concurrent row setups / compiles on a GPU host (the H200 host has 16 cores)
 PREPARE = {
     "single_jit": prepare_single_jit,
     "rose_jax": prepare_rose_jax,
@@ -524,28 +557,27 @@ def _skip(out: dict, v: str, ctx: Context, estimate: float) -> bool:
     return True
 
 
-def run_workload(w: S.Workload, ctx: Context, index: str = "") -> dict:
-    """Measure every variant of ``w``; returns the row's JSON record (never raises for a variant).
-
-    Device-resident variants (b), (d), (c) are compiled and warmed up one after the other, then
-    timed in turns (one call of each per round); Brax (a) runs its own training loop last.
-    """
-    import jax
-
-    import algos
-
-    out: dict[str, Any] = {
+def new_record(w: S.Workload) -> dict:
+    """A row's JSON record before anything ran."""
+    return {
         "name": w.name,
         "workload": w.to_json(),
         "env_steps_per_iteration": w.env_steps_per_iteration,
         "variants": {},
     }
-    ctx.log(
-        f"[{ctx.suite} {index}] {w.name}: {w.algo} on {w.env}"
-        + (f" ({w.backend})" if w.backend else "")
-        + f", {w.num_envs} envs, {w.env_steps_per_iteration} "
-        f"env-steps/iteration, K={w.iterations_per_block} x {w.blocks} blocks; elapsed {ctx.elapsed():.0f}s"
-    )
+
+
+def setup_row(
+    w: S.Workload, out: dict, ctx: Context, precompiled: Sequence[str] = S.PRECOMPILED
+) -> Row | None:
+    """Phase 1 of a row (thread-safe): env, config, initial state, then (b)/(c) compiled ahead of time.
+
+    Returns None (and records the error in ``out``) when the row cannot even start.
+    """
+    import jax
+
+    import algos
+
     t = time.perf_counter()
     try:
         env = w.make_env()
@@ -558,14 +590,61 @@ def run_workload(w: S.Workload, ctx: Context, index: str = "") -> dict:
         out["error"] = _one_line(e)
         for v in w.variants:
             out["variants"][v] = {"status": "error", "error": f"setup failed: {out['error']}"}
-        ctx.log(f"    setup failed: {out['error']}")
-        return out
+        ctx.log(f"    {w.name}: setup failed: {out['error']}")
+        return None
     out["setup_s"] = time.perf_counter() - t
     row = Row(w, env, config, algo, state0)
+    for v in [v for v in S.RUN_ORDER if v in w.variants and v in precompiled]:
+        precompile(row, v)
+    ctx.log(
+        f"    {w.name}: setup {out['setup_s']:.1f}s"
+        + "".join(
+            f"; {LABEL[v].split()[0]} compiled in {row.compile_s[v]:.1f}s"
+            + (
+                f" (failed, compiles at its first call: {row.compile_error[v]})"
+                if v in row.compile_error
+                else ""
+            )
+            for v in row.compile_s
+        )
+    )
+    return row
 
+
+def setup_rows(rows: Sequence[S.Workload], outs: list[dict], ctx: Context, workers: int) -> list[Row | None]:
+    """Phase 1 for every row, ``workers`` rows at a time (threads: XLA compiles release the GIL).
+
+    Nothing is timed while this runs; every compile has finished when it returns.
+    """
+    ctx.log(
+        f"[{ctx.suite} precompile] setup and (b)/(c) compiles of {len(rows)} rows, "
+        f"{workers} at a time; elapsed {ctx.elapsed():.0f}s"
+    )
+    t = time.perf_counter()
+    if workers <= 1 or len(rows) <= 1:
+        built = [setup_row(w, out, ctx) for w, out in zip(rows, outs, strict=True)]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(workers, len(rows)), thread_name_prefix="precompile") as pool:
+            futures = [pool.submit(setup_row, w, out, ctx) for w, out in zip(rows, outs, strict=True)]
+            built = [f.result() for f in futures]
+    ctx.log(f"    precompile phase: {time.perf_counter() - t:.1f}s")
+    return built
+
+
+def measure_row(row: Row, out: dict, ctx: Context, index: str = "") -> dict:
+    """Phase 2 of a row: (d)'s search, then (b), (d), (c) warmed up and timed in turns (no Brax)."""
+    w = row.w
+    ctx.log(
+        f"[{ctx.suite} {index}] {w.name}: {w.algo} on {w.env}"
+        + (f" ({w.backend})" if w.backend else "")
+        + f", {w.num_envs} envs, {w.env_steps_per_iteration} "
+        f"env-steps/iteration, K={w.iterations_per_block} x {w.blocks} blocks; elapsed {ctx.elapsed():.0f}s"
+    )
     prepared: list[Prepared] = []
     for v in [v for v in S.RUN_ORDER if v in w.variants and v in PREPARE]:
-        estimate = ctx.estimate(w, v)
+        estimate = ctx.estimate(w, v, precompiled=v in row.compiled)
         if _skip(out, v, ctx, estimate):
             continue
         t = time.perf_counter()
@@ -574,6 +653,7 @@ def run_workload(w: S.Workload, ctx: Context, index: str = "") -> dict:
             prepared.append(p)
             ctx.log(
                 f"    {LABEL[v]}: compiled and warmed up in {p.record['warmup_s']:.1f}s"
+                + (" (compiled ahead)" if "precompile_s" in p.record and v in row.compiled else "")
                 + (f" (search {p.record['search_wall_s']:.1f}s)" if "search_wall_s" in p.record else "")
             )
         except Exception as e:  # noqa: BLE001 - one failing variant must not lose the others
@@ -582,40 +662,97 @@ def run_workload(w: S.Workload, ctx: Context, index: str = "") -> dict:
             ctx.log(f"    {LABEL[v]}: ERROR {p.record['error']}")
         p.record["prepare_wall_s"] = time.perf_counter() - t
         p.record["estimated_s"] = estimate
-        if p.record["status"] == "ok":
-            ctx.observed.append((p.record["prepare_wall_s"], S.estimate_s(w, v, ctx.gpu)))
+        if p.record["status"] == "ok" and v not in row.compiled:  # the model's compile part is testable
+            ctx.observed.append((p.record["prepare_wall_s"], S.compile_s(w, v, ctx.gpu)))
         out["variants"][v] = p.record
     time_in_turns([p for p in prepared if p.record["status"] == "ok"], row, ctx)
     for p in prepared:
         out["variants"][p.variant] = finish(p, row, ctx)
     del prepared
+    release(row)
+    return finalize(out, ctx, log=not any(v == "brax" for v in w.variants))
+
+
+def release(row: Row) -> None:
+    """Drop a row's device state and compiled programs (its Brax run needs only the workload and config)."""
     row.single_jit_loop = None
+    row.compiled.clear()
+    row.state0 = None
     gc.collect()
 
-    if "brax" in w.variants:
-        estimate = ctx.estimate(w, "brax")
-        if not _skip(out, "brax", ctx, estimate):
-            t = time.perf_counter()
-            try:
-                rec = run_brax(row, ctx)
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc(file=sys.stderr)
-                rec = {"status": "error", "error": _one_line(e)}
-                ctx.log(f"    {LABEL['brax']}: ERROR {rec['error']}")
-            rec["wall_s"] = time.perf_counter() - t
-            rec["estimated_s"] = estimate
-            if rec["status"] == "ok":
-                ctx.observed.append((rec["wall_s"], S.estimate_s(w, "brax", ctx.gpu)))
-            out["variants"]["brax"] = rec
+
+def brax_row(row: Row, out: dict, ctx: Context, index: str = "") -> dict:
+    """Phase 3 of a row: Brax's own trainer (a), if the budget still fits it."""
+    w = row.w
+    ctx.log(f"[{ctx.suite} brax {index}] {w.name}: Brax {w.algo}.train; elapsed {ctx.elapsed():.0f}s")
+    estimate = ctx.estimate(w, "brax")
+    if not _skip(out, "brax", ctx, estimate):
+        t = time.perf_counter()
+        try:
+            rec = run_brax(row, ctx)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc(file=sys.stderr)
+            rec = {"status": "error", "error": _one_line(e)}
+            ctx.log(f"    {LABEL['brax']}: ERROR {rec['error']}")
+        rec["wall_s"] = time.perf_counter() - t
+        rec["estimated_s"] = estimate
+        if rec["status"] == "ok":
+            ctx.observed.append((rec["wall_s"], S.estimate_s(w, "brax", ctx.gpu)))
+        out["variants"]["brax"] = rec
+    gc.collect()
+    return finalize(out, ctx)
+
+
+def finalize(out: dict, ctx: Context, log: bool = True) -> dict:
+    """Variants in :data:`VARIANTS` order and the row's summary (recomputed whenever a variant is added)."""
     out["variants"] = {v: out["variants"][v] for v in S.VARIANTS if v in out["variants"]}
     out["summary"] = report.summarize(out)
     s = out["summary"]
-    if s["ratio"] is not None:
+    if log and s["ratio"] is not None:
         ctx.log(
             f"    ratio (d) / best of {', '.join(s['baselines_measured'])} ({s['best_baseline']}): "
             f"{s['ratio']:.3f}; search overhead {s['search_overhead_s']:.1f}s"
         )
     return out
+
+
+def run_workload(w: S.Workload, ctx: Context, index: str = "", precompile_variants: bool = True) -> dict:
+    """Every variant of one row, phase after phase; its JSON record (never raises for a variant)."""
+    out = new_record(w)
+    row = setup_row(w, out, ctx, S.PRECOMPILED if precompile_variants else ())
+    if row is None:
+        return out
+    measure_row(row, out, ctx, index)
+    if "brax" in w.variants:
+        brax_row(row, out, ctx, index)
+    return out
+
+
+def run_rows(
+    rows: Sequence[S.Workload], ctx: Context, workers: int, on_update: Callable[[list[dict]], None]
+) -> list[dict]:
+    """The three phases over ``rows``; ``on_update(records)`` after each row and each Brax run.
+
+    1. every row's setup and (b)/(c) compiles, ``workers`` at a time (nothing timed meanwhile);
+    2. row by row: (d)'s search, (b), (d), (c) timed in turns, SM activity;
+    3. the Brax runs, cheapest first (:func:`benchmarks.suite.brax_order`), so that a budget cuts
+       the most expensive (SAC's) first.
+    """
+    outs = [new_record(w) for w in rows]
+    built = setup_rows(rows, outs, ctx, workers)
+    records: list[dict] = []
+    for i, (row, out) in enumerate(zip(built, outs, strict=True)):
+        if row is not None:
+            measure_row(row, out, ctx, f"{i + 1}/{len(rows)}")
+        records.append(out)
+        on_update(records)
+    by_name = {w.name: i for i, w in enumerate(rows)}
+    for j, name in enumerate(S.brax_order(tuple(rows), ctx.gpu)):
+        i = by_name[name]
+        if built[i] is not None:
+            brax_row(built[i], outs[i], ctx, f"{j + 1}/{len(S.brax_order(tuple(rows), ctx.gpu))}")
+            on_update(records)
+    return records
 
 
 # ------------------------------------------------------------------------------ the suite
@@ -647,11 +784,15 @@ def select(suite: S.Suite, part: tuple[int, int] | None, only: str | None) -> tu
     return rows
 
 
-def print_plan(suite: S.Suite, rows: Sequence[S.Workload], gpu: bool, budget: float | None) -> None:
-    total = sum(S.estimate_s(w, gpu=gpu) for w in rows)
+def print_plan(
+    suite: S.Suite, rows: Sequence[S.Workload], gpu: bool, budget: float | None, workers: int = 1
+) -> None:
+    """Rows, variants and the estimated seconds of each phase (see :func:`benchmarks.suite.plan_s`)."""
+    plan = S.plan_s(tuple(rows), gpu, workers)
     print(f"suite {suite.name}: {suite.description}")
     print(
-        f"{len(rows)} rows, estimated {total / 60:.1f} min on {'the GPU' if gpu else 'this CPU'}"
+        f"{len(rows)} rows, estimated {plan['total'] / 60:.1f} min ({plan['total']:.0f}s) on "
+        f"{'the GPU' if gpu else 'this CPU'}"
         + (
             f" (budget {budget / 60:.1f} min per run; parts needed for the whole suite: "
             f"{S.parts_needed(suite, budget)})"
@@ -659,8 +800,23 @@ def print_plan(suite: S.Suite, rows: Sequence[S.Workload], gpu: bool, budget: fl
             else ""
         )
     )
+    print(
+        f"  start ~{plan['start']:.0f}s; precompile (setup + (b)/(c) compiles, {workers} at a time) "
+        f"~{plan['precompile']:.0f}s (~{plan['precompile_serial']:.0f}s one after the other)"
+    )
+    print(f"  {'row':34s} {'variants':45s} {'setup+b/c':>9s} {'b,d,c':>6s} {'(a)':>6s}")
     for w in rows:
-        print(f"  {w.name:34s} {','.join(w.variants):45s} ~{S.estimate_s(w, gpu=gpu):5.0f}s")
+        r = plan["rows"][w.name]
+        print(
+            f"  {w.name:34s} {','.join(w.variants):45s} ~{r['precompile']:7.0f}s ~{r['measure']:4.0f}s "
+            + (f"~{r['brax']:4.0f}s" if "brax" in w.variants else "     —")
+        )
+    if plan["brax_order"]:
+        print(
+            f"  Brax runs last, in this order (the budget cuts from the end): {', '.join(plan['brax_order'])}"
+        )
+    if budget and plan["total"] > budget:
+        print(f"  estimate exceeds the budget by ~{plan['total'] - budget:.0f}s: the last Brax runs are cut")
 
 
 def short_table(results: dict) -> str:
@@ -703,7 +859,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--compile-cache", help="persistent XLA compilation cache dir (default: a temp dir per run)"
     )
     p.add_argument("--plan-cache", help="rose-jax plan cache dir (default: none, every run searches)")
+    p.add_argument(
+        "--compile-workers",
+        type=int,
+        help="rows set up and (b)/(c)-compiled concurrently before anything is timed "
+        f"(default: {DEFAULT_WORKERS} on a GPU, 1 on CPU; 1 = one after the other)",
+    )
     args = p.parse_args(argv)
+    if args.compile_workers is not None and args.compile_workers < 1:
+        raise SystemExit(f"benchmarks.run: --compile-workers must be >= 1, got {args.compile_workers}")
     try:
         suite = S.get(args.suite)
         part = _parse_part(args.part)
@@ -718,8 +882,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import jax
 
     gpu = jax.default_backend() == "gpu"
+    workers = args.compile_workers or (DEFAULT_WORKERS if gpu else 1)
     if args.list:
-        print_plan(suite, rows, gpu or suite.name != "tiny", budget)
+        plan_gpu = gpu or suite.name != "tiny"
+        print_plan(
+            suite, rows, plan_gpu, budget, args.compile_workers or (DEFAULT_WORKERS if plan_gpu else 1)
+        )
         return 0
     tmp_cache = _enable_compile_cache(args.compile_cache)
     ctx = Context(
@@ -746,6 +914,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "only": args.only,
             "sm_activity": {"available": ctx.activity[0], "reason": ctx.activity[1]},
             "plan_cache": args.plan_cache,
+            "compile_workers": workers,
+            "estimate_s": S.plan_s(tuple(rows), gpu, workers)["total"],
         },
         "rows": [],
     }
@@ -754,13 +924,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(rows)} rows on {info.get('gpu') or jax.default_backend()}; budget "
         f"{'none' if budget is None else f'{budget:.0f}s'}; SM activity: {ctx.activity[1]}"
     )
+
+    def on_update(records: list[dict]) -> None:
+        results["rows"] = records
+        results["elapsed_s"] = ctx.elapsed()
+        common.write_json(os.path.join(directory, stem + ".json"), results)  # partial results survive a kill
+
     try:
-        for i, w in enumerate(rows):
-            results["rows"].append(run_workload(w, ctx, f"{i + 1}/{len(rows)}"))
-            results["elapsed_s"] = ctx.elapsed()
-            common.write_json(
-                os.path.join(directory, stem + ".json"), results
-            )  # partial results survive a kill
+        run_rows(rows, ctx, workers, on_update)
         results["elapsed_s"] = ctx.elapsed()
         paths = report.write_outputs(results, directory, stem, png=part is None)
         if part is not None:

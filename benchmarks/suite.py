@@ -37,6 +37,8 @@ LABELS = {
 }
 # The order variants run in: (b) first (reference for equality checks and for reuse by (d)),
 # then (d), so that the headline ratio exists even when a time budget cuts the row short.
+# benchmarks.run compiles (b) and (c) of every row ahead of time and runs every row's Brax (a)
+# after all rows' (b)-(d), cheapest first, so a budget cuts the Brax runs (SAC's last) first.
 RUN_ORDER = ("single_jit", "rose_jax", "hand_pipelined", "brax")
 
 
@@ -407,7 +409,8 @@ QUICK = Suite(
     name="quick",
     description="H200 headline suite: PPO ant (all four variants), SAC ant 1024 envs, PPO MJCF swimmer "
     "and PPO humanoid at 2048 envs, 4x32 policy; few iterations; one optimizer candidate (2 env "
-    "groups, interleaved); rows in priority order (the budget skips from the end)",
+    "groups, interleaved); (b)/(c) compiled ahead in parallel; Brax runs last (SAC's last of all, "
+    "the first a budget cuts)",
     workloads=(
         ppo_row("ant", 2048, (32,) * 4, iterations_per_block=4, blocks=3, optimizer=_QUICK_OPT),
         sac_row(
@@ -471,52 +474,140 @@ def get(name: str) -> Suite:
 
 # ------------------------------------------------------------------------------ cost model
 
-# Rough H200 compile seconds of one variant's program per env (XLA GPU, MJX impl='jax'), and the
-# multiplier per variant: Brax compiles reset + its epoch (twice on JAX >= 0.11: the second hits
-# the persistent compilation cache), (d) compiles the optimizer's baseline, each measured
-# candidate and (when a plan is kept) our K-iteration loop of it. A model for planning parts, not
-# a measurement.
-COMPILE_S = {"ant": 35.0, "humanoid": 60.0, "halfcheetah": 30.0, "mjx_swimmer": 20.0}
+# Calibrated on the H200 quick-suite log (benchmarks/results/suite/quick/suite_quick.log, jax 0.11.2):
+# COMPILE_S is the seconds to compile and warm up (b)'s K-iteration loop of one env (PPO ant 17.5 s,
+# SAC ant 17.5 s, PPO mjx_swimmer 14.8 s; humanoid and halfcheetah are guesses from model size).
+# VARIANT_COMPILES scales it per variant: (c) 29.8 s on ant = 1.7x; Brax's whole train() (its env
+# reset, prefill, epoch compile and the recompile of epoch 2 on JAX >= 0.11; its timed epochs are
+# < 1 s) 57.6 s PPO = 3.3x, 95.9 s SAC = 5.5x; (d) is the optimizer's baseline compile and trace
+# (1.0x: SAC ant 18.6 s) plus 1.5x per measured candidate (PPO ant, one candidate: 44.3 s).
+# A model for planning runs and parts, not a measurement.
+COMPILE_S = {"ant": 17.5, "humanoid": 30.0, "halfcheetah": 15.0, "mjx_swimmer": 14.8}
 CPU_COMPILE_S = 4.0
 VARIANT_COMPILES = {
-    "brax": 1.6,
+    "brax": 3.3,
     "single_jit": 1.0,
-    "hand_pipelined": 1.0,
-    "rose_jax": 2.0,
-}  # rose_jax: see below
-# Rough H200 env-steps/s, to budget the timed runs.
-RATE = {"ant": 4e5, "humanoid": 1.5e5, "halfcheetah": 5e5, "mjx_swimmer": 6e5}
+    "hand_pipelined": 1.7,
+    "rose_jax": 1.0,  # + CANDIDATE_COMPILES per measured candidate, see compile_s
+}
+BRAX_SAC_COMPILES = 5.5
+CANDIDATE_COMPILES = 1.5
+# A row's setup (env build, initial state's compile) ~ SETUP_S + SETUP_PER_COMPILE * COMPILE_S
+# (log: ant 14-20 s, mjx_swimmer 12 s, humanoid 18 s); START_S: JAX/CUDA start of the process.
+SETUP_S, SETUP_PER_COMPILE, START_S = 6.0, 0.5, 6.0
+# Seconds per device-resident variant for the SM-activity call (>= 0.5 s + sampler windows).
+ACTIVITY_S = 0.8
+# Rough H200 env-steps/s (log: PPO ant 4.8e5, SAC ant 2.5e5, PPO mjx_swimmer 1.5e5).
+RATE = {"ant": 4.8e5, "humanoid": 1.5e5, "halfcheetah": 5e5, "mjx_swimmer": 1.5e5}
+# Concurrent compiles of the precompile phase (benchmarks.run --compile-workers): each extra
+# worker adds this fraction of a worker's throughput (the GIL serialises tracing; XLA's own
+# passes already use some cores), and the slowest row is slowed by PARALLEL_SLOWDOWN.
+PARALLEL_EFFICIENCY, PARALLEL_SLOWDOWN = 0.5, 1.15
+PRECOMPILED = ("single_jit", "hand_pipelined")  # variants benchmarks.run compiles ahead of time
 
 
-def estimate_s(w: Workload, variant: str | None = None, gpu: bool = True) -> float:
-    """Estimated seconds (compile + runs) of one variant of ``w`` (or all of its variants)."""
-    if variant is None:
-        return sum(estimate_s(w, v, gpu) for v in w.variants) + (10.0 if gpu else 1.0)
-    env = w.env.split(":")[-1]
-    compile_s = COMPILE_S.get(env, 30.0) if gpu else CPU_COMPILE_S
-    if w.algo == "sac":
-        compile_s *= 0.8
-    n_compiles = VARIANT_COMPILES[variant]
+def _env(w: Workload) -> str:
+    return w.env.split(":")[-1]
+
+
+def _measured_candidates(w: Workload) -> int:
+    o = w.optimizer
+    measured = o.max_candidates if o.candidates is None else min(len(o.candidates), o.max_candidates)
+    if w.algo == "sac" and o.candidates is not None and all(n == "group_rollout" for n, _ in o.candidates):
+        measured = 0  # illegal for SAC's collect: rejected before any compile
+    return measured
+
+
+def setup_s(w: Workload, gpu: bool = True) -> float:
+    """Estimated seconds to build ``w``'s env and initial state (compile of the reset included)."""
+    if not gpu:
+        return 1.0
+    return SETUP_S + SETUP_PER_COMPILE * COMPILE_S.get(_env(w), 17.5)
+
+
+def compile_s(w: Workload, variant: str, gpu: bool = True) -> float:
+    """Estimated compile (and, for (d), search; for (a), whole-train overhead) seconds of a variant."""
+    base = COMPILE_S.get(_env(w), 17.5) if gpu else CPU_COMPILE_S
+    if variant == "brax":
+        return base * (BRAX_SAC_COMPILES if w.algo == "sac" else VARIANT_COMPILES["brax"])
     if variant == "rose_jax":
         o = w.optimizer
-        measured = o.max_candidates if o.candidates is None else min(len(o.candidates), o.max_candidates)
-        if (
-            w.algo == "sac"
-            and o.candidates is not None
-            and all(n == "group_rollout" for n, _ in o.candidates)
-        ):
-            measured = 0  # illegal for SAC's collect: rejected before any compile
-        n_compiles = (
-            1.0 + measured * (2.0 if o.local else 1.0) + (1.0 if o.measure == "scan" and measured else 0.0)
+        measured = _measured_candidates(w)
+        n = (
+            VARIANT_COMPILES["rose_jax"]
+            + measured * CANDIDATE_COMPILES * (2.0 if o.local else 1.0)
+            + (1.0 if o.measure == "scan" and measured else 0.0)
         )
-    run_s = w.total_timed_env_steps / (RATE.get(env, 3e5) if gpu else 2e4)
+        return base * n
+    return base * VARIANT_COMPILES[variant]
+
+
+def run_s(w: Workload, variant: str, gpu: bool = True) -> float:
+    """Estimated seconds of a variant's timed runs (warm-up, blocks, activity call; (d): its search runs)."""
+    seconds = w.total_timed_env_steps / (RATE.get(_env(w), 3e5) if gpu else 2e4)
     if w.algo == "sac":
-        run_s *= 1.0 + 0.05 * int(w.hp.get("grad_updates_per_step", 1))
+        seconds *= 1.0 + 0.05 * int(w.hp.get("grad_updates_per_step", 1))
     if variant == "rose_jax":
-        run_s *= 1.0 + 2.0 * w.optimizer.repeats * w.optimizer.n_iters / max(
+        o = w.optimizer
+        seconds *= 1.0 + 2.0 * o.repeats * o.n_iters * (1 + _measured_candidates(w)) / max(
             w.iterations_per_block * w.blocks, 1
         )
-    return compile_s * n_compiles + run_s
+    if gpu and variant != "brax":
+        seconds += ACTIVITY_S
+    return seconds
+
+
+def estimate_s(w: Workload, variant: str | None = None, gpu: bool = True, precompiled: bool = False) -> float:
+    """Estimated seconds of one variant of ``w`` (or of the whole row with its setup), run in sequence.
+
+    ``precompiled``: the variant's program was compiled ahead of time (see :data:`PRECOMPILED`):
+    only its runs are left.
+    """
+    if variant is None:
+        return sum(estimate_s(w, v, gpu) for v in w.variants) + setup_s(w, gpu)
+    if precompiled and variant in PRECOMPILED:
+        return run_s(w, variant, gpu)
+    return compile_s(w, variant, gpu) + run_s(w, variant, gpu)
+
+
+def plan_s(rows: tuple[Workload, ...], gpu: bool = True, workers: int = 1) -> dict:
+    """Estimated seconds of ``benchmarks.run``'s three phases over ``rows``.
+
+    1. precompile: every row's setup and its :data:`PRECOMPILED` variants' compiles, ``workers``
+       rows at a time; 2. per row: (d)'s search and the timed runs of (b), (d), (c);
+    3. the Brax runs (a), cheapest first. Returns ``{"start", "precompile", "precompile_serial",
+    "rows": {name: {"precompile", "measure", "brax"}}, "brax_order", "total"}``.
+    """
+    per_row = {}
+    for w in rows:
+        pre = setup_s(w, gpu) + sum(compile_s(w, v, gpu) for v in w.variants if v in PRECOMPILED)
+        measure = sum(estimate_s(w, v, gpu, precompiled=True) for v in w.variants if v != "brax")
+        brax = estimate_s(w, "brax", gpu) if "brax" in w.variants else 0.0
+        per_row[w.name] = {"precompile": pre, "measure": measure, "brax": brax}
+    serial = sum(r["precompile"] for r in per_row.values())
+    k = max(1, min(int(workers), len(rows)))
+    if k == 1:
+        pre = serial
+    else:
+        slowest = max((r["precompile"] for r in per_row.values()), default=0.0)
+        pre = max(slowest * PARALLEL_SLOWDOWN, serial / (1.0 + (k - 1) * PARALLEL_EFFICIENCY))
+    start = START_S if gpu else 1.0
+    total = start + pre + sum(r["measure"] + r["brax"] for r in per_row.values())
+    return {
+        "start": start,
+        "precompile": pre,
+        "precompile_serial": serial,
+        "rows": per_row,
+        "brax_order": brax_order(rows, gpu),
+        "total": total,
+    }
+
+
+def brax_order(rows: tuple[Workload, ...], gpu: bool = True) -> list[str]:
+    """Names of the rows with a Brax variant, in the order their Brax runs go: cheapest first
+    (the expensive ones, e.g. SAC's, are then the first a time budget cuts); ties in row order."""
+    with_brax = [(estimate_s(w, "brax", gpu), i, w.name) for i, w in enumerate(rows) if "brax" in w.variants]
+    return [name for _, _, name in sorted(with_brax)]
 
 
 def split(workloads: tuple[Workload, ...], part: int, parts: int) -> tuple[Workload, ...]:

@@ -50,6 +50,33 @@ def test_quick_suite_has_the_headline_rows_and_fits_its_budget_model():
     assert not quick.measure_threshold
 
 
+def test_quick_plan_runs_brax_last_with_sac_last_of_all_and_fits_about_seven_minutes():
+    rows = S.get("quick").workloads
+    assert S.brax_order(rows) == ["ppo-ant-2048-4x32", "sac-ant-1024-4x32"]  # the budget cuts SAC's first
+    plan = S.plan_s(rows, gpu=True, workers=4)
+    assert set(plan["rows"]) == {w.name for w in rows}
+    # compiling ahead in parallel is modelled as cheaper than one after the other, never below the slowest row
+    assert (
+        max(r["precompile"] for r in plan["rows"].values()) < plan["precompile"] < plan["precompile_serial"]
+    )
+    assert plan["total"] < S.plan_s(rows, gpu=True, workers=1)["total"]
+    assert plan["total"] < 8 * 60 and plan["total"] - plan["rows"]["sac-ant-1024-4x32"]["brax"] < 7 * 60
+    # precompiled (b)/(c) leave only their runs; (d) and Brax keep their compile estimate
+    ant = rows[0]
+    assert S.estimate_s(ant, "single_jit", precompiled=True) < S.estimate_s(ant, "single_jit")
+    assert S.estimate_s(ant, "rose_jax", precompiled=True) == S.estimate_s(ant, "rose_jax")
+
+
+def test_list_prints_phases_and_brax_order(capsys):
+    from benchmarks import run
+
+    assert run.main(["--suite", "quick", "--list", "--compile-workers", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "precompile" in out and "Brax runs last" in out and "sac-ant-1024-4x32" in out
+    with pytest.raises(SystemExit, match="--compile-workers"):
+        run.main(["--suite", "tiny", "--list", "--compile-workers", "0"])
+
+
 def test_full_suite_is_every_combination_once():
     full = S.get("full")
     combos = {(w.algo, w.env, w.policy_hidden_sizes, w.num_envs) for w in full.workloads}
@@ -201,7 +228,9 @@ def run_suite(args: list[str], timeout: int, **env_overrides) -> str:
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("suite")
-    stdout = run_suite(["--suite", "tiny", "--out", str(out)], timeout=300, JAX_PLATFORMS="cpu")
+    stdout = run_suite(
+        ["--suite", "tiny", "--out", str(out), "--compile-workers", "2"], timeout=300, JAX_PLATFORMS="cpu"
+    )
     directory = out / "tiny"
     with open(directory / "results.json") as f:
         return json.load(f), directory, stdout
@@ -228,6 +257,12 @@ def test_tiny_suite_measures_every_variant(tiny_results):
         for v in ("hand_pipelined", "rose_jax"):
             if v in row["variants"]:
                 assert row["variants"][v]["max_abs_diff_vs_single_jit"] <= 1e-5, (row["name"], v)
+        # (b) and (c) were compiled ahead of time (2 rows at a time), their compile in warmup_s
+        for v in ("single_jit", "hand_pipelined"):
+            if v in row["variants"]:
+                rec = row["variants"][v]
+                assert "precompile_error" not in rec, rec
+                assert 0 < rec["precompile_s"] <= rec["warmup_s"], (row["name"], v, rec)
         rj = row["variants"]["rose_jax"]
         assert rj["search_overhead_s"] > 0 and isinstance(rj["plan"], list) and rj["report"]["candidates"]
     assert "ratio" in stdout and "| workload |" in stdout  # the short table printed last
