@@ -1,13 +1,25 @@
 """Kernel-level GPU traces of a jitted program, mapped to component paths.
 
 :func:`kernel_trace` runs ``jax.jit(fn)(*args)`` under ``jax.profiler.trace(logdir)``, reads the
-written ``*.xplane.pb`` with ``jax.profiler.ProfileData.from_file`` and extracts the GPU kernel
-events (``/device:GPU:<i>`` planes, one line per CUDA stream): name, start, duration, stream.
-Each kernel is mapped to a component path through the strings of its stats (XLA annotates
-kernels with ``hlo_op``/``hlo_module``, sometimes the op's ``op_name`` that holds the
-``rose:<name>`` scopes) or, failing that, through the compiled HLO text: the HLO instruction
-named by ``hlo_op`` carries ``metadata={op_name="jit(f)/rose:rollout/.../rose:sim/..."}``
-(for a fusion: the common path of the instructions it fuses).
+written ``*.xplane.pb`` and extracts the GPU kernel events (``/device:GPU:<i>`` planes, one line
+per CUDA stream): name, start, duration, stream. :func:`trace_from_file` does the same for a trace
+recorded elsewhere.
+
+What a kernel event carries (jax 0.11, H200): ``hlo_module``, ``program_id``, ``hlo_op``,
+``correlation_id``, ``kernel_details``; kernels launched as part of a CUDA graph also carry
+``cuda_graph_id`` and their ``hlo_op`` is only the graph's thunk (``command_buffer_<n>``), while
+the few ops run outside a graph carry a ``name`` stat with the op's name stack. The kernel's own
+*name* is the fused HLO instruction's name sanitized (``loop_add_fusion.33`` ->
+``loop_add_fusion_33``). The op names live in the trace itself: the ``/host:metadata`` plane has
+one event metadata per XLA module (``jit_iterate(<program_id>)``) whose ``Hlo Proto`` stat is the
+serialized optimized ``xla.HloProto``; each instruction's ``metadata.op_name`` holds the jax name
+stack (``jit(iterate)/rose:rollout/while/body/rose:sim/...``). So a kernel is mapped (see
+:func:`events_from_profile`) through a ``rose:`` stat, else its ``hlo_op``, else its name, to an
+instruction of its module (by ``program_id``), whose path is its ``op_name``'s ``rose:`` scopes
+or, for a fusion without its own, the common path of the instructions it fuses; graph-added
+kernels that name no instruction (``memcpy32_post``, gemm kernels) get the common path of the
+resolved kernels of their command buffer. The protos are read with a small protobuf wire-format
+reader (no generated classes needed); the compiled HLO text fills in modules a trace lacks.
 
 The result gives per-component kernel busy time (union of kernel intervals, all streams) and the
 gaps between consecutive kernels -- the idle windows *inside* phases that NVML's ~100 ms GPM
@@ -19,8 +31,7 @@ Opening the trace yourself: the ``logdir`` holds ``plugins/profile/<run>/<host>.
     tab's trace viewer.
   * Perfetto: ``jax.profiler.trace(logdir, create_perfetto_trace=True)`` also writes
     ``perfetto_trace.json.gz`` next to it; load that file at https://ui.perfetto.dev.
-Note: while profiling, XLA runs without CUDA graphs by default, so timings differ a little from
-an unprofiled run.
+Note: kernel timings under the profiler (CUPTI) differ a little from an unprofiled run.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 
 from rose_jax.program import COMPONENT_PREFIX
+from rose_jax.trace.compat import collapse_repeats
 
 _ROSE_RE = re.compile(re.escape(COMPONENT_PREFIX) + r"([^/():\"]+)")
 UNKNOWN = "(unknown)"
@@ -100,11 +112,10 @@ def hlo_component_paths(hlo_text: str) -> dict[str, str]:
     """Map HLO instruction names to component path strings ('' when outside any component).
 
     An instruction's path is read from its ``op_name`` metadata; an instruction without one
-    (typically a fusion) gets the longest common path of the instructions in the computations it
-    calls.
+    (typically a fusion or a command buffer) gets the longest common path of the instructions in
+    the computations it calls.
     """
-    own: dict[str, tuple] = {}
-    has_meta: dict[str, bool] = {}
+    own: dict[str, tuple | None] = {}
     calls: dict[str, list[str]] = {}
     comp_members: dict[str, list[str]] = {}
     current = None
@@ -113,8 +124,7 @@ def hlo_component_paths(hlo_text: str) -> dict[str, str]:
         if m and "=" in line and not line.rstrip().endswith("{"):
             name, rest = m.group(1), m.group(2)
             op = _OPNAME_RE.search(rest)
-            own[name] = tuple(_ROSE_RE.findall(op.group(1))) if op else ()
-            has_meta[name] = op is not None
+            own[name] = _scopes(op.group(1)) if op else None
             called = []
             for c in _CALLS_RE.findall(rest):
                 called += [x.strip().lstrip("%") for x in c.split(",") if x.strip()]
@@ -127,14 +137,29 @@ def hlo_component_paths(hlo_text: str) -> dict[str, str]:
             current = c.group(1)
         elif line.strip() == "}":
             current = None
+    return _resolve_paths(own, calls, comp_members)
 
+
+def _scopes(op_name: str) -> tuple:
+    """``rose:`` scopes of an ``op_name``, repeats collapsed like the tracer does (a backward pass
+    reads ``rose:a/transpose(rose:a)/...``); XLA joins the names of merged ops with ';', which
+    gives their longest common path."""
+    parts = [collapse_repeats(_ROSE_RE.findall(p)) for p in op_name.split(";") if p.strip()]
+    return _lcp(parts) if parts else ()
+
+
+def _resolve_paths(
+    own: dict[str, tuple | None], calls: dict[str, list], comp_members: dict[str, list[str]]
+) -> dict[str, str]:
+    """Instruction -> '/'-joined component path: its own ``op_name`` scopes when it has any, else
+    the longest common path of the (non-empty) paths in the computations it calls."""
     memo: dict[str, tuple] = {}
 
     def path_of(name: str, depth: int = 0) -> tuple:
         if name in memo:
             return memo[name]
-        memo[name] = own.get(name, ())
-        if (not has_meta.get(name) or not own.get(name)) and calls.get(name) and depth < 8:
+        memo[name] = own.get(name) or ()
+        if not own.get(name) and calls.get(name) and depth < 12:
             inner = [path_of(m, depth + 1) for comp in calls[name] for m in comp_members.get(comp, [])]
             inner = [p for p in inner if p]
             if inner:
@@ -142,6 +167,158 @@ def hlo_component_paths(hlo_text: str) -> dict[str, str]:
         return memo[name]
 
     return {name: "/".join(path_of(name)) for name in own}
+
+
+# -- protobuf wire format (XSpace / HloProto) without generated classes ------------------------
+def _varint(b, i: int) -> tuple[int, int]:
+    r = s = 0
+    while True:
+        c = b[i]
+        i += 1
+        r |= (c & 0x7F) << s
+        s += 7
+        if c < 0x80:
+            return r, i
+
+
+def _pb_fields(b):
+    """Yield ``(field_number, value)`` of a serialized protobuf message: ints for varints,
+    memoryview slices for length-delimited fields (fixed-width fields are skipped)."""
+    i, n = 0, len(b)
+    while i < n:
+        key, i = _varint(b, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _varint(b, i)
+        elif wire == 2:
+            ln, i = _varint(b, i)
+            v, i = b[i : i + ln], i + ln
+        elif wire == 1:
+            i += 8
+            continue
+        elif wire == 5:
+            i += 4
+            continue
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire} (field {field})")
+        yield field, v
+
+
+def _pb_str(v) -> str:
+    return bytes(v).decode("utf-8", "replace")
+
+
+# xla/service/hlo.proto field numbers (stable): HloProto.hlo_module=1; HloModuleProto
+# .computations=3; HloComputationProto .name=1 .instructions=2 .id=5; HloInstructionProto .name=1
+# .metadata=7 .called_computation_ids=38; OpMetadata.op_name=2.
+def hlo_proto_component_paths(hlo_proto: bytes) -> dict[str, str]:
+    """Like :func:`hlo_component_paths` for a serialized ``xla.HloProto`` (or
+    ``HloModuleProto``), e.g. the ``Hlo Proto`` stat of a trace's ``/host:metadata`` plane."""
+    b = memoryview(hlo_proto)
+    module = b
+    top = list(_pb_fields(b))
+    if top and top[0][0] == 1 and not isinstance(top[0][1], int):
+        try:  # HloProto.hlo_module (a message), or HloModuleProto.name (a string)
+            first = next(_pb_fields(top[0][1]), None)
+        except (ValueError, IndexError):
+            first = None
+        if first is not None and first[0] == 1 and not isinstance(first[1], int):
+            module = top[0][1]
+    own: dict[str, tuple | None] = {}
+    calls_ids: dict[str, list[int]] = {}
+    comp_members: dict[str, list[str]] = {}
+    comp_name: dict[int, str] = {}
+    for f, comp in _pb_fields(module):
+        if f != 3 or isinstance(comp, int):
+            continue
+        cname, cid, members = "", None, []
+        for g, v in _pb_fields(comp):
+            if g == 1 and not isinstance(v, int):
+                cname = _pb_str(v)
+            elif g == 5 and isinstance(v, int):
+                cid = v
+            elif g == 2 and not isinstance(v, int):
+                name, op_name, called = "", None, []
+                for h, w in _pb_fields(v):
+                    if h == 1 and not isinstance(w, int):
+                        name = _pb_str(w)
+                    elif h == 7 and not isinstance(w, int):
+                        for k, x in _pb_fields(w):
+                            if k == 2 and not isinstance(x, int):
+                                op_name = _pb_str(x)
+                    elif h == 38:
+                        if isinstance(w, int):
+                            called.append(w)
+                        else:  # packed
+                            j = 0
+                            while j < len(w):
+                                x, j = _varint(w, j)
+                                called.append(x)
+                own[name] = _scopes(op_name) if op_name else None
+                calls_ids[name] = called
+                members.append(name)
+        comp_members[cname] = members
+        if cid is not None:
+            comp_name[cid] = cname
+    calls = {n: [comp_name[c] for c in ids if c in comp_name] for n, ids in calls_ids.items()}
+    return _resolve_paths(own, calls, comp_members)
+
+
+_PROGRAM_ID_RE = re.compile(r"^(.*)\((\d+)\)$")
+
+
+def xspace_module_paths(xspace: bytes) -> dict[str, dict[str, str]]:
+    """HLO instruction -> component path for every XLA module in a serialized XSpace (the
+    ``*.xplane.pb`` file), from the ``Hlo Proto`` stats of its ``/host:metadata`` plane.
+
+    Keyed by program id (the ``program_id`` stat of kernel events) and by module name (the
+    ``hlo_module`` stat; a name recorded with several ids keeps the last). Empty when the trace
+    holds no HLO protos.
+    """
+    out: dict[str, dict[str, str]] = {}
+    b = memoryview(xspace)
+    for f, plane in _pb_fields(b):  # XSpace.planes = 1
+        if f != 1 or isinstance(plane, int):
+            continue
+        name, metas, stat_names = "", [], {}
+        for g, v in _pb_fields(plane):  # XPlane: name=2, event_metadata=4, stat_metadata=5
+            if g == 2 and not isinstance(v, int):
+                name = _pb_str(v)
+                if name != "/host:metadata":
+                    break
+            elif g == 4 and not isinstance(v, int):
+                metas.append(v)
+            elif g == 5 and not isinstance(v, int):
+                for h, entry in _pb_fields(v):  # map entry: key=1, value=2 (XStatMetadata)
+                    if h == 2 and not isinstance(entry, int):
+                        d = {k: x for k, x in _pb_fields(entry)}
+                        if not isinstance(d.get(2, 0), int):
+                            stat_names[d.get(1, 0)] = _pb_str(d[2])
+        if name != "/host:metadata":
+            continue
+        hlo_ids = {i for i, s in stat_names.items() if s.replace(" ", "_").lower() == "hlo_proto"}
+        for entry in metas:
+            for h, em in _pb_fields(entry):
+                if h != 2 or isinstance(em, int):
+                    continue
+                mname, proto = "", None
+                for k, x in _pb_fields(em):  # XEventMetadata: name=2, stats=5
+                    if k == 2 and not isinstance(x, int):
+                        mname = _pb_str(x)
+                    elif k == 5 and not isinstance(x, int):
+                        st = {j: y for j, y in _pb_fields(x)}  # XStat: metadata_id=1, bytes_value=6
+                        if st.get(1) in hlo_ids and not isinstance(st.get(6, 0), int):
+                            proto = st[6]
+                if proto is None:
+                    continue
+                paths = hlo_proto_component_paths(proto)
+                m = _PROGRAM_ID_RE.match(mname)
+                if m:
+                    out[m.group(2)] = paths
+                    out[m.group(1)] = paths
+                else:
+                    out[mname] = paths
+    return out
 
 
 def _lcp(paths: list[tuple]) -> tuple:
@@ -169,19 +346,51 @@ def _stats(ev) -> dict:
     return out
 
 
+_SANITIZE_RE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _kernel_index(paths: dict[str, str]) -> dict[str, str]:
+    """HLO instruction paths keyed by the CUDA kernel name XLA gives them ('.' and '-' -> '_')."""
+    return {_SANITIZE_RE.sub("_", k): v for k, v in paths.items()}
+
+
+def _path_of_kernel(name: str, kernels: dict[str, str]) -> str | None:
+    """A kernel's instruction path: exact sanitized name, else the longest '_'-prefix naming an
+    instruction (``sort_48_1__2`` is a stage of ``sort.48``)."""
+    key = _SANITIZE_RE.sub("_", name)
+    if key in kernels:
+        return kernels[key]
+    parts = key.split("_")
+    for n in range(len(parts) - 1, 1, -1):
+        p = kernels.get("_".join(parts[:n]))
+        if p is not None:
+            return p
+    return None
+
+
 def events_from_profile(
     profile_data,
     hlo_paths: dict[str, str] | None = None,
     plane_prefix: str = "/device:GPU:",
     module: str | None = None,
+    module_paths: dict[str, dict[str, str]] | None = None,
 ) -> list[KernelEvent]:
     """Kernel/memcpy events of planes named ``plane_prefix*`` in a ``jax.profiler.ProfileData``.
 
     Events need an ``hlo_op`` or ``kernel_details`` stat (XLA ops / CUDA kernels); with
     ``module``, only events whose ``hlo_module`` stat starts with it are kept.
+
+    Paths (first that applies): a stat holding ``rose:`` scopes (the ``name`` stat of ops run
+    outside a CUDA graph); the ``hlo_op`` instruction; the instruction named by the kernel
+    (inside a CUDA graph ``hlo_op`` is only ``command_buffer_<n>``, the kernel name is the fused
+    instruction's); else the common path of the resolved kernels of the same command buffer
+    (memcpy/gemm kernels a graph adds). Instruction paths come from ``module_paths`` (per program
+    id / module name, see :func:`xspace_module_paths`), else from ``hlo_paths``. '' -> '(glue)'.
     """
-    hlo_paths = hlo_paths or {}
-    out: list[KernelEvent] = []
+    module_paths = module_paths or {}
+    fallback = hlo_paths or {}
+    indexes: dict[int, dict[str, str]] = {}
+    rows: list[list] = []
     for plane in profile_data.planes:
         if not str(plane.name).startswith(plane_prefix):
             continue
@@ -197,28 +406,53 @@ def events_from_profile(
                 mod = str(st.get("hlo_module", ""))
                 if module is not None and mod and not mod.startswith(module):
                     continue
+                paths = module_paths.get(str(st.get("program_id", ""))) or module_paths.get(mod) or fallback
+                kernels = indexes.get(id(paths))
+                if kernels is None:
+                    kernels = indexes[id(paths)] = _kernel_index(paths)
+                name = str(ev.name)
                 path = None
                 for v in st.values():
                     if isinstance(v, str) and COMPONENT_PREFIX in v:
-                        path = "/".join(_ROSE_RE.findall(v))
+                        path = "/".join(_scopes(v))
                         break
+                ops = [o.strip() for o in hlo_op.split(",") if o.strip()]
                 if path is None:
-                    ops = [o.strip() for o in hlo_op.split(",") if o.strip()]
-                    found = [hlo_paths[o] for o in ops if o in hlo_paths]
-                    path = found[0] if found else (UNKNOWN if ops or not hlo_paths else UNKNOWN)
-                if path == "":
-                    path = "(glue)"
-                name = str(ev.name)
+                    found = [paths[o] for o in ops if o in paths]
+                    path = found[0] if found else _path_of_kernel(name, kernels)
+                # a copy engine transfer; XLA's own copy kernels (``memcpy32_post``) run on SMs
                 kind = (
                     "memcpy"
-                    if ("memcpy_details" in st or name.lower().startswith(("memcpy", "memset")))
+                    if "memcpy_details" in st
+                    or (name.lower().startswith(("memcpy", "memset")) and "kernel_details" not in st)
                     else "kernel"
                 )
-                out.append(
-                    KernelEvent(name, float(ev.start_ns), float(ev.duration_ns), lname, path, hlo_op, kind)
+                group = (str(st.get("program_id", mod)), ops[0]) if ops else None
+                rows.append(
+                    [name, float(ev.start_ns), float(ev.duration_ns), lname, path, hlo_op, kind, group]
                 )
+    # A command buffer's path: the common path of its kernels that were resolved to a component.
+    members: dict[tuple, list[tuple]] = {}
+    for r in rows:
+        if r[4] and r[7] is not None:
+            members.setdefault(r[7], []).append(tuple(r[4].split("/")))
+    group_path = {g: "/".join(_lcp(ps)) for g, ps in members.items()}
+    out: list[KernelEvent] = []
+    for name, start, dur, lname, path, hlo_op, kind, group in rows:
+        if path is None:
+            path = group_path.get(group, UNKNOWN) if group is not None else UNKNOWN
+        out.append(KernelEvent(name, start, dur, lname, path or "(glue)", hlo_op, kind))
     out.sort(key=lambda e: e.start_ns)
     return out
+
+
+def events_from_file(path: str, hlo_paths: dict[str, str] | None = None, **kw) -> list[KernelEvent]:
+    """:func:`events_from_profile` of a ``*.xplane.pb`` file, with the instruction paths of the
+    HLO protos the trace holds (``hlo_paths`` fills in modules it lacks)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    data = jax.profiler.ProfileData.from_file(path)
+    return events_from_profile(data, hlo_paths, module_paths=xspace_module_paths(raw), **kw)
 
 
 def busy_and_gaps(events: Sequence[KernelEvent], min_gap_ns: float = 0.0) -> tuple[dict, list[Gap], float]:
@@ -291,11 +525,24 @@ def kernel_trace(
         return KernelTrace(
             False, f"jax.profiler wrote no .xplane.pb under {logdir}", (), {}, (), 0.0, None, logdir
         )
-    data = jax.profiler.ProfileData.from_file(path)
     prefix = "/device:GPU:" if backend == "gpu" else "/host:CPU"
-    events = events_from_profile(data, hlo_paths, prefix)
+    return trace_from_file(path, hlo_paths, plane_prefix=prefix, min_gap_us=min_gap_us, logdir=logdir)
+
+
+def trace_from_file(
+    path: str,
+    hlo_paths: dict[str, str] | None = None,
+    plane_prefix: str = "/device:GPU:",
+    min_gap_us: float = 2.0,
+    logdir: str | None = None,
+) -> KernelTrace:
+    """:class:`KernelTrace` of an existing ``*.xplane.pb`` (e.g. one recorded on another machine):
+    events mapped by :func:`events_from_file`, gaps longer than ``min_gap_us`` microseconds."""
+    if not os.path.isfile(path):
+        raise ValueError(f"no such trace file: {path!r}")
+    events = events_from_file(path, hlo_paths, plane_prefix=plane_prefix)
     busy, gaps, span = busy_and_gaps(events, min_gap_us * 1e3)
-    reason = "" if events else f"no kernel events on {prefix}* planes"
+    reason = "" if events else f"no kernel events on {plane_prefix}* planes"
     return KernelTrace(bool(events), reason, tuple(events), busy, tuple(gaps), span, path, logdir)
 
 
@@ -308,3 +555,15 @@ def busy_table(trace: KernelTrace, limit: int = 20) -> str:
         share = ns / trace.span_ns if trace.span_ns else float("nan")
         lines.append(f"| {path} | {ns * 1e-6:.3f} | {share:.3f} |")
     return "\n".join(lines)
+
+
+def kernels_markdown(name: str, trace: KernelTrace, trace_label: str | None = None, gaps: int = 20) -> str:
+    """The ``<config>.kernels.md`` report: busy table and the ``gaps`` longest kernel gaps."""
+    label = trace.trace_file if trace_label is None else trace_label
+    return (
+        f"# {name}: kernel busy time per component\n\ntrace: {label}\n\n"
+        + busy_table(trace)
+        + "\n\n## longest gaps between kernels\n\n| path | gap us |\n|---|---:|\n"
+        + "\n".join(f"| {g.path} | {g.duration_ns / 1e3:.1f} |" for g in trace.gaps[:gaps])
+        + "\n"
+    )
