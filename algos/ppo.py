@@ -34,7 +34,7 @@ from flax import struct
 
 import rose_jax
 from algos import driver, normalize, networks
-from envs.core import Env, EnvState
+from envs.core import Env, EnvState, mean_finished_return
 
 # ----------------------------------------------------------------------------------------------
 # Configuration
@@ -572,13 +572,7 @@ def learn(
     )
 
     env_steps = state.env_steps + config.steps_per_iteration
-    finished = env_state.episodes > 0
-    num_finished = jnp.sum(finished)
-    episode_return = jnp.where(
-        num_finished > 0,
-        jnp.sum(jnp.where(finished, env_state.last_episode_return, 0.0)) / jnp.maximum(num_finished, 1),
-        jnp.nan,
-    )
+    episode_return = mean_finished_return(env_state)
     metrics = Metrics(
         env_steps=env_steps,
         iteration=state.iteration + 1,

@@ -39,7 +39,7 @@ from flax import struct
 
 import rose_jax
 from algos import networks, normalize, replay
-from envs.core import Env, EnvState
+from envs.core import Env, EnvState, mean_finished_return
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,13 +603,6 @@ def _env_and_train_step(sac: SAC, state: TrainState, _=None) -> tuple[TrainState
     return state, {**collect_metrics, **train_metrics}
 
 
-def _mean_finished_return(env_state: EnvState) -> jax.Array:
-    finished = env_state.episodes > 0
-    count = jnp.sum(finished)
-    total = jnp.sum(jnp.where(finished, env_state.last_episode_return, 0.0))
-    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
-
-
 def iteration(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
     """The pure, jittable ``TrainState -> (TrainState, Metrics)`` of one SAC iteration.
 
@@ -633,7 +626,7 @@ def iteration(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[Train
             grad_steps=state.grad_steps,
             buffer_size=state.replay.size,
             reward=m["reward"],
-            episode_return=_mean_finished_return(state.env_state),
+            episode_return=mean_finished_return(state.env_state),
             episodes=m["episodes"],
             critic_loss=m["critic_loss"],
             actor_loss=m["actor_loss"],

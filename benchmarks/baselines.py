@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 import rose_jax
 from algos import networks, normalize
+from envs.core import mean_finished_return
 
 GROUPS = 2
 
@@ -226,13 +227,7 @@ def sac_pipelined_iteration(config, env, groups: int = GROUPS) -> Callable:
             state, m = jax.lax.scan(env_and_train_step, state, None, length=config.steps_per_iteration)
             m = {**jax.tree.map(jnp.mean, m), "episodes": jnp.sum(m["episodes"]), "alpha": m["alpha"][-1]}
         state = state.replace(iteration=state.iteration + 1)
-        finished = state.env_state.episodes > 0
-        count = jnp.sum(finished)
-        episode_return = jnp.where(
-            count > 0,
-            jnp.sum(jnp.where(finished, state.env_state.last_episode_return, 0.0)) / jnp.maximum(count, 1),
-            jnp.nan,
-        )
+        episode_return = mean_finished_return(state.env_state)
         metrics = sac.Metrics(
             env_steps=state.env_steps,
             iteration=state.iteration,

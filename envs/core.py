@@ -151,3 +151,11 @@ def check_obs_size(env: Env, obs: jax.Array) -> None:
             f"env {env.name!r}: observation has last dimension {jnp.shape(obs)[-1]}, "
             f"expected {env.observation_size}"
         )
+
+
+def mean_finished_return(env_state: EnvState) -> jax.Array:
+    """Mean ``last_episode_return`` over the envs of a batch that finished an episode; NaN if none."""
+    finished = env_state.episodes > 0
+    count = jnp.sum(finished)
+    total = jnp.sum(jnp.where(finished, env_state.last_episode_return, 0.0))
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)

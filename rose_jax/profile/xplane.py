@@ -46,6 +46,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 
 from rose_jax.program import COMPONENT_PREFIX
+from rose_jax.profile._jaxpr import _lcp
 from rose_jax.trace.compat import collapse_repeats
 
 _ROSE_RE = re.compile(re.escape(COMPONENT_PREFIX) + r"([^/():\"]+)")
@@ -319,18 +320,6 @@ def xspace_module_paths(xspace: bytes) -> dict[str, dict[str, str]]:
                 else:
                     out[mname] = paths
     return out
-
-
-def _lcp(paths: list[tuple]) -> tuple:
-    first = paths[0]
-    n = len(first)
-    for p in paths[1:]:
-        n = min(n, len(p))
-        for i in range(n):
-            if p[i] != first[i]:
-                n = i
-                break
-    return first[:n]
 
 
 # -- XSpace -> kernel events --------------------------------------------------------------------
