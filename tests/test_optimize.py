@@ -656,6 +656,111 @@ def test_compare_trees_scales_per_leaf():
     assert not cmp.equal and "non-float" in cmp.reason
 
 
+# ------------------------------------------------------------------- stepwise equality
+
+
+def _seq_sum(x, reverse=False):
+    """A strictly ordered float32 sum (a scan): the order decides the last bits."""
+    return jax.lax.scan(lambda c, v: (c + v, None), jnp.float32(0.0), x, reverse=reverse)[0]
+
+
+def chaotic(reverse=False, k=7.3):
+    """A coupled chaotic map (x <- frac(k x + mean x / 2), Lyapunov ~ ln k per iteration) and an
+    integer counter of the x above 1/2: last-bit differences flip the counter within ~8 iterations."""
+
+    def iteration(state):
+        x = state["x"]
+        m = _seq_sum(x, reverse) / x.shape[0]
+        x = jnp.mod(k * x + 0.5 * m, 1.0)
+        return {"x": x, "n": state["n"] + jnp.sum(x > 0.5).astype(jnp.int32)}, {"m": m}
+
+    return iteration
+
+
+CHAOS = {"x": jax.random.uniform(jax.random.PRNGKey(0), (64,)), "n": jnp.zeros((), jnp.int32)}
+CHAOS_TOL = T.Tolerance(1e-5, 1e-6, "float32 reassociation of one sum")
+
+
+def reorder_sum():  # the same function, another float summation order
+    return T.Transform("toy_reorder_sum", (), CHAOS_TOL, "fn", lambda tree: (True, "synthetic"),
+                       lambda fn: chaotic(reverse=True))
+
+
+def wrong_map():  # another function (k = 7.31)
+    return T.Transform("toy_wrong_map", (), CHAOS_TOL, "fn", lambda tree: (True, "synthetic"),
+                       lambda fn: chaotic(k=7.31))
+
+
+def test_stepwise_equality_separates_reordering_from_a_wrong_function():
+    base, reord, wrong = (jax.jit(f) for f in (chaotic(), chaotic(reverse=True), chaotic(k=7.31)))
+    n = 10
+    traj = measure.trajectory(base, CHAOS, n)
+    assert len(traj) == n + 1 and traj[0] is CHAOS
+    for step, same_fn in ((reord, True), (wrong, False)):
+        end = _run(step, CHAOS, n)
+        cmp = measure.compare_trees(end, traj[-1], CHAOS_TOL.rtol, CHAOS_TOL.atol)
+        assert not cmp.equal and "['n']: non-float leaf differs" in cmp.reason  # chaos: trajectories part
+        outs = measure.step_outputs(step, traj[:-1])
+        each = measure.compare_each(outs, traj[1:], CHAOS_TOL.rtol, CHAOS_TOL.atol)
+        assert each.equal == same_fn, each.reason
+        if same_fn:
+            assert 0.0 < each.max_abs < 1e-5  # really another order: last bits differ at every state
+        else:
+            assert each.reason.startswith("from s_0: ['x']")
+    with pytest.raises(ValueError, match="equally long"):
+        measure.compare_each([CHAOS], [])
+
+
+@pytest.mark.parametrize("equality", ["stepwise", "trajectory"])
+def test_search_equality_modes_on_a_chaotic_iteration(equality):
+    _, report = O.optimize(
+        chaotic(), CHAOS, candidates=[reorder_sum(), wrong_map()], n_iters=10, repeats=1, equality=equality
+    )
+    by = {c.label.split("(")[0]: c for c in report.candidates}
+    reord, wrong = by["toy_reorder_sum"], by["toy_wrong_map"]
+    assert report.equality == equality and reord.equality == wrong.equality == equality
+    assert reord.equal is (equality == "stepwise"), reord.reason
+    assert wrong.equal is False and "unequal" in wrong.reason
+    if equality == "stepwise":
+        assert "unequal stepwise" in wrong.reason and 0.0 < reord.max_abs_diff < 1e-5
+    else:
+        assert "unequal after 10 iterations" in reord.reason and "non-float leaf differs" in reord.reason
+    # the baseline against itself (CPU, deterministic): bitwise
+    assert report.baseline_reproducible is True and report.baseline_max_abs_diff == 0.0
+    assert f"({equality}; baseline reproducible=True" in O.format_report(report)
+    import json
+
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["equality"] == equality and data["candidates"][0]["equality"] == equality
+    assert search.PlanReport.from_json(data).equality == equality
+
+
+def test_search_rejects_an_unknown_equality_mode():
+    with pytest.raises(ValueError, match="equality must be one of"):
+        O.optimize(chaotic(), CHAOS, candidates=[], equality="final")
+
+
+def test_stepwise_equality_syncs_a_host_candidate(toy_setup):
+    """A processes-mode candidate (env state resident in its "workers"): stepwise, each baseline
+    state's env part is uploaded, one iteration run and the result synced back before comparing."""
+    program, state, _ = toy_setup
+    made = []
+
+    def to_host(p):
+        pc = processes.ProcessCollect(p, 2, executor=processes.InlineExecutor())
+        made.append(pc)
+        return p._replace(collect=pc, host=True, groups=2, mode="processes")
+
+    host = T.Transform("toy_inline_processes", (), O.group_rollout(2).tolerance, "host",
+                       lambda tree: (True, "synthetic"), to_host)
+    _, report = O.optimize(program, state, candidates=[host], n_iters=2, repeats=1, local=False)
+    (rec,) = report.candidates
+    assert rec.equality == "stepwise" and rec.equal, rec.reason
+    st = made[-1].stats()
+    assert st["mode"] == "resident" and st["counts"]["sync"] == 2  # one sync per baseline state
+    assert report.baseline_reproducible is True
+
+
 # --------------------------------------------------------------------------- PPO and SAC
 
 

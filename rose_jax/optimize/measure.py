@@ -4,12 +4,18 @@
 ``time_repeats`` does that several times (after one untimed warm-up call that compiles), and
 ``compare_trees`` is a chex-style leaf-wise comparison that also reports the largest absolute
 and relative differences (``chex.assert_trees_all_close`` says only pass/fail).
+
+Stepwise equality (for chaotic iterations, e.g. MJX physics where last-bit differences become
+different episode terminations within a few iterations): ``trajectory`` collects the
+reference's own states ``s_0 .. s_N``, ``step_outputs`` runs ONE iteration of a step from each
+of ``s_0 .. s_{N-1}``, and ``compare_each`` compares two such lists state by state. Two steps
+that agree there compute the same function at N real states, whatever the trajectories do.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -168,3 +174,58 @@ def _host(x: Any) -> np.ndarray:
     if hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
     return np.asarray(x)
+
+
+# ----------------------------------------------------------------------------- stepwise
+
+
+def trajectory(step: Callable, state: Any, n_iters: int) -> list:
+    """``[s_0 = state, s_1, ..., s_N]``: the states along ``step``'s own trajectory (N = n_iters).
+
+    ``step`` must return full states (a jitted single-process iteration); N + 1 states are held.
+    """
+    if n_iters < 1:
+        raise ValueError(f"trajectory: n_iters must be >= 1, got {n_iters}")
+    states = [state]
+    for _ in range(n_iters):
+        states.append(step(states[-1])[0])
+    jax.block_until_ready(states)
+    return states
+
+
+def step_outputs(step: Callable, states: Sequence[Any], sync: Callable | None = None) -> list:
+    """The state after ONE call of ``step`` from each of ``states`` (each call starts afresh).
+
+    ``sync`` maps an output to the full state (a host-level step whose env state stays in its
+    worker processes: its ``sync_state``); it is applied right after each call.
+    """
+    outs = []
+    for s in states:
+        out, _ = step(s)
+        outs.append(sync(out) if sync is not None else out)
+    return outs
+
+
+def compare_each(
+    actual: Sequence[Any], reference: Sequence[Any], rtol: float = 0.0, atol: float = 0.0
+) -> Comparison:
+    """``compare_trees`` of ``actual[k]`` with ``reference[k]`` for every k, in one Comparison.
+
+    ``equal``: every pair equal; ``max_abs`` / ``max_rel``: the largest over the pairs;
+    ``worst``: ``"s_k" + leaf path`` of the largest ``max_rel``; ``reason``: the first unequal
+    pair's reason, prefixed ``"from s_k: "``.
+    """
+    if len(actual) != len(reference) or not reference:
+        raise ValueError(
+            f"compare_each: need two equally long non-empty lists, got {len(actual)} and {len(reference)}"
+        )
+    equal, max_abs, max_rel, worst, reason = True, 0.0, 0.0, "", ""
+    for k, (a, r) in enumerate(zip(actual, reference, strict=True)):
+        c = compare_trees(a, r, rtol, atol)
+        if c.max_rel > max_rel or (not worst and c.worst):
+            worst = f"s_{k}{c.worst}" if c.worst else worst
+        max_abs, max_rel = max(max_abs, c.max_abs), max(max_rel, c.max_rel)
+        if equal and not c.equal:
+            equal, reason = False, f"from s_{k}: {c.reason}"
+    n = len(reference)
+    return Comparison(equal, max_abs, max_rel, worst, reason or f"within tolerance from all {n} states")

@@ -8,10 +8,26 @@ LoopTree, most expensive first) the search generates candidate transformations, 
 legality on the LoopTree, predicts their gain, times the affected piece alone (``collect`` or
 ``learn`` of a :class:`~rose_jax.optimize.program.Program`), then runs the whole iteration
 ``n_iters`` times against the untransformed program. A candidate is kept only if it is faster
-by more than the run-to-run spread of the baseline (measured twice) AND its state after
-``n_iters`` iterations equals the reference's within the transform's tolerance. Kept candidates
-are combined greedily (each addition re-validated). Every candidate, kept or not, is logged in
-the :class:`PlanReport` with the reason.
+by more than the run-to-run spread of the baseline (measured twice) AND it is equal to the
+baseline within the transform's tolerance. Kept candidates are combined greedily (each addition
+re-validated). Every candidate, kept or not, is logged in the :class:`PlanReport` with the reason.
+
+Equality (``equality=``, recorded in the report and in every candidate record):
+
+* ``"stepwise"`` (default): the baseline's own states ``s_0 .. s_{N-1}`` (N = ``n_iters``) are
+  collected once; for each ``s_k`` ONE iteration of the candidate and ONE of the baseline are
+  run and their full output states compared (float leaves within the tolerance, integer, bool
+  and key leaves exactly). It checks that the transformed iteration computes the same function
+  at N real states without comparing chaotic trajectories (MJX's constraint solver turns
+  last-bit differences of another XLA fusion into other episode terminations within two
+  iterations). The baseline from ``s_k`` is also compared with its own trajectory's
+  ``s_{k+1}``: ``baseline_reproducible`` / ``baseline_max_abs_diff`` say whether the baseline
+  itself is bitwise run-to-run reproducible.
+* ``"trajectory"``: the final states after ``n_iters`` iterations from the same start are
+  compared (the baseline's reproducibility: its two timed runs' final states).
+
+A host-level candidate whose env state stays in its worker processes is compared after its
+``sync_state`` (the full state).
 
 The plan is cached (see :mod:`rose_jax.optimize.cache`): a later call for the same program on
 the same kind of machine applies the cached plan without measuring anything.
@@ -23,7 +39,7 @@ import dataclasses
 import json
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 
@@ -39,6 +55,7 @@ from rose_jax.optimize import transforms as T
 LOOP_OVERHEAD_S = {"gpu": 10e-6, "cpu": 1e-6}
 # Assumed idle SM share of a phase when no profiler window says otherwise.
 ASSUMED_IDLE_SHARE = 0.5
+EQUALITY_MODES = ("stepwise", "trajectory")
 
 
 # ------------------------------------------------------------------------------- the report
@@ -65,6 +82,8 @@ class CandidateRecord:
     max_rel_diff: float | None = None
     kept: bool = False
     reason: str = ""
+    equality: str = ""  # how ``equal`` was decided: "stepwise" | "trajectory" ("" not reached)
+    e2e_baseline_s: float | None = None  # the baseline timed in turns with this candidate
 
 
 @dataclasses.dataclass
@@ -78,8 +97,14 @@ class PlanReport:
     jax_version: str
     n_iters: int
     repeats: int
+    equality: str = "stepwise"  # "stepwise" | "trajectory" (see the module docstring)
     baseline_s: float | None = None
     baseline_spread_s: float | None = None
+    # the baseline against itself, in the equality mode's way (bitwise: rtol = atol = 0)
+    baseline_reproducible: bool | None = None
+    baseline_max_abs_diff: float | None = None
+    baseline_max_rel_diff: float | None = None
+    baseline_repro_reason: str = ""
     candidates: list[CandidateRecord] = dataclasses.field(default_factory=list)
     plan: list[dict] = dataclasses.field(default_factory=list)
     optimized_s: float | None = None
@@ -128,7 +153,9 @@ def format_report(report: PlanReport) -> str:
         f"{'CACHE HIT' if report.cache_hit else f'search {report.search_time_s:.1f}s'}\n"
         f"baseline {_fmt_s(report.baseline_s)}/iter (spread {_fmt_s(report.baseline_spread_s)}), "
         f"optimized {_fmt_s(report.optimized_s)}/iter, speedup "
-        f"{'-' if report.speedup is None else f'{report.speedup:.3f}x'}, equal={report.equal}\n"
+        f"{'-' if report.speedup is None else f'{report.speedup:.3f}x'}, equal={report.equal} "
+        f"({report.equality}; baseline reproducible={report.baseline_reproducible}, max|d| "
+        f"{'-' if report.baseline_max_abs_diff is None else f'{report.baseline_max_abs_diff:.2g}'})\n"
         f"plan: {', '.join(t['label'] for t in report.plan) or '(none: baseline kept)'}"
     )
     rows = [("candidate", "window", "pred", "local", "e2e", "speedup", "max|d|", "kept", "reason")]
@@ -393,6 +420,7 @@ def optimize(
     local: bool = True,
     combine: bool = True,
     log: Callable[[str], None] | None = None,
+    equality: str = "stepwise",
 ) -> tuple[Callable, PlanReport]:
     """Search for a faster, equal version of an iteration; see the module docstring.
 
@@ -409,6 +437,9 @@ def optimize(
       local: time the affected piece of a Program first and drop candidates that are slower.
       combine: greedily combine kept candidates.
       log: progress lines (e.g. ``print``).
+      equality: ``"stepwise"`` (one iteration from each of the baseline's first ``n_iters``
+        states) or ``"trajectory"`` (the states after ``n_iters`` iterations); see the module
+        docstring.
 
     Returns:
       ``(step, report)``: ``step`` is the optimized iteration, compiled (jitted unless it runs
@@ -417,6 +448,8 @@ def optimize(
     """
     if n_iters < 1 or repeats < 1:
         raise ValueError(f"optimize: n_iters and repeats must be >= 1, got {n_iters}, {repeats}")
+    if equality not in EQUALITY_MODES:
+        raise ValueError(f"optimize: equality must be one of {EQUALITY_MODES}, got {equality!r}")
     say = log or (lambda s: None)
     t_start = time.perf_counter()
     program = target if _is_program(target) else None
@@ -431,7 +464,7 @@ def optimize(
     device = plan_cache.device_name()
     key = plan_cache.cache_key(fp, env_name, batch_size, device)
     name = program.name if program else getattr(base_fn, "__name__", "fn")
-    report = PlanReport(name, fp, key, device, jax.__version__, n_iters, repeats)
+    report = PlanReport(name, fp, key, device, jax.__version__, n_iters, repeats, equality)
 
     cached = plan_cache.lookup(cache_dir, key)
     if cached is not None:
@@ -447,13 +480,20 @@ def optimize(
     say(f"[optimize] {name}: baseline x2 ({repeats} repeats of {n_iters} iterations)")
     base_step = compile_step(target)
     ref_state, t1 = measure.time_repeats(base_step, example_state, n_iters, repeats)
-    _, t2 = measure.time_repeats(base_step, example_state, n_iters, repeats, warmup=False)
+    ref_again, t2 = measure.time_repeats(base_step, example_state, n_iters, repeats, warmup=False)
     report.measurements += 2 * repeats
     all_base = measure.Timing(t1.per_iter_s + t2.per_iter_s)
     baseline = all_base.median
     spread = max(abs(t1.median - t2.median), 2.0 * all_base.mad)
     report.baseline_s, report.baseline_spread_s = baseline, spread
     say(f"[optimize] baseline {baseline * 1e3:.3f} ms/iter, spread {spread * 1e3:.3f} ms")
+    ref = _reference(equality, base_step, example_state, n_iters, ref_state, ref_again)
+    rc = ref.reproducibility
+    report.baseline_reproducible, report.baseline_repro_reason = rc.equal, rc.reason
+    report.baseline_max_abs_diff, report.baseline_max_rel_diff = rc.max_abs, rc.max_rel
+    if not rc.equal:
+        report.notes.append(f"baseline not bitwise reproducible ({equality}): {rc.reason}")
+    say(f"[optimize] baseline reproducible ({equality}): {rc.equal}, max|d| {rc.max_abs:.2g}")
 
     from rose_jax import trace as rtrace  # noqa: PLC0415
 
@@ -499,22 +539,22 @@ def optimize(
             (_, tb), (state_c, tc) = measure.time_alternating(
                 [base_step, step], example_state, n_iters, repeats
             )
-            state_c = _synced(step, state_c)
             report.measurements += 2 * repeats
+            rec.equality = equality
+            cmp = _check_equal(ref, step, state_c, t.tolerance)
         except Exception as e:  # noqa: BLE001 - a failing candidate is logged, not fatal
             rec.reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             say(f"[optimize] {t.label}: {rec.reason}")
             continue
         finally:
             _close(transformed)
-        cmp = measure.compare_trees(state_c, ref_state, t.tolerance.rtol, t.tolerance.atol)
         rec.e2e_time_s, rec.e2e_baseline_s = tc.median, tb.median
         rec.speedup = tb.median / tc.median if tc.median > 0 else None
         rec.equal, rec.max_abs_diff, rec.max_rel_diff = cmp.equal, cmp.max_abs, cmp.max_rel
         gain = tb.median - tc.median  # against the baseline timed in turns with it
         noise = max(spread, 2.0 * max(tb.mad, tc.mad))
         if not cmp.equal:
-            rec.reason = f"unequal after {n_iters} iterations: {cmp.reason}"
+            rec.reason = f"unequal {ref.what}: {cmp.reason}"
         elif gain <= noise:
             rec.reason = (
                 f"not faster by more than the spread: gain {gain * 1e3:.3f} ms <= {noise * 1e3:.3f} ms"
@@ -558,15 +598,14 @@ def optimize(
                 (_, tb), (state_c, tc) = measure.time_alternating(
                     [base_step, step], example_state, n_iters, repeats
                 )
-                state_c = _synced(step, state_c)
                 report.measurements += 2 * repeats
+                rec.equality = equality
+                cmp = _check_equal(ref, step, state_c, _loosest(trial))
             except Exception as e:  # noqa: BLE001
                 rec.reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 continue
             finally:
                 _close(combined)
-            tol = _loosest(trial)
-            cmp = measure.compare_trees(state_c, ref_state, tol.rtol, tol.atol)
             scaled = tc.median * baseline / tb.median
             rec.e2e_time_s, rec.e2e_baseline_s, rec.speedup = tc.median, tb.median, tb.median / tc.median
             rec.equal, rec.max_abs_diff, rec.max_rel_diff = cmp.equal, cmp.max_abs, cmp.max_rel
@@ -575,7 +614,11 @@ def optimize(
                 rec.kept, rec.reason = True, "faster than the current plan by more than the spread, and equal"
                 plan, best_time, best_cmp = trial, scaled, cmp
             else:
-                rec.reason = "unequal" if not cmp.equal else "no gain over the current plan beyond the spread"
+                rec.reason = (
+                    f"unequal {ref.what}: {cmp.reason}"
+                    if not cmp.equal
+                    else "no gain over the current plan beyond the spread"
+                )
             say(
                 f"[optimize] combine {label}: speedup {rec.speedup:.3f}x -> "
                 f"{'KEPT' if rec.kept else 'rejected'}"
@@ -639,6 +682,39 @@ def _local_check(rec, t, program, transformed, state, repeats, local_base, repor
             f"slower locally ({', '.join(pieces)}): {new_total * 1e3:.3f} ms vs {base_total * 1e3:.3f} ms",
         )
     return True, "local ok"
+
+
+class _Reference(NamedTuple):
+    """What candidates are compared with (see the module docstring).
+
+    stepwise: ``starts`` = the baseline's states s_0 .. s_{N-1}, ``outputs`` = the baseline's
+    state after one iteration from each; trajectory: ``outputs`` = [the final state]."""
+
+    mode: str
+    starts: list
+    outputs: list
+    reproducibility: measure.Comparison  # the baseline against itself, bitwise
+    what: str  # for reasons: "after 3 iterations" / "stepwise (one iteration from ...)"
+
+
+def _reference(mode, base_step, state, n_iters, final, final_again) -> _Reference:
+    if mode == "trajectory":
+        repro = measure.compare_trees(final_again, final)
+        return _Reference(mode, [], [final], repro, f"after {n_iters} iterations")
+    states = measure.trajectory(base_step, state, n_iters)
+    starts = states[:-1]
+    outputs = measure.step_outputs(base_step, starts)  # the baseline from s_k a second time
+    repro = measure.compare_each(outputs, states[1:])
+    what = f"stepwise (one iteration from each of the baseline's states s_0..s_{n_iters - 1})"
+    return _Reference(mode, starts, outputs, repro, what)
+
+
+def _check_equal(ref: _Reference, step, final, tol: T.Tolerance) -> measure.Comparison:
+    """The candidate ``step`` against the baseline (``final``: its state after the timed runs)."""
+    if ref.mode == "trajectory":
+        return measure.compare_trees(_synced(step, final), ref.outputs[0], tol.rtol, tol.atol)
+    outs = measure.step_outputs(step, ref.starts, sync=lambda s: _synced(step, s))
+    return measure.compare_each(outs, ref.outputs, tol.rtol, tol.atol)
 
 
 def _synced(step, state):
