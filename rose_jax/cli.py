@@ -153,19 +153,15 @@ def cmd_train(args) -> int:
         bar.set_postfix(ret=f"{row.get('episode_return', float('nan')):.1f}", refresh=False)
         bar.update(max(0, min(int(env_steps), steps) - bar.n))  # redraws at most once per mininterval
 
-    train_kwargs = dict(num_timesteps=steps, seed=args.seed, progress_fn=progress, **overrides)
-    if args.checkpoint_every:
-        train_kwargs.update(
-            checkpoint_dir=os.path.join(os.path.abspath(run_dir), "checkpoints"),
-            checkpoint_every=args.checkpoint_every,
-            resume=args.resume,
-        )
-    if args.optimize:
-        from rose_jax import optimize as rj_optimize
-
-        train_kwargs["iteration_transform"] = rj_optimize.trainer_transform(algo_name, env, overrides)
     try:
-        algo.train(env, **train_kwargs)
+        if args.optimize:
+            _train_optimized(algo_name, env, env_name, steps, args, overrides, progress)
+        else:
+            train_kwargs = dict(num_timesteps=steps, seed=args.seed, progress_fn=progress, **overrides)
+            if args.checkpoint_every:
+                train_kwargs.update(checkpoint_dir=os.path.join(os.path.abspath(run_dir), "checkpoints"),
+                                    checkpoint_every=args.checkpoint_every, resume=args.resume)
+            algo.train(env, **train_kwargs)
     except (ValueError, TypeError) as e:
         bar.close()
         raise SystemExit(f"rose-jax: {e}") from None
@@ -179,6 +175,47 @@ def cmd_train(args) -> int:
         f"wrote {run_dir}/metrics.json and learning_curve.png"
     )
     return 0
+
+
+def plan_cache_dir() -> str:
+    """Where searched plans are cached: ``$ROSE_JAX_PLAN_CACHE`` or ``~/.cache/rose-jax/plans``."""
+    default = os.path.join(os.path.expanduser("~"), ".cache", "rose-jax", "plans")
+    return os.environ.get("ROSE_JAX_PLAN_CACHE") or default
+
+
+def _train_optimized(algo_name: str, env, env_name: str, steps: int, args, overrides: dict, progress) -> None:
+    """``train --optimize``: search (or load the cached) rose-jax plan, then train with it.
+
+    The plan search measures the untransformed iteration and each candidate end to end and keeps a
+    candidate only if it is faster and computes the same result (``rose_jax.optimize.optimize``);
+    plans are cached per (program, env, batch, GPU, jax version), so a second run skips the search.
+    """
+    import jax
+
+    import algos
+    from algos import driver
+    from rose_jax import optimize as rj_optimize
+
+    if args.checkpoint_every or args.resume:
+        raise ValueError("--optimize does not checkpoint yet; drop --checkpoint-every/--resume")
+    config = algos.make_config(algo_name, num_timesteps=steps, seed=args.seed, **overrides)
+    make_program = rj_optimize.ppo_program if algo_name == "ppo" else rj_optimize.sac_program
+    env_kwargs = (("backend", args.backend),) if args.backend else ()
+    program = make_program(config, env, env_name=env_name, env_kwargs=env_kwargs)
+    module = algos.get(algo_name)
+    state = module.init(config, env, jax.random.PRNGKey(config.seed))
+    step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(), env_name=env_name,
+                                        batch_size=config.num_envs, log=lambda m: print(m, flush=True))
+    print(rj_optimize.format_report(report), flush=True)
+    num_iterations = -(-steps // _env_steps_per_iteration(algo_name, config))
+    driver.run(step, state, num_iterations=num_iterations, iteration_of=lambda s: s.iteration,
+               env_steps_of=lambda s: s.env_steps, progress_fn=progress)
+
+
+def _env_steps_per_iteration(algo_name: str, config) -> int:
+    if algo_name == "ppo":
+        return config.num_envs * config.unroll_length
+    return config.num_envs * config.steps_per_iteration
 
 
 def _example_iteration(algo_name: str, env, overrides: dict):

@@ -93,3 +93,23 @@ def test_envs_lists_registry(capsys):
     assert cli.main(["envs"]) == 0
     names = capsys.readouterr().out.split()
     assert {"cartpole", "pendulum", "point_mass", "ant"} <= set(names)
+
+
+@pytest.mark.slow
+def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys, monkeypatch):
+    """`train --optimize` runs the real plan search (baseline vs candidates, equality checked), caches
+    the plan, and a second run applies the cached plan without measuring; both train the same."""
+    monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans"))
+    argv = ["train", "--env", "pendulum", "--algo", "ppo", "--optimize", "--steps", "2048",
+            "--set", "num_envs=16", "--set", "unroll_length=8", "--set", "num_minibatches=2"]
+    assert cli.main([*argv, "--run-dir", str(tmp_path / "a")]) == 0
+    first = capsys.readouterr().out
+    assert "CACHE HIT" not in first and "candidate" in first
+    assert (tmp_path / "plans" / "plans.json").exists()
+    assert cli.main([*argv, "--run-dir", str(tmp_path / "b")]) == 0
+    second = capsys.readouterr().out
+    assert "CACHE HIT" in second
+    a = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    b = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert [r["env_steps"] for r in a] == [r["env_steps"] for r in b]
+    assert a[-1]["policy_loss"] == b[-1]["policy_loss"]
