@@ -74,3 +74,34 @@ def save_plot(fig, path: str) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     atomic_write(path, buf.getvalue())
+
+
+def enable_compile_cache(path: str) -> None:
+    """Turn on JAX's persistent compilation cache at ``path`` ('' leaves it off)."""
+    if path:
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def algo_config(algo: str, num_envs: int, args, **overrides):
+    """PPOConfig / SACConfig from the GPU scripts' shared flags (--ppo-unroll, --sac-batch, ..., --seed).
+
+    ``overrides`` are extra config fields (e.g. hidden sizes); an unknown ``algo`` is a ValueError.
+    """
+    if algo == "ppo":
+        from algos import ppo
+
+        return ppo.PPOConfig(num_envs=num_envs, unroll_length=args.ppo_unroll,
+                             num_minibatches=args.ppo_minibatches, num_epochs=args.ppo_epochs,
+                             seed=args.seed, **overrides)
+    if algo == "sac":
+        from algos import sac
+
+        capacity = max(args.sac_replay, 4 * num_envs, 4 * args.sac_batch)
+        return sac.SACConfig(num_envs=num_envs, batch_size=args.sac_batch,
+                             grad_updates_per_step=args.sac_grad_updates, num_timesteps=10**9,
+                             min_replay_size=max(num_envs, args.sac_batch), max_replay_size=capacity,
+                             seed=args.seed, **overrides)
+    raise ValueError(f"unknown algorithm {algo!r}; use ppo or sac")

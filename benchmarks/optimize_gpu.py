@@ -56,44 +56,20 @@ def build(algo: str, num_envs: int, args):
 
     env_kw = () if args.backend in ("", "none") else (("backend", args.backend),)
     env = envs.make(args.env, **dict(env_kw))
-    key = jax.random.PRNGKey(args.seed)
-    if algo == "ppo":
-        from algos import ppo
+    from algos import ppo, sac
+    from benchmarks.common import algo_config
 
-        config = ppo.PPOConfig(
-            num_envs=num_envs,
-            unroll_length=args.ppo_unroll,
-            num_minibatches=args.ppo_minibatches,
-            num_epochs=args.ppo_epochs,
-            seed=args.seed,
-            policy_hidden_sizes=tuple(args.hidden),
-            value_hidden_sizes=tuple(args.hidden),
-        )
+    key = jax.random.PRNGKey(args.seed)
+    hidden = tuple(args.hidden)
+    if algo == "ppo":
+        config = algo_config(algo, num_envs, args, policy_hidden_sizes=hidden, value_hidden_sizes=hidden)
         program = O.ppo_program(config, env, env_name=args.env, env_kwargs=env_kw)
         return program, ppo.init(config, env, key), config.steps_per_iteration, config
-    if algo == "sac":
-        from algos import sac
-
-        capacity = max(args.sac_replay, 4 * num_envs, 4 * args.sac_batch)
-        config = sac.SACConfig(
-            num_envs=num_envs,
-            batch_size=args.sac_batch,
-            grad_updates_per_step=args.sac_grad_updates,
-            num_timesteps=10**9,
-            min_replay_size=max(num_envs, args.sac_batch),
-            max_replay_size=capacity,
-            seed=args.seed,
-            policy_hidden_sizes=tuple(args.hidden),
-            q_hidden_sizes=tuple(args.hidden),
-            num_eval_envs=0,
-        )
-        return (
-            sac.iteration(config, env),
-            sac.init(config, env, key),
-            num_envs * config.steps_per_iteration,
-            config,
-        )
-    raise ValueError(f"unknown algorithm {algo!r}; use ppo or sac")
+    config = algo_config(
+        algo, num_envs, args, policy_hidden_sizes=hidden, q_hidden_sizes=hidden, num_eval_envs=0
+    )
+    per_iteration = num_envs * config.steps_per_iteration
+    return sac.iteration(config, env), sac.init(config, env, key), per_iteration, config
 
 
 def parse_candidates(text: str):
@@ -370,9 +346,9 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     import jax
 
-    if args.compile_cache:
-        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    from benchmarks.common import enable_compile_cache
+
+    enable_compile_cache(args.compile_cache)
     from benchmarks.common import atomic_write, machine_info, write_json
 
     out_dir = args.out or (

@@ -49,33 +49,12 @@ def build(algo: str, env_name: str, num_envs: int, args):
 
     env_kw = {} if args.backend in ("", "none") else {"backend": args.backend}
     env = envs.make(env_name, **env_kw)
-    key = jax.random.PRNGKey(args.seed)
-    if algo == "ppo":
-        from algos import ppo
+    from algos import ppo, sac
+    from benchmarks.common import algo_config
 
-        config = ppo.PPOConfig(
-            num_envs=num_envs,
-            unroll_length=args.ppo_unroll,
-            num_minibatches=args.ppo_minibatches,
-            num_epochs=args.ppo_epochs,
-            seed=args.seed,
-        )
-        return ppo.iteration(config, env), ppo.init(config, env, key), config
-    if algo == "sac":
-        from algos import sac
-
-        capacity = max(args.sac_replay, 4 * num_envs, 4 * args.sac_batch)
-        config = sac.SACConfig(
-            num_envs=num_envs,
-            batch_size=args.sac_batch,
-            grad_updates_per_step=args.sac_grad_updates,
-            num_timesteps=10**9,
-            min_replay_size=max(num_envs, args.sac_batch),
-            max_replay_size=capacity,
-            seed=args.seed,
-        )
-        return sac.iteration(config, env), sac.init(config, env, key), config
-    raise ValueError(f"unknown algorithm {algo!r}; use ppo or sac")
+    config = algo_config(algo, num_envs, args)
+    module = ppo if algo == "ppo" else sac
+    return module.iteration(config, env), module.init(config, env, jax.random.PRNGKey(args.seed)), config
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -322,9 +301,9 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     import jax
 
-    if args.compile_cache:
-        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    from benchmarks.common import enable_compile_cache
+
+    enable_compile_cache(args.compile_cache)
     from rose_jax import profile as rp
 
     out_dir = args.out or (
