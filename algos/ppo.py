@@ -610,6 +610,39 @@ def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[Train
     return iterate
 
 
+_EVAL_SALT = 0x5E7A1  # eval keys are fold_in(state.key, salt): training never consumes them
+
+
+def epoch(
+    config: PPOConfig, env: Env, iterations: int, num_eval_envs: int = 128, eval_length: int | None = None
+) -> Callable[[TrainState], tuple[TrainState, dict]]:
+    """Pure ``TrainState -> (TrainState, metrics dict)``: ``iterations`` PPO iterations in a
+    ``lax.scan``, then an evaluation of the deterministic policy (Brax's train loop between two
+    progress reports), reported as ``eval_episode_return``.
+
+    The evaluation runs ``num_eval_envs`` fresh envs for ``eval_length`` steps (default
+    ``env.episode_length``) with a key folded from the state's key and iteration counter, so it
+    consumes nothing the training uses: training results do not depend on it. Epoch metrics: the
+    last iteration's :class:`Metrics`, with ``reward`` averaged and ``episodes`` summed over the epoch.
+    """
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"ppo.epoch: iterations must be a positive int, got {iterations!r}")
+    one = iteration(config, env)
+    length = env.episode_length if eval_length is None else eval_length
+    evaluate_fn = make_evaluator(_program_key(config), env, int(num_eval_envs), int(length))
+
+    def run_epoch(state: TrainState) -> tuple[TrainState, dict]:
+        state, ms = jax.lax.scan(lambda s, _: one(s), state, None, length=iterations)
+        out = {k: v[-1] for k, v in ms._asdict().items()}
+        out["reward"], out["episodes"] = jnp.mean(ms.reward), jnp.sum(ms.episodes)
+        with rose_jax.component("evaluate"):
+            eval_key = jax.random.fold_in(jax.random.fold_in(state.key, _EVAL_SALT), state.iteration)
+            out["eval_episode_return"] = evaluate_fn(state.params, state.normalizer, eval_key)
+        return state, out
+
+    return run_epoch
+
+
 def jitted_iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
     """``jax.jit(iteration(config, env))`` donating the state (except on CPU, which cannot donate).
 
@@ -814,6 +847,7 @@ __all__ = [
     "TrainState",
     "Transition",
     "compute_gae",
+    "epoch",
     "evaluate",
     "init",
     "iteration",

@@ -720,15 +720,20 @@ def iterations_per_epoch(config: SACConfig) -> int:
     return -(-total // config.num_evals)
 
 
-def epoch(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[TrainState, dict]]:
-    """Pure ``TrainState -> (TrainState, metrics dict)``: a ``lax.scan`` of :func:`iterations_per_epoch`
-    iterations, then (``num_eval_envs > 0``) an evaluation, as ``eval_episode_return``.
+def epoch(
+    config: SACConfig, env: Env, iterations: int | None = None
+) -> Callable[[TrainState], tuple[TrainState, dict]]:
+    """Pure ``TrainState -> (TrainState, metrics dict)``: a ``lax.scan`` of ``iterations`` (default
+    :func:`iterations_per_epoch`) iterations, then (``num_eval_envs > 0``) an evaluation, as
+    ``eval_episode_return``.
 
     Epoch metrics: the :class:`Metrics` fields, with reward and losses averaged over the epoch,
     ``episodes`` summed, counters, alpha and episode_return as at its end.
     """
     one = iteration(config, env)
-    iters = iterations_per_epoch(config)
+    iters = iterations_per_epoch(config) if iterations is None else iterations
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"sac.epoch: iterations must be a positive int, got {iterations!r}")
     evaluate_fn = make_evaluator(config, env) if config.num_eval_envs > 0 else None
     averaged = ("reward", "critic_loss", "actor_loss", "alpha_loss")
 

@@ -12,9 +12,17 @@ Writes ``optimize.json`` (machine, versions, command, every candidate of every s
 ``optimize.md`` (tables) and ``optimize.png`` (env-steps/s, baseline vs optimized) into
 ``--out`` (default benchmarks/results/optimize/), atomically; a short table is printed last.
 
+``--unit epoch`` times what Brax's train loop runs between two progress reports instead of one
+iteration: ``--epoch-env-steps`` env steps of training (``ppo.epoch`` / ``sac.epoch``, a scan of
+iterations) followed by an evaluation of ``--eval-envs`` envs for a whole episode; candidates
+default to ``offload:evaluate`` (``rose_jax.optimize.offload_component``: the evaluation in a worker
+process, behind the next epoch's training). ``--mps-client`` runs the whole benchmark as a client
+of a fresh MPS daemon (needed for the worker's kernels to run concurrently with the driver's).
+
 On the H200 (about 5-6 minutes; most of it compilation, shared through JAX's persistent cache):
     python benchmarks/optimize_gpu.py
     python benchmarks/optimize_gpu.py --algos ppo --num-envs 8192 --ppo-candidates group:2:processes
+    python benchmarks/optimize_gpu.py --unit epoch --mps-client
 Check the plumbing on a CPU (pendulum, tiny sizes; output in a temp dir unless --out):
     python benchmarks/optimize_gpu.py --tiny
 """
@@ -48,7 +56,7 @@ def log(msg: str) -> None:
 
 
 def build(algo: str, num_envs: int, args):
-    """(target: Program or iteration fn, state, steps per iteration, config)."""
+    """(target: Program or iteration/epoch fn, state, env steps per call, config)."""
     import jax
 
     import envs
@@ -61,15 +69,27 @@ def build(algo: str, num_envs: int, args):
 
     key = jax.random.PRNGKey(args.seed)
     hidden = tuple(args.hidden)
+    epoch = args.unit == "epoch"
+    eval_length = args.eval_length or env.episode_length
     if algo == "ppo":
         config = algo_config(algo, num_envs, args, policy_hidden_sizes=hidden, value_hidden_sizes=hidden)
+        state = ppo.init(config, env, key)
+        if epoch:
+            k = max(1, math.ceil(args.epoch_env_steps / config.steps_per_iteration))
+            fn = ppo.epoch(config, env, k, num_eval_envs=args.eval_envs, eval_length=eval_length)
+            return fn, state, k * config.steps_per_iteration, config
         program = O.ppo_program(config, env, env_name=args.env, env_kwargs=env_kw)
-        return program, ppo.init(config, env, key), config.steps_per_iteration, config
+        return program, state, config.steps_per_iteration, config
     config = algo_config(
-        algo, num_envs, args, policy_hidden_sizes=hidden, q_hidden_sizes=hidden, num_eval_envs=0
+        algo, num_envs, args, policy_hidden_sizes=hidden, q_hidden_sizes=hidden,
+        num_eval_envs=args.eval_envs if epoch else 0,
     )
     per_iteration = num_envs * config.steps_per_iteration
-    return sac.iteration(config, env), sac.init(config, env, key), per_iteration, config
+    state = sac.init(config, env, key)
+    if epoch:
+        k = max(1, math.ceil(args.epoch_env_steps / per_iteration))
+        return sac.epoch(config, env, iterations=k), state, k * per_iteration, config
+    return sac.iteration(config, env), state, per_iteration, config
 
 
 def parse_candidates(text: str):
@@ -90,12 +110,14 @@ def parse_candidates(text: str):
                 out.append(O.group_rollout(int(rest[0]), rest[1] if len(rest) > 1 else "interleaved"))
             elif kind == "fuse":
                 out.append(O.overlap_independent(rest[0], rest[1]))
+            elif kind == "offload":
+                out.append(O.offload_component(rest[0] if rest and rest[0] else "evaluate"))
             else:
                 raise ValueError(f"unknown kind {kind!r}")
         except (IndexError, ValueError) as e:
             raise SystemExit(
                 f"bad candidate {item!r}: {e} (use unroll:<where>:<f>, hoist:<where>, "
-                "group:<G>:<mode>, fuse:<a>:<b> or auto)"
+                "group:<G>:<mode>, fuse:<a>:<b>, offload:<component> or auto)"
             ) from None
     return out
 
@@ -148,7 +170,10 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
     base_step = search.compile_step(target)
     log(f"{name}: baseline: compile + {args.repeats} x {args.iters} iterations")
     t = time.perf_counter()
-    first_s, _ = time_step(base_step, state, args.iters, args.repeats)
+    if args.unit == "epoch":  # epochs take seconds: one timed epoch here, the search times in turns
+        first_s, _ = time_step(base_step, state, 1, 1)
+    else:
+        first_s, _ = time_step(base_step, state, args.iters, args.repeats)
     log(
         f"{name}: baseline {first_s * 1e3:.2f} ms/iter = {steps_per_iter / first_s:,.0f} env-steps/s "
         f"({time.perf_counter() - t:.1f}s incl. compile)"
@@ -177,8 +202,11 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
         max_candidates=args.max_candidates,
         local=args.local,
         log=lambda s: log(f"{name}: {s}"),
+        equality_iters=args.equality_iters,
     )
     search_s = time.perf_counter() - t
+    if args.unit == "epoch":
+        return _epoch_row(name, algo, num_envs, args, config, steps_per_iter, base_act, report, step, search_s)
     try:
         log(f"{name}: baseline and optimized timed in turns ({args.repeats} x {args.iters} iterations each)")
         (base_final, tb), (opt_final, to) = measure.time_alternating(
@@ -197,6 +225,7 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
         base_s, opt_s = tb.median, to.median
         if not report.plan:  # nothing kept: the "optimized" step is the baseline program itself
             opt_s = base_s
+        offload_stats = getattr(step, "stats", lambda: None)() if report.plan else None
         opt_act, _ = sm_activity(step, state, args.activity_iters, args)
     finally:
         getattr(step, "close", lambda: None)()
@@ -230,9 +259,48 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
         "activity": act_reason,
         "search_s": search_s,
         "process_transfers": _transfer_summary(transfers),
+        "unit": args.unit,
+        "offload": offload_stats,
         "cache_hit": report.cache_hit,
         "report": report.to_json(),
         "report_text": O.format_report(report),
+    }
+
+
+def _epoch_row(name, algo, num_envs, args, config, per_call, base_act, report, step, search_s) -> dict:
+    """Row of the epoch unit from the search's own measurements (timed in turns with the baseline,
+    equality under deterministic XLA ops): the epochs are seconds long, so no second timing."""
+    from rose_jax import optimize as O
+
+    kept = [c for c in report.candidates if c.kept]
+    best = min(kept, key=lambda c: c.e2e_time_s) if kept else None
+    tried = [c for c in report.candidates if c.e2e_time_s]
+    ref = best or (tried[0] if tried else None)
+    base_s = ref.e2e_baseline_s if ref else report.baseline_s
+    opt_s = best.e2e_time_s if best else base_s
+    try:
+        state = build(algo, num_envs, args)[1]
+        opt_act, _ = sm_activity(step, state, args.activity_iters, args) if best else (base_act, None)
+        stats = getattr(step, "stats", lambda: None)() if best else None
+    finally:
+        getattr(step, "close", lambda: None)()
+    tried_s = ref.e2e_time_s if ref else None
+    log(
+        f"{name}: baseline {base_s:.3f} / optimized {opt_s:.3f} s/epoch = {per_call / base_s:,.0f} / "
+        f"{per_call / opt_s:,.0f} env-steps/s; plan {[p['label'] for p in report.plan] or '-'}; "
+        f"equal={report.equal}; search {search_s:.1f}s"
+    )
+    return {
+        "name": name, "algo": algo, "env": args.env, "num_envs": num_envs, "unit": "epoch",
+        "config": repr(config), "steps_per_iteration": per_call,
+        "baseline_ms": base_s * 1e3, "optimized_ms": opt_s * 1e3, "candidate_ms": (tried_s or 0) * 1e3,
+        "baseline_steps_per_s": per_call / base_s, "optimized_steps_per_s": per_call / opt_s,
+        "speedup": base_s / opt_s, "plan": [p["label"] for p in report.plan],
+        "equal": bool(ref.equal) if ref else True,
+        "max_abs_diff": ref.max_abs_diff if ref else 0.0, "max_rel_diff": ref.max_rel_diff if ref else 0.0,
+        "tolerance_rtol": 0.0, "sm_activity_before": base_act, "sm_activity_after": opt_act,
+        "search_s": search_s, "offload": stats, "cache_hit": report.cache_hit,
+        "report": report.to_json(), "report_text": O.format_report(report),
     }
 
 
@@ -306,8 +374,16 @@ def parse_args(argv=None):
     )
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--activity-iters", type=int, default=5)
-    p.add_argument("--ppo-candidates", default=DEFAULT_PPO)
-    p.add_argument("--sac-candidates", default=DEFAULT_SAC)
+    p.add_argument("--ppo-candidates", default=None, help=f"default {DEFAULT_PPO} (epoch unit: offload:evaluate)")
+    p.add_argument("--sac-candidates", default=None, help=f"default {DEFAULT_SAC} (epoch unit: offload:evaluate)")
+    p.add_argument("--unit", choices=["iteration", "epoch"], default="iteration",
+                   help="what one timed call is: one iteration, or a training epoch + evaluation")
+    p.add_argument("--epoch-env-steps", type=int, default=1_000_000, help="training env steps per epoch")
+    p.add_argument("--eval-envs", type=int, default=128)
+    p.add_argument("--eval-length", type=int, default=0, help="eval steps (0: the env's episode length)")
+    p.add_argument("--equality-iters", type=int, default=None, help="calls in the equality check (default --iters)")
+    p.add_argument("--mps-client", action="store_true",
+                   help="run as a client of a fresh MPS daemon (started and stopped by a parent process)")
     p.add_argument("--max-candidates", type=int, default=3)
     p.add_argument(
         "--local",
@@ -333,28 +409,79 @@ def parse_args(argv=None):
         help="JAX persistent compilation cache dir ('' to disable)",
     )
     args = p.parse_args(argv)
+    epoch_default = "offload:evaluate"
+    if args.ppo_candidates is None:
+        args.ppo_candidates = epoch_default if args.unit == "epoch" else DEFAULT_PPO
+    if args.sac_candidates is None:
+        args.sac_candidates = epoch_default if args.unit == "epoch" else DEFAULT_SAC
     if args.tiny:
         args.env, args.backend, args.num_envs, args.hidden = "pendulum", "none", [8], [16]
         args.repeats, args.iters, args.activity_iters = 5, 3, 2
         args.ppo_unroll, args.ppo_minibatches, args.ppo_epochs = 4, 2, 1
         args.sac_batch, args.sac_grad_updates, args.sac_replay = 16, 2, 1024
         args.budget_s = max(args.budget_s, 1e9)
+        args.epoch_env_steps, args.eval_envs, args.eval_length = 256, 8, 50
+    if args.unit == "epoch" and not args.tiny:
+        args.activity_iters = min(args.activity_iters, 2)
     return args
+
+
+def write_results(rows: list[dict], args, out_dir: str) -> str:
+    """JSON + Markdown (+ PNG) of the rows so far, atomically; returns the table."""
+    from benchmarks.common import atomic_write, machine_info, write_json
+
+    text = table(rows)
+    notes = (
+        "steps/s = env steps per second of whole iterations (median over repeats, after compile). "
+        "equal = optimized state after --iters iterations within the plan's leaf-scaled tolerance of the "
+        "baseline's. SM % = time-weighted NVML GPM SM_UTIL over chained iterations (~100 ms resolution). "
+        "One JAX process runs its programs on one compute stream: 'interleaved' groups only change XLA's "
+        "scheduling/fusion; 'processes' groups run the rollouts in separate MPS clients (real concurrency, "
+        "plus array transfers); unrolling saves per-iteration loop overhead."
+    )
+    if args.unit == "epoch":
+        notes += (
+            f" Unit: one epoch = training for {args.epoch_env_steps:,} env steps (a scan of iterations) "
+            f"then an evaluation of {args.eval_envs} envs x {args.eval_length or 'episode length'} steps; "
+            "steps/s counts training env steps over the wall time of whole epochs, evaluation included "
+            "(Brax's train loop). Equality: the state after the epoch, under xla_gpu_deterministic_ops."
+        )
+    md = [f"# optimize_gpu\n\n{notes}\n\n{text}\n"]
+    for r in rows:
+        if "report_text" in r:
+            md.append(f"## {r['name']}\n\n```\n{r['report_text']}\n```\n")
+    meta = machine_info()
+    write_json(
+        os.path.join(out_dir, "optimize.json"),
+        {"machine": meta, "argv": sys.argv[1:], "wall_s": time.perf_counter() - T0, "rows": rows},
+    )
+    atomic_write(
+        os.path.join(out_dir, "optimize.md"), f"command: `{meta.get('command')}`\n\n" + "\n".join(md)
+    )
+    if any("skipped" not in r for r in rows):
+        plot(rows, os.path.join(out_dir, "optimize.png"))
+    return text
 
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    if args.mps_client and not os.environ.get("ROSE_MPS_CLIENT"):
+        from rose_jax.mps import run_as_client
+
+        raise SystemExit(run_as_client([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], log=log))
     import jax
 
     from benchmarks.common import enable_compile_cache
 
     enable_compile_cache(args.compile_cache)
-    from benchmarks.common import atomic_write, machine_info, write_json
+    if args.compile_cache:  # worker processes (offload, env groups) inherit the cache through the environment
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", args.compile_cache)
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 
     out_dir = args.out or (
         tempfile.mkdtemp(prefix="rose_optimize_tiny_")
         if args.tiny
-        else os.path.join(HERE, "results", "optimize")
+        else os.path.join(HERE, "results", "optimize_epoch" if args.unit == "epoch" else "optimize")
     )
     os.makedirs(out_dir, exist_ok=True)
     log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; output {out_dir}")
@@ -373,29 +500,7 @@ def main(argv=None) -> list[dict]:
             except Exception as e:  # noqa: BLE001 - report and go on with the next config
                 log(f"{name}: FAILED: {type(e).__name__}: {e}")
                 rows.append({"name": name, "skipped": f"failed: {type(e).__name__}: {str(e)[:160]}"})
-    text = table(rows)
-    notes = (
-        "steps/s = env steps per second of whole iterations (median over repeats, after compile). "
-        "equal = optimized state after --iters iterations within the plan's leaf-scaled tolerance of the "
-        "baseline's. SM % = time-weighted NVML GPM SM_UTIL over chained iterations (~100 ms resolution). "
-        "One JAX process runs its programs on one compute stream: 'interleaved' groups only change XLA's "
-        "scheduling/fusion; 'processes' groups run the rollouts in separate MPS clients (real concurrency, "
-        "plus array transfers); unrolling saves per-iteration loop overhead."
-    )
-    md = [f"# optimize_gpu\n\n{notes}\n\n{text}\n"]
-    for r in rows:
-        if "report_text" in r:
-            md.append(f"## {r['name']}\n\n```\n{r['report_text']}\n```\n")
-    meta = machine_info()
-    write_json(
-        os.path.join(out_dir, "optimize.json"),
-        {"machine": meta, "argv": sys.argv[1:], "wall_s": time.perf_counter() - T0, "rows": rows},
-    )
-    atomic_write(
-        os.path.join(out_dir, "optimize.md"), f"command: `{meta.get('command')}`\n\n" + "\n".join(md)
-    )
-    if any("skipped" not in r for r in rows):
-        plot(rows, os.path.join(out_dir, "optimize.png"))
+            text = write_results(rows, args, out_dir)  # after every config: a cut run keeps its rows
     log(f"done in {time.perf_counter() - T0:.1f}s; results in {out_dir}")
     print("\n" + text + "\n", flush=True)
     return rows

@@ -1,5 +1,6 @@
 """MPS orchestration: the daemon's lifecycle, worker plans (frozen data) and the quota search."""
 
+from rose_jax.mps.client import InheritedDaemon, inherited_daemon, run_as_client
 from rose_jax.mps.daemon import MPSDaemon, MPSError, ShutdownReport, mps_status
 from rose_jax.mps.plan import SMQuota, WorkerSpec, validate_specs, worker_environment
 from rose_jax.mps.search import (
@@ -17,6 +18,7 @@ from rose_jax.mps.search import (
 
 __all__ = [
     "BranchModel",
+    "InheritedDaemon",
     "MPSDaemon",
     "MPSError",
     "QuotaPoint",
@@ -27,10 +29,12 @@ __all__ = [
     "choose_quotas",
     "even_quotas",
     "fit_branch",
+    "inherited_daemon",
     "join_time",
     "measure_each",
     "mps_status",
     "quotas_from_tables",
+    "run_as_client",
     "search_quotas",
     "validate_specs",
     "worker_environment",

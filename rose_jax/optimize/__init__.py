@@ -6,10 +6,13 @@
     print(optimize.format_report(report))
 
 Transformations (``Transform``: ``legal(tree)``, ``apply(fn)``, ``tolerance``):
-``unroll_scans``, ``hoist_invariants``, ``overlap_independent``, ``group_rollout``.
+``unroll_scans``, ``hoist_invariants``, ``overlap_independent``, ``group_rollout`` and
+``offload_component`` (a metrics-only component, e.g. the evaluation, in a worker process
+behind the next call).
 """
 
 from rose_jax.optimize.measure import Comparison, compare_trees
+from rose_jax.optimize.offload import Deferred, OffloadedStep, offload_component, resolve, split_component
 from rose_jax.optimize.program import (
     Lens,
     Program,
@@ -43,6 +46,8 @@ __all__ = [
     "EXACT",
     "FUSION_TOLERANCE",
     "CandidateRecord",
+    "Deferred",
+    "OffloadedStep",
     "Comparison",
     "Lens",
     "PlanReport",
@@ -62,11 +67,14 @@ __all__ = [
     "hoist_invariants",
     "invariant_eqns",
     "known_transforms",
+    "offload_component",
     "optimize",
     "overlap_independent",
     "ppo_program",
     "register_transform",
+    "resolve",
     "sac_program",
+    "split_component",
     "trace_program",
     "transform_by_name",
     "unroll_scans",

@@ -418,8 +418,15 @@ def _builtin_factories() -> None:
         ("hoist_invariants", T.hoist_invariants),
         ("overlap_independent", T.overlap_independent),
         ("group_rollout", group_rollout),
+        ("offload_component", _offload_component),
     ):
         _FACTORIES.setdefault(name, factory)
+
+
+def _offload_component(**kw) -> Transform:
+    from rose_jax.optimize import offload  # noqa: PLC0415 - host-level machinery, loaded on use
+
+    return offload.offload_component(**kw)
 
 
 def transform_by_name(name: str, params: dict) -> Transform:

@@ -56,6 +56,12 @@ LOOP_OVERHEAD_S = {"gpu": 10e-6, "cpu": 1e-6}
 # Assumed idle SM share of a phase when no profiler window says otherwise.
 ASSUMED_IDLE_SHARE = 0.5
 EQUALITY_MODES = ("stepwise", "trajectory")
+# XLA options under which equality is checked on a GPU: XLA's GPU reductions and scatters use
+# atomics, so even the untransformed program differs from run to run (measured on the H200:
+# one SAC iteration from the same state, max |diff| 1.75); deterministic ops make it repeatable.
+DETERMINISTIC = {"xla_gpu_deterministic_ops": True}
+# top-level components that produce only metrics by convention (candidates for offload_component)
+OFFLOAD_COMPONENTS = ("evaluate",)
 
 
 # ------------------------------------------------------------------------------- the report
@@ -200,8 +206,21 @@ def apply_plan(target: Any, transforms: Sequence[T.Transform]) -> Any:
     return target
 
 
-def compile_step(target: Any, host: bool = False) -> Callable:
-    """A callable ``state -> (state, metrics)``: jitted unless it runs host-level code."""
+def compile_step(target: Any, host: bool = False, compiler_options: dict | None = None) -> Callable:
+    """A callable ``state -> (state, metrics)``: jitted unless it runs host-level code.
+
+    ``compiler_options``: XLA options for every compiled part (e.g. :data:`DETERMINISTIC`); a
+    host-level step takes them through its ``with_compiler_options`` (one that has none cannot).
+    """
+    if compiler_options:
+        if _is_program(target) and not target.host:
+            return jax.jit(target.iteration(), compiler_options=compiler_options)
+        if not _is_program(target) and not host:
+            return jax.jit(target, compiler_options=compiler_options)
+        rebuild = getattr(target, "with_compiler_options", None)
+        if rebuild is None:
+            raise ValueError(f"{type(target).__name__} cannot be compiled with compiler options")
+        return rebuild(compiler_options)
     if _is_program(target):
         if target.host:
             learn = jax.jit(target.learn)
@@ -342,6 +361,21 @@ def generate_candidates(
                     label = f"{_where_of(a)}+{_where_of(b)}"
                     fuse = T.overlap_independent(_where_of(a), _where_of(b))
                     out.append(_Candidate(fuse, label, gain, "one loop's overhead per iteration"))
+    # components whose results reach only the metrics (e.g. an evaluation): run them in a worker
+    # behind the next call; the whole component's time is the predicted gain (it leaves the path)
+    from rose_jax.optimize import offload  # noqa: PLC0415
+
+    for node in tree.root.children:
+        if node.kind == "component" and node.name in OFFLOAD_COMPONENTS:
+            share = _time_share(tree, node)
+            out.append(
+                _Candidate(
+                    offload.offload_component(node.name),
+                    node.name,
+                    baseline_s * share,
+                    f"{node.name}'s share of the work ({share:.0%}) leaves the critical path",
+                )
+            )
     if program is not None and program.groups == 1:
         rollout = [n for n in tree.walk() if n.kind == "component" and n.name in ("rollout", "collect")]
         if rollout:
@@ -421,6 +455,8 @@ def optimize(
     combine: bool = True,
     log: Callable[[str], None] | None = None,
     equality: str = "stepwise",
+    equality_options: dict | str | None = "auto",
+    equality_iters: int | None = None,
 ) -> tuple[Callable, PlanReport]:
     """Search for a faster, equal version of an iteration; see the module docstring.
 
@@ -440,6 +476,11 @@ def optimize(
       equality: ``"stepwise"`` (one iteration from each of the baseline's first ``n_iters``
         states) or ``"trajectory"`` (the states after ``n_iters`` iterations); see the module
         docstring.
+      equality_options: XLA compiler options under which equality is checked (baseline and
+        candidates recompiled with them; timing always uses the plain programs). ``"auto"``:
+        :data:`DETERMINISTIC` on a GPU, None elsewhere.
+      equality_iters: states (stepwise) or iterations (trajectory) of the equality check
+        (default ``n_iters``).
 
     Returns:
       ``(step, report)``: ``step`` is the optimized iteration, compiled (jitted unless it runs
@@ -452,6 +493,11 @@ def optimize(
         raise ValueError(f"optimize: equality must be one of {EQUALITY_MODES}, got {equality!r}")
     say = log or (lambda s: None)
     t_start = time.perf_counter()
+    if equality_options == "auto":
+        equality_options = DETERMINISTIC if jax.default_backend() == "gpu" else None
+    eq_iters = n_iters if equality_iters is None else int(equality_iters)
+    if eq_iters < 1:
+        raise ValueError(f"optimize: equality_iters must be >= 1, got {equality_iters}")
     program = target if _is_program(target) else None
     base_fn = _base_fn(target)
     if program is not None and program.host:
@@ -487,7 +533,22 @@ def optimize(
     spread = max(abs(t1.median - t2.median), 2.0 * all_base.mad)
     report.baseline_s, report.baseline_spread_s = baseline, spread
     say(f"[optimize] baseline {baseline * 1e3:.3f} ms/iter, spread {spread * 1e3:.3f} ms")
-    ref = _reference(equality, base_step, example_state, n_iters, ref_state, ref_again)
+    base_eq = base_step
+    if equality_options or eq_iters != n_iters:
+        if equality_options:
+            try:
+                base_eq = compile_step(target, compiler_options=equality_options)
+                jax.block_until_ready(base_eq(example_state))
+            except Exception as e:  # noqa: BLE001 - e.g. an op without a deterministic GPU kernel
+                report.notes.append(f"equality options {equality_options} failed ({type(e).__name__}): not used")
+                say(f"[optimize] equality options {equality_options} failed: {str(e)[:160]}; checking without")
+                base_eq, equality_options = base_step, None
+        report.notes.append(f"equality checked over {eq_iters} iteration(s) under XLA options {equality_options}")
+        if equality == "trajectory":
+            ref_state = measure.run_iterations(base_eq, example_state, eq_iters)[0]
+            ref_again = measure.run_iterations(base_eq, example_state, eq_iters)[0]
+    reuse = not equality_options and eq_iters == n_iters
+    ref = _reference(equality, base_eq, example_state, eq_iters, ref_state, ref_again, reuse)
     rc = ref.reproducibility
     report.baseline_reproducible, report.baseline_repro_reason = rc.equal, rc.reason
     report.baseline_max_abs_diff, report.baseline_max_rel_diff = rc.max_abs, rc.max_rel
@@ -541,7 +602,7 @@ def optimize(
             )
             report.measurements += 2 * repeats
             rec.equality = equality
-            cmp = _check_equal(ref, step, state_c, t.tolerance)
+            cmp = _check_equal(ref, step, state_c, t.tolerance, transformed, host, equality_options)
         except Exception as e:  # noqa: BLE001 - a failing candidate is logged, not fatal
             rec.reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             say(f"[optimize] {t.label}: {rec.reason}")
@@ -600,7 +661,8 @@ def optimize(
                 )
                 report.measurements += 2 * repeats
                 rec.equality = equality
-                cmp = _check_equal(ref, step, state_c, _loosest(trial))
+                host = any(x.level == "host" for x in trial)
+                cmp = _check_equal(ref, step, state_c, _loosest(trial), combined, host, equality_options)
             except Exception as e:  # noqa: BLE001
                 rec.reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 continue
@@ -695,12 +757,16 @@ class _Reference(NamedTuple):
     outputs: list
     reproducibility: measure.Comparison  # the baseline against itself, bitwise
     what: str  # for reasons: "after 3 iterations" / "stepwise (one iteration from ...)"
+    start: Any = None  # trajectory mode: the state the reference started from
+    n_iters: int = 0
+    reuse_final: bool = True  # trajectory mode: the candidate's timed final state is comparable
 
 
-def _reference(mode, base_step, state, n_iters, final, final_again) -> _Reference:
+def _reference(mode, base_step, state, n_iters, final, final_again, reuse_final=True) -> _Reference:
     if mode == "trajectory":
         repro = measure.compare_trees(final_again, final)
-        return _Reference(mode, [], [final], repro, f"after {n_iters} iterations")
+        what = f"after {n_iters} iterations"
+        return _Reference(mode, [], [final], repro, what, state, n_iters, reuse_final)
     states = measure.trajectory(base_step, state, n_iters)
     starts = states[:-1]
     outputs = measure.step_outputs(base_step, starts)  # the baseline from s_k a second time
@@ -709,12 +775,26 @@ def _reference(mode, base_step, state, n_iters, final, final_again) -> _Referenc
     return _Reference(mode, starts, outputs, repro, what)
 
 
-def _check_equal(ref: _Reference, step, final, tol: T.Tolerance) -> measure.Comparison:
-    """The candidate ``step`` against the baseline (``final``: its state after the timed runs)."""
-    if ref.mode == "trajectory":
-        return measure.compare_trees(_synced(step, final), ref.outputs[0], tol.rtol, tol.atol)
-    outs = measure.step_outputs(step, ref.starts, sync=lambda s: _synced(step, s))
-    return measure.compare_each(outs, ref.outputs, tol.rtol, tol.atol)
+def _check_equal(
+    ref: _Reference, step, final, tol: T.Tolerance, transformed=None, host=False, options=None
+) -> measure.Comparison:
+    """The candidate ``step`` against the baseline (``final``: its state after the timed runs).
+
+    With ``options`` the candidate is recompiled with them (``transformed``) for the check and,
+    in trajectory mode, run again for as many iterations as the reference."""
+    check = step
+    if options:
+        check = compile_step(transformed, host=host, compiler_options=options)
+    try:
+        if ref.mode == "trajectory":
+            if not ref.reuse_final:
+                final = measure.run_iterations(check, ref.start, ref.n_iters)[0]
+            return measure.compare_trees(_synced(check, final), ref.outputs[0], tol.rtol, tol.atol)
+        outs = measure.step_outputs(check, ref.starts, sync=lambda s: _synced(check, s))
+        return measure.compare_each(outs, ref.outputs, tol.rtol, tol.atol)
+    finally:
+        if check is not step:
+            _close(check)
 
 
 def _synced(step, state):
@@ -725,7 +805,8 @@ def _synced(step, state):
 
 def _close(target) -> None:
     """Stop the worker processes of a host-level candidate (no-op for anything else)."""
-    close = getattr(getattr(target, "collect", None), "close", None)
+    close = getattr(target, "close", None) if getattr(target, "host", False) is True else None
+    close = close or getattr(getattr(target, "collect", None), "close", None)
     if callable(close):
         close()
 

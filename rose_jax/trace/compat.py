@@ -153,9 +153,15 @@ def _effects(eqns: Sequence) -> frozenset:
     return frozenset(eff)
 
 
-def make_closed(invars: Sequence, outvars: Sequence, eqns: Sequence):
-    """A closed jaxpr (no consts) of ``eqns`` taking ``invars`` and returning ``outvars``."""
+def make_closed(
+    invars: Sequence, outvars: Sequence, eqns: Sequence, constvars: Sequence = (), consts: Sequence = ()
+):
+    """A closed jaxpr of ``eqns`` taking ``invars`` and returning ``outvars``; ``constvars`` are
+    bound to ``consts`` (e.g. the arrays a sub-computation closes over)."""
     invars, outvars, eqns = list(invars), list(outvars), list(eqns)
+    constvars, consts = list(constvars), list(consts)
+    if len(constvars) != len(consts):
+        raise ValueError(f"make_closed: {len(constvars)} constvars but {len(consts)} consts")
     try:
         dbg = jex.DebugInfo(
             "rose_jax.profile",
@@ -166,10 +172,10 @@ def make_closed(invars: Sequence, outvars: Sequence, eqns: Sequence):
     except Exception:  # noqa: BLE001 - DebugInfo's signature moved between versions
         dbg = None
     try:
-        j = jex.Jaxpr([], invars, outvars, eqns, _effects(eqns), dbg)
+        j = jex.Jaxpr(constvars, invars, outvars, eqns, _effects(eqns), dbg)
     except (TypeError, AssertionError):
-        j = jex.Jaxpr([], invars, outvars, eqns, _effects(eqns), None)
-    return jex.ClosedJaxpr(j, [])
+        j = jex.Jaxpr(constvars, invars, outvars, eqns, _effects(eqns), None)
+    return jex.ClosedJaxpr(j, consts)
 
 
 def as_fun(j: Any, consts: Sequence[Any] = ()):

@@ -1,0 +1,448 @@
+"""Cross-component overlap: run an independent component in a worker process, behind the next call.
+
+    step = offload_component("evaluate").apply(epoch_fn)   # host level: not jittable
+    state, metrics = step(state)          # returns once the rest is dispatched; eval runs elsewhere
+    float(metrics["eval_episode_return"])  # a Deferred: waits for the worker's result
+    step.close()                           # stops the worker (and the MPS daemon it started)
+
+An RL epoch is ``state -> (state, metrics)``. Some of its components produce only metrics: the
+evaluation rollout of Brax's train loop (hundreds of sequential env steps on a few envs, a long
+latency-bound chain of small kernels) reads the policy parameters and writes nothing the next
+epoch reads. :func:`split_component` cuts the epoch's jaxpr in two:
+
+* ``kept``: every equation outside the component; outputs: the original outputs the component
+  does not produce, plus the values the component reads (its *cut inputs*: e.g. the actor
+  parameters, the normalizer, the PRNG key and the iteration counter);
+* ``part``: the component's equations, from the cut inputs to its outputs, with the arrays it
+  closes over baked in as constants.
+
+:class:`OffloadedStep` jits ``kept`` here and ships ``part`` to a ``rose_jax.runtime`` worker
+once, serialized with ``jax.export`` (StableHLO). Each call dispatches ``kept``, hands the cut
+inputs to a background thread that sends them to the worker, and returns at once with
+:class:`Deferred` leaves where the component's outputs were. The next call's ``kept`` then runs
+here while the worker runs ``part``: on a GPU both processes are clients of one MPS daemon, so
+their kernels run concurrently (without MPS, kernels of different processes are time-sliced).
+Every value is computed by the same equations from the same inputs as in the untransformed
+function: the transform's tolerance is :data:`~rose_jax.optimize.transforms.EXACT` (on a GPU,
+compare under ``xla_gpu_deterministic_ops``: XLA's atomics make the untransformed program itself
+differ from run to run).
+
+Legality (from the jaxpr of the traced function; :func:`split_component` raises ``ValueError``
+with the reason): the component's equations sit at the top level of the function (not inside a
+loop or a jit); none has side effects; no equation outside the component reads a value it
+produces; its outputs reach only the metrics, never the carried state (which the next call
+reads); and at least one output is used.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+import threading
+import time
+import warnings
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import numpy as np
+from jax import export as jax_export
+
+from rose_jax.optimize import _compat as C
+from rose_jax.trace import compat as TC
+
+WORKER_FN = "rose_jax.optimize.offload:run_exported"
+WORKER = "offload"
+_BLOB = "rose.offload."
+
+
+# ------------------------------------------------------------------------------ the split
+
+
+class Split(NamedTuple):
+    """The two halves of a function cut at one component (see the module docstring).
+
+    ``kept``: flat inputs -> (the outputs the component does not produce, in order) + cut inputs.
+    ``part``: cut inputs -> the component's outputs, which fill flat output ``positions``.
+    """
+
+    kept: Any
+    part: Any
+    positions: tuple[int, ...]
+    n_outputs: int
+    n_cut: int
+    reason: str
+
+
+def component_eqns(jaxpr: Any, component: str) -> list[int]:
+    """Indices of the top-level equations of ``jaxpr`` inside ``rose_jax.component(component)``."""
+    return [i for i, e in enumerate(jaxpr.eqns) if component in TC.component_path(e)]
+
+
+def split_component(closed: Any, component: str, n_state: int) -> Split:
+    """Cut ``closed`` (the jaxpr of ``state -> (state, metrics)``) at ``component``.
+
+    ``n_state``: how many leading flat outputs are the carried state. Raises ``ValueError``
+    saying why the cut is illegal (see the module docstring).
+    """
+    jx, consts = C.open_and_consts(closed)
+    constvars, invars = C.in_vars(jx)
+    eqns = list(jx.eqns)
+    inside = component_eqns(jx, component)
+    if not inside:
+        raise ValueError(
+            f"no top-level equation belongs to component {component!r} (it must be called at the top "
+            "level of the function, not inside a loop or a nested jit)"
+        )
+    in_set = set(inside)
+    effects = sorted({eqns[i].primitive.name for i in inside if C.has_effects(eqns[i])})
+    if effects:
+        raise ValueError(f"component {component!r} has side effects ({', '.join(effects)}): cannot move it")
+    produced = {v for i in inside for v in eqns[i].outvars if TC.is_var(v)}
+    for i, e in enumerate(eqns):
+        if i not in in_set and any(TC.is_var(a) and a in produced for a in e.invars):
+            raise ValueError(
+                f"equation {i} ({e.primitive.name}) outside component {component!r} reads its result: "
+                "the rest of the function depends on it"
+            )
+    positions = tuple(k for k, v in enumerate(jx.outvars) if TC.is_var(v) and v in produced)
+    if not positions:
+        raise ValueError(f"component {component!r} produces no output (dead code): nothing to overlap")
+    carried = [k for k in positions if k < n_state]
+    if carried:
+        raise ValueError(
+            f"component {component!r} writes the carried state (flat outputs {carried}): the next call "
+            "reads it, so it cannot run behind the next call"
+        )
+    const_of = dict(zip(constvars, consts, strict=True))
+    cut, part_constvars, part_consts, seen = [], [], [], set()
+    for i in inside:
+        for a in eqns[i].invars:
+            if not TC.is_var(a) or a in produced or a in seen:
+                continue
+            seen.add(a)
+            if a in const_of:
+                part_constvars.append(a)
+                part_consts.append(const_of[a])
+            else:
+                cut.append(a)
+    pos_set = set(positions)
+    kept_out = [v for k, v in enumerate(jx.outvars) if k not in pos_set] + cut
+    kept = TC.make_closed(
+        invars, kept_out, [e for i, e in enumerate(eqns) if i not in in_set], constvars, consts
+    )
+    part = TC.make_closed(
+        cut, [jx.outvars[k] for k in positions], [eqns[i] for i in inside], part_constvars, part_consts
+    )
+    reason = (
+        f"component {component!r}: {len(inside)} top-level equation(s), pure, read by nothing else, "
+        f"outputs only metrics ({len(positions)} leaf/leaves); {len(cut)} value(s) cross the cut"
+    )
+    return Split(kept, part, positions, len(jx.outvars), len(cut), reason)
+
+
+def state_output_count(out_shape: Any) -> int:
+    """Flat outputs that are the carried state of ``state -> (state, metrics)`` (``out_shape[0]``)."""
+    if not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
+        raise ValueError("offload_component needs a function returning (state, metrics)")
+    return len(jax.tree.leaves(out_shape[0]))
+
+
+# ------------------------------------------------------------------------------ worker side
+
+_LOADED: dict[str, Callable] = {}
+
+
+def run_exported(blob: Any, *args: Any, digest: str, compiler_options: tuple = ()) -> tuple:
+    """In a worker (``jit=False``, ``reads=(blob name,)``): run the serialized ``part`` on ``args``.
+
+    The ``jax.export`` blob is deserialized and jitted once per ``digest``; later calls reuse it.
+    """
+    fn = _LOADED.get(digest)
+    if fn is None:
+        exported = jax_export.deserialize(bytearray(np.asarray(blob, dtype=np.uint8).tobytes()))
+        fn = jax.jit(exported.call, compiler_options=dict(compiler_options) or None)
+        _LOADED[digest] = fn
+    return tuple(fn(*args))
+
+
+# ------------------------------------------------------------------------------ driver side
+
+
+class Deferred:
+    """A value a worker is still computing: ``result()``, ``np.asarray`` or ``float`` wait for it.
+
+    ``jax.device_get`` and ``jax.block_until_ready`` wait too (they call ``__array__`` /
+    ``block_until_ready``), so metrics dicts holding Deferred leaves go through the usual host code.
+    """
+
+    __slots__ = ("_future", "_index")
+
+    def __init__(self, future: concurrent.futures.Future, index: int):
+        self._future, self._index = future, index
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        return np.asarray(self._future.result(timeout)[self._index])
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def block_until_ready(self) -> "Deferred":
+        self.result()
+        return self
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.result()
+        return out if dtype is None else out.astype(dtype)
+
+    def __float__(self) -> float:
+        return float(self.result())
+
+    def __repr__(self) -> str:
+        return f"Deferred({'done' if self.done() else 'pending'})"
+
+
+def resolve(tree: Any) -> Any:
+    """``tree`` with every :class:`Deferred` leaf replaced by its (waited-for) value."""
+    return jax.tree.map(lambda x: x.result() if isinstance(x, Deferred) else x, tree)
+
+
+class _Prepared(NamedTuple):
+    split: Split
+    kept: Callable
+    out_tree: Any
+    blob: bytes
+    digest: str
+
+
+class OffloadedStep:
+    """``state -> (state, metrics)`` with ``component`` run in a worker process (module docstring).
+
+    daemon: an MPS daemon (``rose_jax.mps.MPSDaemon`` or ``rose_jax.mps.inherited_daemon()``) whose
+      client the worker becomes; None on a GPU: a daemon of our own is started, and if this process
+      is not an MPS client itself a warning says that its kernels and the worker's will be
+      time-sliced, not concurrent. On a CPU the worker is a CPU JAX process.
+    quota: the worker's SM percent under MPS (None: no limit).
+    compiler_options: XLA options for both halves (e.g. ``{"xla_gpu_deterministic_ops": True}``).
+    """
+
+    host = True
+
+    def __init__(
+        self,
+        fn: Callable,
+        component: str = "evaluate",
+        *,
+        daemon: Any = None,
+        use_mps: bool | None = None,
+        quota: int | None = None,
+        compiler_options: dict | None = None,
+        timeout: float | None = 900.0,
+    ):
+        self.fn, self.component = fn, component
+        self.quota, self.timeout = quota, timeout
+        self.compiler_options = dict(compiler_options or {})
+        self._daemon, self._use_mps, self._own_daemon = daemon, use_mps, None
+        self._prepared: dict[Any, _Prepared] = {}
+        self._jobs = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rose-offload")
+        self._pending: list[concurrent.futures.Future] = []
+        self._pool = None  # created, used and closed only in the job thread (PR_SET_PDEATHSIG)
+        self._sent: set[str] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._stats = {"calls": 0, "cut_bytes": 0, "worker_s": 0.0, "blob_bytes": 0}
+
+    # -- the call -------------------------------------------------------------------------
+    def __call__(self, state: Any) -> tuple[Any, Any]:
+        if self._closed:
+            raise RuntimeError("OffloadedStep is closed")
+        prep = self._prepare(state)
+        outs = prep.kept(*jax.tree.leaves(state))
+        n_kept = prep.split.n_outputs - len(prep.split.positions)
+        kept, cut = list(outs[:n_kept]), list(outs[n_kept:])
+        future = self._jobs.submit(self._run_part, prep, cut)
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()] + [future]
+        full, it = [], iter(kept)
+        where = {p: j for j, p in enumerate(prep.split.positions)}
+        for k in range(prep.split.n_outputs):
+            full.append(Deferred(future, where[k]) if k in where else next(it))
+        self._stats["calls"] += 1
+        return jax.tree.unflatten(prep.out_tree, full)
+
+    def drain(self) -> None:
+        """Wait until every offloaded computation has finished (re-raises a worker's error)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
+    def with_compiler_options(self, compiler_options: dict | None) -> "OffloadedStep":
+        """A new step for the same function with other XLA options (its own worker)."""
+        return OffloadedStep(
+            self.fn,
+            self.component,
+            daemon=self._daemon,
+            use_mps=self._use_mps,
+            quota=self.quota,
+            compiler_options=compiler_options,
+            timeout=self.timeout,
+        )
+
+    def stats(self) -> dict:
+        return dict(self._stats, mode="offload", component=self.component)
+
+    def close(self) -> None:
+        """Finish pending work, stop the worker and the MPS daemon this step started."""
+        if self._closed:
+            return
+        try:
+            self.drain()
+        finally:
+            self._closed = True
+            try:
+                self._jobs.submit(self._close_pool).result()
+            finally:
+                self._jobs.shutdown(wait=True)
+                if self._own_daemon is not None:
+                    try:
+                        self._own_daemon.stop()
+                    finally:
+                        self._own_daemon = None
+
+    def __enter__(self) -> "OffloadedStep":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- preparation (trace, split, compile, export) --------------------------------------
+    def _prepare(self, state: Any) -> _Prepared:
+        leaves, treedef = jax.tree.flatten(state)
+        key = (treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in leaves))
+        prep = self._prepared.get(key)
+        if prep is not None:
+            return prep
+        closed, out_shape = jax.make_jaxpr(self.fn, return_shape=True)(state)
+        split = split_component(closed, self.component, state_output_count(out_shape))
+        opts = self.compiler_options or None
+        kept = jax.jit(TC.as_fun(split.kept), compiler_options=opts)
+        cut_avals = split.part.in_avals
+        part_fn = jax.jit(TC.as_fun(split.part))
+        exported = jax_export.export(part_fn)(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in cut_avals])
+        blob = bytes(exported.serialize())
+        digest = hashlib.sha256(blob).hexdigest()[:16]
+        self._stats["blob_bytes"] = len(blob)
+        prep = _Prepared(split, kept, jax.tree.structure(out_shape), blob, digest)
+        self._prepared[key] = prep
+        return prep
+
+    # -- the job thread -------------------------------------------------------------------
+    def _run_part(self, prep: _Prepared, cut: list) -> tuple:
+        pool = self._ensure_pool()
+        name = _BLOB + prep.digest
+        if name not in self._sent:
+            pool.put_resident(WORKER, name, np.frombuffer(prep.blob, dtype=np.uint8), timeout=self.timeout)
+            self._sent.add(name)
+        host = [np.asarray(x) for x in jax.device_get(cut)]  # waits for this call's kept half
+        self._stats["cut_bytes"] = sum(x.nbytes for x in host)
+        t0 = time.perf_counter()
+        outs = pool.call(
+            WORKER,
+            WORKER_FN,
+            *host,
+            static={"digest": prep.digest, "compiler_options": tuple(sorted(self.compiler_options.items()))},
+            jit=False,
+            transport="shm",
+            timeout=self.timeout,
+            reads=(name,),
+        )
+        self._stats["worker_s"] += time.perf_counter() - t0
+        return tuple(outs)
+
+    def _ensure_pool(self):
+        if self._pool is not None and not self._pool.running:
+            self._pool.close()
+            self._pool, self._sent = None, set()
+        if self._pool is not None:
+            return self._pool
+        import tempfile  # noqa: PLC0415
+
+        from rose_jax import runtime  # noqa: PLC0415
+        from rose_jax.mps import plan as mps_plan  # noqa: PLC0415
+
+        gpu = jax.default_backend() == "gpu"
+        use_mps = gpu if self._use_mps is None else self._use_mps
+        daemon = self._daemon
+        if use_mps and daemon is None:
+            from rose_jax.mps import MPSDaemon, inherited_daemon  # noqa: PLC0415
+
+            daemon = inherited_daemon()
+        if use_mps and daemon is None:
+            warnings.warn(
+                "offload: this process is not an MPS client (start it under an MPS daemon, e.g. "
+                "rose_jax.mps.run_as_client): its kernels and the worker's are time-sliced, not concurrent",
+                stacklevel=3,
+            )
+            self._own_daemon = MPSDaemon(tempfile.mkdtemp(prefix="rmps")).start()
+            daemon = self._own_daemon
+        env = () if gpu else (("JAX_PLATFORMS", "cpu"),)
+        spec = mps_plan.WorkerSpec(WORKER, quota=self.quota if use_mps else None, env=env)
+        self._pool = runtime.start_workers([spec], daemon=daemon if use_mps else None, transport="shm")
+        return self._pool
+
+    def _close_pool(self) -> None:
+        if self._pool is not None:
+            try:
+                self._pool.close()
+            finally:
+                self._pool = None
+
+
+# ------------------------------------------------------------------------------ the transform
+
+
+def offload_component(component: str = "evaluate", quota: int | None = None):
+    """Transform: run ``component`` of ``state -> (state, metrics)`` in a worker process,
+    overlapped with the caller's next call (see the module docstring). Host level, EXACT."""
+    from rose_jax.optimize import transforms as T  # noqa: PLC0415 - transforms imports program
+
+    if not isinstance(component, str) or not component:
+        raise ValueError(f"offload_component: component must be a non-empty name, got {component!r}")
+
+    def legal(tree):
+        n_state = sum(1 for p in tree.output_paths if not p.startswith("out[") or p.startswith("out[0]"))
+        try:
+            split = split_component(tree.jaxpr, component, n_state)
+        except ValueError as e:
+            return False, str(e)
+        return True, split.reason
+
+    def apply(fn):
+        if hasattr(fn, "collect") and hasattr(fn, "learn"):
+            fn = fn.iteration()
+        return OffloadedStep(fn, component, quota=quota)
+
+    return T.Transform(
+        "offload_component",
+        (("component", component), ("quota", quota)),
+        T.EXACT,
+        "host",
+        legal,
+        apply,
+        summary=f"run component {component!r} in a worker process behind the next call",
+    )
+
+
+def offloadable(fn: Callable, state: Any, components: Sequence[str] = ("evaluate",)) -> list[str]:
+    """The names in ``components`` that :func:`split_component` can cut out of ``fn`` at ``state``."""
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(state)
+    n_state = state_output_count(out_shape)
+    ok = []
+    for c in components:
+        try:
+            split_component(closed, c, n_state)
+        except ValueError:
+            continue
+        ok.append(c)
+    return ok
