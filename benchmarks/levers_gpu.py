@@ -72,7 +72,8 @@ def run_config(algo: str, num_envs: int, args) -> list[dict]:
     hidden = tuple(args.hidden)
     if algo == "ppo":
         config = algo_config(algo, num_envs, args, policy_hidden_sizes=hidden, value_hidden_sizes=hidden)
-        fn, state, per_iter = ppo.iteration(config, env), ppo.init(config, env, key), config.steps_per_iteration
+        fn, state = ppo.iteration(config, env), ppo.init(config, env, key)
+        per_iter = config.steps_per_iteration
     else:
         config = algo_config(algo, num_envs, args, policy_hidden_sizes=hidden, q_hidden_sizes=hidden,
                              num_eval_envs=0)
@@ -172,7 +173,8 @@ def main(argv=None):
     write_json(os.path.join(args.out, "levers.json"), {"machine": meta, "rows": rows})
     text = table(rows)
     atomic_write(os.path.join(args.out, "levers.md"),
-                 f"# levers_gpu\n\n{meta.get('date')} on {meta.get('gpu', meta['devices'])}; jax {meta['jax']}\n"
+                 f"# levers_gpu\n\n{meta.get('date')} on {meta.get('gpu', meta['devices'])}; "
+                 f"jax {meta['jax']}\n"
                  f"command: `{meta['command']}`\n\n{text}\n")
     print("\n" + text, flush=True)
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
-import os
 import threading
 import time
 import warnings

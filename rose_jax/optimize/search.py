@@ -540,10 +540,13 @@ def optimize(
                 base_eq = compile_step(target, compiler_options=equality_options)
                 jax.block_until_ready(base_eq(example_state))
             except Exception as e:  # noqa: BLE001 - e.g. an op without a deterministic GPU kernel
-                report.notes.append(f"equality options {equality_options} failed ({type(e).__name__}): not used")
-                say(f"[optimize] equality options {equality_options} failed: {str(e)[:160]}; checking without")
+                why = f"equality options {equality_options} failed ({type(e).__name__}: {str(e)[:160]})"
+                report.notes.append(f"{why}: not used")
+                say(f"[optimize] {why}; checking without them")
                 base_eq, equality_options = base_step, None
-        report.notes.append(f"equality checked over {eq_iters} iteration(s) under XLA options {equality_options}")
+        report.notes.append(
+            f"equality checked over {eq_iters} iteration(s) under XLA options {equality_options}"
+        )
         if equality == "trajectory":
             ref_state = measure.run_iterations(base_eq, example_state, eq_iters)[0]
             ref_again = measure.run_iterations(base_eq, example_state, eq_iters)[0]

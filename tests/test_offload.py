@@ -1,0 +1,224 @@
+"""rose_jax.optimize.offload: a metrics-only component cut out of an epoch and run in a real
+worker process computes exactly what the untransformed epoch computes; illegal cuts are refused."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import psutil
+import pytest
+
+import envs
+import rose_jax
+from algos import driver, ppo, sac
+from rose_jax import optimize as O
+from rose_jax import trace as rtrace
+from rose_jax.optimize import measure, offload, search
+
+# ------------------------------------------------------------------------ synthetic epochs
+
+
+def epoch(state):
+    """state -> (state, metrics): a training scan, then an 'evaluate' reading the new params."""
+
+    def train(carry, x):
+        w, b = carry
+        g = jnp.tanh(w @ x + b)
+        return (w - 0.1 * jnp.outer(g, x), b - 0.1 * g), jnp.sum(g)
+
+    (w, b), losses = jax.lax.scan(train, (state["w"], state["b"]), state["xs"])
+    new = {"w": w, "b": b, "xs": state["xs"] * 0.5}
+    with rose_jax.component("evaluate"):
+        ev = jnp.sum(jnp.sin(state["xs"] @ w.T + b)) + state["k"]
+    return new | {"k": state["k"] + 1.0}, {"loss": jnp.mean(losses), "eval": ev}
+
+
+def random_state(key):
+    kw, kb, kx = jax.random.split(key, 3)
+    return {
+        "w": jax.random.normal(kw, (4, 3)),
+        "b": jax.random.normal(kb, (4,)),
+        "xs": jax.random.normal(kx, (6, 3)),
+        "k": jnp.float32(2.0),
+    }
+
+
+def _split(fn, state, component="evaluate"):
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(state)
+    return offload.split_component(closed, component, offload.state_output_count(out_shape)), out_shape
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_split_halves_compose_to_the_same_function(seed):
+    state = random_state(jax.random.PRNGKey(seed))
+    split, out_shape = _split(epoch, state)
+    assert split.positions == (len(jax.tree.leaves(out_shape)) - 1,) or len(split.positions) == 1
+    kept = jax.jit(rtrace.compat.as_fun(split.kept))(*jax.tree.leaves(state))
+    n_kept = split.n_outputs - len(split.positions)
+    part = jax.jit(rtrace.compat.as_fun(split.part))(*kept[n_kept:])
+    flat, it = [], iter(kept[:n_kept])
+    for k in range(split.n_outputs):
+        flat.append(part[split.positions.index(k)] if k in split.positions else next(it))
+    got = jax.tree.unflatten(jax.tree.structure(out_shape), flat)
+    want = jax.jit(epoch)(state)
+    assert measure.compare_trees(got, want).equal
+
+
+def test_illegal_cuts_are_refused_with_the_reason():
+    state = random_state(jax.random.PRNGKey(0))
+
+    def writes_state(s):
+        s2, m = epoch(s)
+        with rose_jax.component("evaluate"):
+            k = s2["k"] + jnp.sum(s2["w"])  # the component's result IS a state leaf
+        return s2 | {"k": k}, m
+
+    def read_by_rest(s):
+        s2, m = epoch(s)
+        return s2, m | {"twice": m["eval"] * 2}
+
+    def inside_loop(s):
+        def body(c, _):
+            with rose_jax.component("evaluate"):
+                c = c + 1.0
+            return c, None
+
+        k, _ = jax.lax.scan(body, s["k"], None, length=2)
+        return s, {"k": k}
+
+    def with_callback(s):
+        s2, m = epoch(s)
+        with rose_jax.component("evaluate"):
+            jax.debug.callback(lambda x: None, s2["k"])
+        return s2, m
+
+    for fn, why in (
+        (writes_state, "carried state"),
+        (read_by_rest, "reads its result"),
+        (inside_loop, "top level"),
+        (with_callback, "side effects"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            _split(fn, state)
+    with pytest.raises(ValueError, match="no top-level equation"):
+        _split(epoch, state, "no_such_component")
+    t = O.offload_component("evaluate")
+    ok, reason = t.legal(rtrace.trace(writes_state, state, arg_names=["state"]))
+    assert not ok and "carried state" in reason
+    ok, reason = t.legal(rtrace.trace(epoch, state, arg_names=["state"]))
+    assert ok, reason
+
+
+def test_deferred_waits_and_converts():
+    import concurrent.futures
+
+    fut = concurrent.futures.Future()
+    d = offload.Deferred(fut, 1)
+    assert not d.done() and "pending" in repr(d)
+    fut.set_result((np.float32(1.0), np.float32(2.5)))
+    assert float(d) == 2.5 and np.asarray(d) == np.float32(2.5)
+    host = driver.metrics_to_host({"eval_episode_return": d, "x": jnp.float32(3.0)})
+    assert host == {"eval_episode_return": 2.5, "x": 3.0}
+    assert offload.resolve({"a": d})["a"] == np.float32(2.5)
+
+
+# ---------------------------------------------------------------- real epochs, real worker
+
+
+def _children() -> set[int]:
+    """Our child processes, without multiprocessing's own resource tracker (it outlives pools)."""
+    kids = psutil.Process(os.getpid()).children(recursive=True)
+    return {p.pid for p in kids if "resource_tracker" not in " ".join(p.cmdline())}
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_offloaded_epoch_in_a_worker_equals_the_epoch(algo):
+    """Three epochs with the evaluation in a real worker process (CPU JAX): the states and every
+    evaluation return are bitwise those of the jitted epoch; closing leaves no process behind."""
+    env = envs.make("pendulum")
+    key = jax.random.PRNGKey(3)
+    if algo == "ppo":
+        c = ppo.PPOConfig(num_envs=8, unroll_length=8, num_minibatches=2, num_epochs=1,
+                          policy_hidden_sizes=(16,), value_hidden_sizes=(16,))
+        fn, state = ppo.epoch(c, env, 2, num_eval_envs=4, eval_length=30), ppo.init(c, env, key)
+    else:
+        c = sac.SACConfig(num_envs=4, batch_size=8, grad_updates_per_step=1, num_timesteps=10**6,
+                          min_replay_size=8, max_replay_size=256, num_eval_envs=3,
+                          policy_hidden_sizes=(8,), q_hidden_sizes=(8,))
+        fn, state = sac.epoch(c, env, iterations=5), sac.init(c, env, key)
+    before = _children()
+    ref = jax.jit(fn)
+    step = O.offload_component("evaluate").apply(fn)
+    assert step.host
+    s_ref, s_off, evals_ref, evals_off = state, state, [], []
+    try:
+        for _ in range(3):
+            s_ref, m_ref = ref(s_ref)
+            s_off, m_off = step(s_off)
+            evals_ref.append(m_ref["eval_episode_return"])
+            evals_off.append(m_off["eval_episode_return"])
+        assert all(isinstance(e, offload.Deferred) for e in evals_off)
+        step.drain()
+        assert all(e.done() for e in evals_off)
+        assert step.stats()["calls"] == 3 and step.stats()["cut_bytes"] > 0
+    finally:
+        step.close()
+    cmp = measure.compare_trees(s_off, s_ref)
+    assert cmp.equal, cmp.reason
+    np.testing.assert_array_equal(np.asarray([float(e) for e in evals_off]), np.asarray(evals_ref))
+    assert _children() <= before, "the worker process outlived close()"
+
+
+def test_search_measures_the_offload_candidate_and_checks_equality():
+    """optimize() on an epoch: the generated offload candidate is legal, measured end to end and
+    equal (whether it is kept depends on this machine's speed); the plan's step works."""
+    env = envs.make("pendulum")
+    c = ppo.PPOConfig(num_envs=8, unroll_length=8, num_minibatches=2, num_epochs=1,
+                      policy_hidden_sizes=(16,), value_hidden_sizes=(16,))
+    fn = ppo.epoch(c, env, 2, num_eval_envs=64, eval_length=200)
+    state = ppo.init(c, env, jax.random.PRNGKey(0))
+    step, report = O.optimize(fn, state, n_iters=2, repeats=1, max_candidates=1, equality_iters=1,
+                              equality_options={"xla_gpu_deterministic_ops": True})
+    rec = next(r for r in report.candidates if r.label.startswith("offload_component"))
+    assert rec.legal and rec.stage == "e2e" and rec.equal, rec.reason
+    assert rec.kept or "not faster" in rec.reason
+    try:
+        s, m = step(state)
+        assert np.isfinite(float(m["eval_episode_return"]))
+    finally:
+        search._close(step)
+
+
+@pytest.mark.gpu
+def test_offload_on_gpu_under_mps_is_exact_and_overlaps():
+    """On the H200, as an MPS client (benchmarks: --mps-client): the offloaded epoch equals the
+    epoch under deterministic XLA ops, and 3 epochs take less time than 3 untransformed ones."""
+    if jax.default_backend() != "gpu":
+        pytest.skip("needs a GPU with MPS; run on the H200 (python -m pytest -m gpu)")
+    from rose_jax.mps import inherited_daemon
+
+    if inherited_daemon() is None:
+        pytest.skip("not an MPS client: run under rose_jax.mps.run_as_client (see benchmarks/gpu_call_*.sh)")
+    env = envs.make("ant", backend="mjx")
+    c = ppo.PPOConfig(num_envs=1024, unroll_length=10, num_minibatches=8, num_epochs=2)
+    fn = ppo.epoch(c, env, 10, num_eval_envs=64, eval_length=300)
+    state = ppo.init(c, env, jax.random.PRNGKey(0))
+    det = search.DETERMINISTIC
+    ref = jax.jit(fn, compiler_options=det)
+    step = offload.OffloadedStep(fn, "evaluate", compiler_options=det)
+    try:
+        s_ref, m_ref = ref(state)
+        s_off, m_off = step(state)
+        assert measure.compare_trees(s_off, s_ref).equal
+        assert float(m_off["eval_episode_return"]) == float(m_ref["eval_episode_return"])
+    finally:
+        step.close()
+    fast = offload.OffloadedStep(fn, "evaluate")
+    try:
+        (_, tb), (_, to) = measure.time_alternating([jax.jit(fn), fast], state, 3, 1)
+    finally:
+        fast.close()
+    assert to.median < tb.median, (to.median, tb.median)
