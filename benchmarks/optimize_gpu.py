@@ -391,7 +391,7 @@ def parse_args(argv=None):
     p.add_argument("--epoch-env-steps", type=int, default=1_000_000, help="training env steps per epoch")
     p.add_argument("--eval-envs", type=int, default=128)
     p.add_argument("--eval-length", type=int, default=0, help="eval steps (0: the env's episode length)")
-    p.add_argument("--equality-iters", type=int, default=None, help="calls checked for equality (default --iters)")
+    p.add_argument("--equality-iters", type=int, default=None, help="calls checked for equality")
     p.add_argument("--mps-client", action="store_true",
                    help="run as a client of a fresh MPS daemon (started and stopped by a parent process)")
     p.add_argument("--max-candidates", type=int, default=3)

@@ -203,8 +203,8 @@ def test_offload_on_gpu_under_mps_is_exact_and_overlaps():
     if inherited_daemon() is None:
         pytest.skip("not an MPS client: run under rose_jax.mps.run_as_client (see benchmarks/gpu_call_*.sh)")
     env = envs.make("ant", backend="mjx")
-    c = ppo.PPOConfig(num_envs=1024, unroll_length=10, num_minibatches=8, num_epochs=2)
-    fn = ppo.epoch(c, env, 10, num_eval_envs=64, eval_length=300)
+    c = ppo.PPOConfig(num_envs=512, unroll_length=10, num_minibatches=8, num_epochs=2)
+    fn = ppo.epoch(c, env, 5, num_eval_envs=64, eval_length=200)
     state = ppo.init(c, env, jax.random.PRNGKey(0))
     det = search.DETERMINISTIC
     ref = jax.jit(fn, compiler_options=det)

@@ -359,8 +359,16 @@ def test_no_gpu_is_reported_clearly():
     ok, reason = rp.available()
     assert ok is False and reason.startswith("no NVIDIA GPU/NVML:")
     with pytest.raises(rp.NoGPUError, match="no NVIDIA GPU/NVML"):
-        with rp.Sampler():
+        with rp.Sampler():  # process mode (the default): the child's failure comes back as is
             pass
+    import multiprocessing
+
+    assert not [p for p in multiprocessing.active_children() if p.name == "rose-sm-sampler"]
+    with pytest.raises(rp.NoGPUError, match="no NVIDIA GPU/NVML"):
+        with rp.Sampler(mode="thread"):
+            pass
+    with pytest.raises(ValueError, match="mode"):
+        rp.Sampler(mode="fiber")
     # profile() still times phases, but attaches no activity and says why
     tl = rp.profile(two_component_program, *small_args(), levels=1, repeats=1)
     assert tl.activity is None and tl.metadata["activity"].startswith("unavailable: no NVIDIA GPU/NVML")
