@@ -85,6 +85,17 @@ def enable_compile_cache(path: str) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+def add_algo_args(p) -> None:
+    """The GPU scripts' shared algorithm flags (read by :func:`algo_config`): seed, PPO and SAC shape."""
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ppo-unroll", type=int, default=10)
+    p.add_argument("--ppo-minibatches", type=int, default=16)
+    p.add_argument("--ppo-epochs", type=int, default=4)
+    p.add_argument("--sac-batch", type=int, default=256)
+    p.add_argument("--sac-grad-updates", type=int, default=4)
+    p.add_argument("--sac-replay", type=int, default=1 << 20)
+
+
 def algo_config(algo: str, num_envs: int, args, **overrides):
     """PPOConfig / SACConfig from the GPU scripts' shared flags (--ppo-unroll, --sac-batch, ..., --seed).
 

@@ -139,13 +139,9 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(HERE, "results", "levers"))
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
-    p.add_argument("--ppo-unroll", type=int, default=10)
-    p.add_argument("--ppo-minibatches", type=int, default=16)
-    p.add_argument("--ppo-epochs", type=int, default=4)
-    p.add_argument("--sac-batch", type=int, default=256)
-    p.add_argument("--sac-grad-updates", type=int, default=4)
-    p.add_argument("--sac-replay", type=int, default=1 << 20)
-    p.add_argument("--seed", type=int, default=0)
+    from benchmarks.common import add_algo_args  # noqa: PLC0415 - after the sys.path set-up
+
+    add_algo_args(p)
     args = p.parse_args(argv)
     if args.tiny:
         args.env, args.backend, args.configs, args.hidden = "pendulum", "none", ["ppo:8", "sac:8"], [16]

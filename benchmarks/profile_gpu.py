@@ -275,13 +275,9 @@ def parse_args(argv=None):
     p.add_argument("--overhead-iters", type=int, default=15)
     p.add_argument("--kernel-trace", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--trace-iters", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ppo-unroll", type=int, default=10)
-    p.add_argument("--ppo-minibatches", type=int, default=16)
-    p.add_argument("--ppo-epochs", type=int, default=4)
-    p.add_argument("--sac-batch", type=int, default=256)
-    p.add_argument("--sac-grad-updates", type=int, default=4)
-    p.add_argument("--sac-replay", type=int, default=1 << 20)
+    from benchmarks.common import add_algo_args  # noqa: PLC0415 - after the sys.path set-up
+
+    add_algo_args(p)
     p.add_argument(
         "--compile-cache",
         default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
