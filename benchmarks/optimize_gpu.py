@@ -210,7 +210,7 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
     search_s = time.perf_counter() - t
     if args.unit == "epoch":
         return _epoch_row(
-            name, algo, num_envs, args, config, steps_per_iter, base_act, report, step, search_s
+            name, algo, num_envs, args, config, state, steps_per_iter, base_act, report, step, search_s
         )
     try:
         log(f"{name}: baseline and optimized timed in turns ({args.repeats} x {args.iters} iterations each)")
@@ -230,7 +230,6 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
         base_s, opt_s = tb.median, to.median
         if not report.plan:  # nothing kept: the "optimized" step is the baseline program itself
             opt_s = base_s
-        offload_stats = getattr(step, "stats", lambda: None)() if report.plan else None
         opt_act, _ = sm_activity(step, state, args.activity_iters, args)
     finally:
         getattr(step, "close", lambda: None)()
@@ -265,14 +264,15 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
         "search_s": search_s,
         "process_transfers": _transfer_summary(transfers),
         "unit": args.unit,
-        "offload": offload_stats,
         "cache_hit": report.cache_hit,
         "report": report.to_json(),
         "report_text": O.format_report(report),
     }
 
 
-def _epoch_row(name, algo, num_envs, args, config, per_call, base_act, report, step, search_s) -> dict:
+def _epoch_row(
+    name, algo, num_envs, args, config, state, per_call, base_act, report, step, search_s
+) -> dict:
     """Row of the epoch unit from the search's own measurements (timed in turns with the baseline,
     equality under deterministic XLA ops): the epochs are seconds long, so no second timing."""
     from rose_jax import optimize as O
@@ -284,7 +284,6 @@ def _epoch_row(name, algo, num_envs, args, config, per_call, base_act, report, s
     base_s = ref.e2e_baseline_s if ref else report.baseline_s
     opt_s = best.e2e_time_s if best else base_s
     try:
-        state = build(algo, num_envs, args)[1]
         if best:  # a fresh step: its first call starts the worker and compiles there; not sampled
             import jax
 

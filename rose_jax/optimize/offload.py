@@ -41,7 +41,7 @@ import hashlib
 import threading
 import time
 import warnings
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -69,7 +69,6 @@ class Split(NamedTuple):
     part: Any
     positions: tuple[int, ...]
     n_outputs: int
-    n_cut: int
     reason: str
 
 
@@ -137,7 +136,7 @@ def split_component(closed: Any, component: str, n_state: int) -> Split:
         f"component {component!r}: {len(inside)} top-level equation(s), pure, read by nothing else, "
         f"outputs only metrics ({len(positions)} leaf/leaves); {len(cut)} value(s) cross the cut"
     )
-    return Split(kept, part, positions, len(jx.outvars), len(cut), reason)
+    return Split(kept, part, positions, len(jx.outvars), reason)
 
 
 def state_output_count(out_shape: Any) -> int:
@@ -432,16 +431,3 @@ def offload_component(component: str = "evaluate", quota: int | None = None):
         summary=f"run component {component!r} in a worker process behind the next call",
     )
 
-
-def offloadable(fn: Callable, state: Any, components: Sequence[str] = ("evaluate",)) -> list[str]:
-    """The names in ``components`` that :func:`split_component` can cut out of ``fn`` at ``state``."""
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(state)
-    n_state = state_output_count(out_shape)
-    ok = []
-    for c in components:
-        try:
-            split_component(closed, c, n_state)
-        except ValueError:
-            continue
-        ok.append(c)
-    return ok
