@@ -6,7 +6,7 @@ N=${1:-2048}
 source benchmarks/device_prelude.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 OUTDIR=benchmarks/results/optimize_epoch$([ "$N" = 2048 ] || echo "_$N")
-timeout 575 python3 benchmarks/optimize_gpu.py --unit epoch --mps-client --iters 3 --repeats 1 --equality-iters 1 \
+timeout "${F_TIMEOUT:-575}" python3 benchmarks/optimize_gpu.py --unit epoch --mps-client --iters 3 --repeats 1 --equality-iters 1 \
   --budget-s 330 --num-envs "$N" --out "$OUTDIR" 2>&1 | grep -v -iE "warn|warp" > $OUT/optimize_epoch_$N.log
 tail -32 $OUT/optimize_epoch_$N.log
 tar czf $OUT/results_f_$N.tgz "$OUTDIR" 2>/dev/null; ls -la $OUT

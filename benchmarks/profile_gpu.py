@@ -234,6 +234,71 @@ def run_config(algo: str, env_name: str, num_envs: int, args, out_dir: str) -> d
     }
 
 
+def overhead_iters(fn, state, args) -> int:
+    """Iterations per sampler-off/on block: ``--overhead-iters``, raised so that one block lasts at
+    least ``--overhead-block-s`` (several GPM windows; per-iteration timing noise averages out)."""
+    import jax
+
+    if args.overhead_block_s <= 0:
+        return args.overhead_iters
+    out = jax.block_until_ready(fn(state))  # compile
+    s = out[0] if isinstance(out, tuple) else state
+    t = time.perf_counter()
+    for _ in range(3):
+        s = jax.block_until_ready(fn(s))[0]
+    per_iter = (time.perf_counter() - t) / 3
+    return max(args.overhead_iters, math.ceil(args.overhead_block_s / max(per_iter, 1e-6)))
+
+
+def run_overhead(algo: str, env_name: str, num_envs: int, args) -> dict:
+    """Sampler overhead only: the fused iteration in blocks with the sampler off / on (same process)."""
+    import jax
+
+    from rose_jax import profile as rp
+
+    name = f"{algo}_{env_name}_{num_envs}"
+    log(f"{name}: building env, config and initial state")
+    it, state, _ = build(algo, env_name, num_envs, args)
+    fn = jax.jit(it)
+    iters = overhead_iters(fn, jax.block_until_ready(state), args)
+    log(f"{name}: sampler overhead, {iters} iterations x {args.overhead_rounds} rounds, off/on")
+    ia = rp.iteration_activity(
+        fn, state, iters=iters, rounds=args.overhead_rounds,
+        sample_period_ms=args.period_ms, window_ms=args.window_ms,
+    )
+    over = None if ia.overhead is None else 100 * ia.overhead
+    on_ms = None if ia.iteration_time_s is None else ia.iteration_time_s * 1e3
+    log(
+        f"{name}: iteration {ia.iteration_time_off_s * 1e3:.3f} ms (sampler off) / {_fmt(on_ms, '.3f')} ms "
+        f"(on): overhead {_fmt(over, '+.2f')} %; mean SM {_fmt(ia.mean_sm_util)} %"
+        + (f"  [{ia.reason}]" if ia.reason else "")
+    )
+    return {
+        "name": name, "algo": algo, "env": env_name, "num_envs": num_envs,
+        "iterations_per_block": iters, "rounds": args.overhead_rounds,
+        "iteration_ms_sampler_off": ia.iteration_time_off_s * 1e3, "iteration_ms_sampler_on": on_ms,
+        "sampler_overhead_pct": over, "mean_sm_util": ia.mean_sm_util, "source": ia.source,
+        "sampler_mode": "process", "reason": ia.reason,
+    }
+
+
+def overhead_table(rows: list[dict]) -> str:
+    out = [
+        "| config | iterations x rounds | ms/iter sampler off | ms/iter sampler on | overhead % | mean SM % |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if "skipped" in r:
+            out.append(f"| {r['name']} | skipped: {r['skipped']} | | | | |")
+            continue
+        out.append(
+            f"| {r['name']} | {r['iterations_per_block']} x {r['rounds']} | "
+            f"{r['iteration_ms_sampler_off']:.3f} | {_fmt(r['iteration_ms_sampler_on'], '.3f')} | "
+            f"{_fmt(r['sampler_overhead_pct'], '+.2f')} | {_fmt(r['mean_sm_util'])} |"
+        )
+    return "\n".join(out)
+
+
 def table(rows: list[dict]) -> str:
     out = [
         "| config | fused ms/iter | mean SM % | occupancy % | sampler overhead % | top idle phase | "
@@ -273,6 +338,15 @@ def parse_args(argv=None):
     p.add_argument("--min-window-ms", type=float, default=0.0)
     p.add_argument("--merge-gap-ms", type=float, default=1.0)
     p.add_argument("--overhead-iters", type=int, default=15)
+    p.add_argument("--overhead-rounds", type=int, default=2, help="sampler off/on block pairs")
+    p.add_argument(
+        "--overhead-block-s", type=float, default=None,
+        help="raise iterations per block to last this long (default 1.0 with --overhead-only, else 0 = off)",
+    )
+    p.add_argument(
+        "--overhead-only", action="store_true",
+        help="only the sampler-overhead measurement; writes sampler_overhead.md/.json into --out",
+    )
     p.add_argument("--kernel-trace", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--trace-iters", type=int, default=1)
     from benchmarks.common import add_algo_args  # noqa: PLC0415 - after the sys.path set-up
@@ -290,6 +364,8 @@ def parse_args(argv=None):
         args.ppo_unroll, args.ppo_minibatches, args.ppo_epochs = 4, 2, 2
         args.sac_batch, args.sac_grad_updates, args.sac_replay = 16, 2, 1024
         args.budget_s = max(args.budget_s, 1e9)
+    if args.overhead_block_s is None:
+        args.overhead_block_s = 1.0 if args.overhead_only and not args.tiny else 0.0
     return args
 
 
@@ -320,10 +396,31 @@ def main(argv=None) -> list[dict]:
             rows.append({"name": name, "skipped": "time budget"})
             continue
         try:
-            rows.append(run_config(algo, args.env, n, args, out_dir))
+            if args.overhead_only:
+                rows.append(run_overhead(algo, args.env, n, args))
+            else:
+                rows.append(run_config(algo, args.env, n, args, out_dir))
         except Exception as e:  # noqa: BLE001 - report and go on with the next config
             log(f"{name}: FAILED: {type(e).__name__}: {e}")
             rows.append({"name": name, "skipped": f"failed: {type(e).__name__}: {str(e)[:120]}"})
+    if args.overhead_only:
+        text = overhead_table(rows)
+        print("\n" + text + "\n", flush=True)
+        m = _machine()
+        head = f"{m.get('date', '')} on {m.get('gpu', m.get('backend'))}; jax {m.get('jax')}; `{m.get('command')}`"
+        note = (
+            "overhead = median iteration time with the NVML sampler (process mode, 10 ms period, GPM "
+            "SM_UTIL/SM_OCCUPANCY) running / stopped - 1; blocks alternate off/on in one process, each "
+            "iteration fenced with block_until_ready."
+        )
+        atomic_write_text(
+            os.path.join(out_dir, "sampler_overhead.md"),
+            f"# Sampler overhead\n\n{head}\n\nNVML: {reason}\n\n{text}\n\n{note}\n",
+        )
+        doc = {"rows": rows, "nvml": reason, "machine": m, "wall_s": time.perf_counter() - T0}
+        atomic_write_text(os.path.join(out_dir, "sampler_overhead.json"), _json(doc))
+        log(f"done in {time.perf_counter() - T0:.1f}s; {out_dir}/sampler_overhead.md")
+        return rows
     text = table(rows)
     print("\n" + text + "\n", flush=True)
     note = (
