@@ -157,13 +157,14 @@ def run_config(algo: str, env_name: str, num_envs: int, args, out_dir: str) -> d
     log(f"{name}: wrote {name}.timeline.json, .windows.md/.json, {os.path.basename(png)}")
 
     log(
-        f"{name}: iteration activity + sampler overhead ({args.overhead_iters} iterations x 2 rounds, off/on)"
+        f"{name}: iteration activity + sampler overhead ({args.overhead_iters} iterations x "
+        f"{args.overhead_rounds} rounds, off/on)"
     )
     ia = rp.iteration_activity(
         fn,
         state,
         iters=args.overhead_iters,
-        rounds=2,
+        rounds=args.overhead_rounds,
         sample_period_ms=args.period_ms,
         window_ms=args.window_ms,
     )
@@ -270,7 +271,8 @@ def run_overhead(algo: str, env_name: str, num_envs: int, args) -> dict:
     on_ms = None if ia.iteration_time_s is None else ia.iteration_time_s * 1e3
     log(
         f"{name}: iteration {ia.iteration_time_off_s * 1e3:.3f} ms (sampler off) / {_fmt(on_ms, '.3f')} ms "
-        f"(on): overhead {_fmt(over, '+.2f')} %; mean SM {_fmt(ia.mean_sm_util)} %"
+        f"(on): overhead {_fmt(over, '+.2f')} %; mean SM {_fmt(ia.mean_sm_util)} %; quantiles off "
+        f"{_quantiles(ia.times_off_s)} on {_quantiles(ia.times_on_s)}"
         + (f"  [{ia.reason}]" if ia.reason else "")
     )
     return {
@@ -279,7 +281,20 @@ def run_overhead(algo: str, env_name: str, num_envs: int, args) -> dict:
         "iteration_ms_sampler_off": ia.iteration_time_off_s * 1e3, "iteration_ms_sampler_on": on_ms,
         "sampler_overhead_pct": over, "mean_sm_util": ia.mean_sm_util, "source": ia.source,
         "sampler_mode": "process", "reason": ia.reason,
+        "quantiles_ms_off": _quantiles(ia.times_off_s), "quantiles_ms_on": _quantiles(ia.times_on_s),
+        "mean_ms_off": _mean_ms(ia.times_off_s), "mean_ms_on": _mean_ms(ia.times_on_s),
     }
+
+
+def _quantiles(times_s) -> list | None:
+    """10/25/50/75/90 % quantiles of per-iteration times, ms (None without samples)."""
+    import numpy as np
+
+    return None if not len(times_s) else [float(q) for q in np.quantile(np.asarray(times_s) * 1e3, [.1, .25, .5, .75, .9])]
+
+
+def _mean_ms(times_s) -> float | None:
+    return None if not len(times_s) else 1e3 * sum(times_s) / len(times_s)
 
 
 def overhead_table(rows: list[dict]) -> str:
@@ -338,10 +353,14 @@ def parse_args(argv=None):
     p.add_argument("--min-window-ms", type=float, default=0.0)
     p.add_argument("--merge-gap-ms", type=float, default=1.0)
     p.add_argument("--overhead-iters", type=int, default=15)
-    p.add_argument("--overhead-rounds", type=int, default=2, help="sampler off/on block pairs")
+    p.add_argument(
+        "--overhead-rounds", type=int, default=None,
+        help="sampler off/on block pairs (default 8 with --overhead-only: SAC's iteration times spread "
+        "+-10 %%, 2-3 pairs measured noise, see results/profile/sampler_overhead/; else 2)",
+    )
     p.add_argument(
         "--overhead-block-s", type=float, default=None,
-        help="raise iterations per block to last this long (default 1.0 with --overhead-only, else 0 = off)",
+        help="raise iterations per block to last this long (default 0.5 with --overhead-only, else 0 = off)",
     )
     p.add_argument(
         "--overhead-only", action="store_true",
@@ -365,7 +384,9 @@ def parse_args(argv=None):
         args.sac_batch, args.sac_grad_updates, args.sac_replay = 16, 2, 1024
         args.budget_s = max(args.budget_s, 1e9)
     if args.overhead_block_s is None:
-        args.overhead_block_s = 1.0 if args.overhead_only and not args.tiny else 0.0
+        args.overhead_block_s = 0.5 if args.overhead_only and not args.tiny else 0.0
+    if args.overhead_rounds is None:
+        args.overhead_rounds = 8 if args.overhead_only and not args.tiny else 2
     return args
 
 

@@ -263,6 +263,18 @@ def _details(row: dict) -> list[str]:
     return out
 
 
+def _not_measured(row: dict) -> str:
+    """The row's baselines (a)-(c) that it lists but did not measure, with why (e.g. the time budget):
+    its ratio is then against the best of those that ran."""
+    out = []
+    for v in BASELINES:
+        rec = row.get("variants", {}).get(v)
+        if rec is not None and rec.get("status") != "ok":
+            why = str(rec.get("reason") or rec.get("status"))
+            out.append(f"{SHORT[v]} {rec.get('status')}" + (" (time budget)" if "budget" in why else ""))
+    return ", ".join(out) or "—"
+
+
 def headline(results: dict, source: str) -> str:
     """The README block: one line of setting and a short table (workload, best baseline, rose-jax, ratio)."""
     rows = results.get("rows", [])
@@ -278,10 +290,15 @@ def headline(results: dict, source: str) -> str:
                 "—" if s["ratio"] is None else f"{s['ratio']:.2f}x",
                 _fmt(s["search_overhead_s"]),
                 _plan(row),
+                _not_measured(row),
             ]
         )
     table = common.markdown_table(
-        ["workload", "best baseline env-steps/s", "rose-jax env-steps/s", "ratio", "search s", "plan"], body
+        [
+            "workload", "best baseline env-steps/s", "rose-jax env-steps/s", "ratio", "search s", "plan",
+            "baselines not measured",
+        ],
+        body,
     )
     return (
         f"Suite `{results.get('suite')}`: {_setting(results)}. Env-steps/s after warm-up; "

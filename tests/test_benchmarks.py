@@ -158,6 +158,17 @@ def test_ratio_is_against_the_best_measured_baseline():
     assert report.summarize(_row(single_jit=200.0, rose_jax="error"))["ratio"] is None
 
 
+def test_headline_names_the_baselines_a_row_did_not_measure():
+    row = _row(brax="skipped", single_jit=200.0, hand_pipelined="error", rose_jax=190.0)
+    row["variants"]["brax"]["reason"] = "time budget: 447s elapsed + ~114s estimated > 470s"
+    text = report.headline({"suite": "q", "rows": [row]}, "x.json")
+    line = next(ln for ln in text.splitlines() if ln.startswith("| r |"))
+    assert "(a) Brax skipped (time budget)" in line and "(c) hand pipeline error" in line
+    assert "0.95x" in line and "(b) single-jit" in line
+    full = _row(brax=100.0, single_jit=200.0, rose_jax=190.0)
+    assert next(ln for ln in report.headline({"rows": [full]}, "x.json").splitlines() if ln.startswith("| r |")).endswith("| — |")
+
+
 # ---------------------------------------------------------------------------------------------
 # README block
 
