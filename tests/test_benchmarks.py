@@ -8,6 +8,7 @@ and the ratio is rose-jax over the best baseline.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -48,6 +49,34 @@ def test_quick_suite_has_the_headline_rows_and_fits_its_budget_model():
     assert quick.workloads[2].brax_env is None and "brax" not in quick.workloads[2].variants  # plain MJCF
     assert quick.budget_s is not None and quick.budget_s < 8 * 60
     assert not quick.measure_threshold
+
+
+def test_budget_scale_is_per_variant_and_brax_is_not_scaled_by_searches():
+    from benchmarks import run  # noqa: PLC0415 - imports JAX lazily inside functions only
+
+    ctx = run.Context("q", 100.0, True, (False, ""), False, None, lambda s: None)
+    assert ctx.scale("rose_jax") == 1.0 and ctx.scale("brax") == 1.0
+    ctx.observed += [("rose_jax", 87.0, 43.75), ("rose_jax", 141.0, 75.0)]  # searches ~2x their model
+    assert ctx.scale("rose_jax") == pytest.approx((87.0 / 43.75 + 141.0 / 75.0) / 2)
+    assert ctx.scale("hand_pipelined") == ctx.scale("rose_jax")  # unseen variant: all of them
+    assert ctx.scale("brax") == 1.0  # Brax's train() shares nothing with a search
+    ctx.observed.append(("brax", 60.0, 58.8))
+    assert ctx.scale("brax") == pytest.approx(60.0 / 58.8)
+    ctx.observed.append(("rose_jax", 1000.0, 1.0))
+    assert ctx.scale("rose_jax") == pytest.approx(87.0 / 43.75) and ctx.scale("brax") < 1.1  # median; clamp
+    w = S.get("quick").workloads[1]
+    assert ctx.estimate(w, "brax") == pytest.approx(S.estimate_s(w, "brax") * 60.0 / 58.8)
+
+
+def test_quick_search_skips_equality_compiles_of_slower_candidates_in_its_model():
+    ant = S.get("quick").workloads[0]
+    assert ant.optimizer.check_slower is False and ant.optimizer.to_json()["check_slower"] is False
+    checked = dataclasses.replace(ant, optimizer=dataclasses.replace(ant.optimizer, check_slower=True))
+    # one measured candidate: its compile + the deterministic recompiles of baseline and candidate
+    assert S.compile_s(checked, "rose_jax") == pytest.approx(
+        S.compile_s(ant, "rose_jax") + 2 * S.EQUALITY_COMPILES * S.COMPILE_S["ant"]
+    )
+    assert S.compile_s(checked, "rose_jax", gpu=False) == S.compile_s(ant, "rose_jax", gpu=False)
 
 
 def test_quick_plan_runs_brax_last_with_sac_last_of_all_and_fits_about_seven_minutes():

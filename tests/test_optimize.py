@@ -594,6 +594,29 @@ def test_search_keeps_faster_equal_and_rejects_slower_and_unequal():
     json.dumps(report.to_json())  # JSON-able
 
 
+def test_search_without_check_slower_skips_equality_of_slower_candidates_only():
+    """check_slower=False: the slower candidate is rejected on time without an equality check;
+    the faster wrong one is still checked and rejected; with only slower candidates no equality
+    reference is built at all (no reproducibility result)."""
+    cands = [drop_sleep(), synthetic("toy_slower", _sleepier), synthetic("toy_wrong", _wrong)]
+    _, report = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=2, repeats=3, check_slower=False)
+    by = {c.label.split("(")[0]: c for c in report.candidates}
+    assert by["toy_drop_sleep"].kept and by["toy_drop_sleep"].equal
+    assert by["toy_slower"].equal is None and "equality not checked" in by["toy_slower"].reason
+    assert not by["toy_wrong"].kept and by["toy_wrong"].equal is False and "unequal" in by["toy_wrong"].reason
+    assert report.baseline_reproducible is True and [p["name"] for p in report.plan] == ["toy_drop_sleep"]
+
+    _, only_slow = O.optimize(
+        slow_iteration, EXAMPLE, candidates=[synthetic("toy_slower", _sleepier)], n_iters=1, repeats=2,
+        local=False, check_slower=False,
+    )
+    (rec,) = only_slow.candidates
+    assert not rec.kept and rec.equal is None and rec.speedup < 1.0
+    assert only_slow.baseline_reproducible is None and not only_slow.plan
+    assert any("equality not checked" in n for n in only_slow.notes)
+    assert "equality not checked" in O.format_report(only_slow)
+
+
 def test_search_rejects_illegal_and_mixing_group_candidates():
     program = toy.toy_program(8, 5, variant="mixing")
     cands = [O.group_rollout(2, "interleaved"), O.unroll_scans(2, where="no_such_loop")]

@@ -457,6 +457,7 @@ def optimize(
     equality: str = "stepwise",
     equality_options: dict | str | None = "auto",
     equality_iters: int | None = None,
+    check_slower: bool = True,
 ) -> tuple[Callable, PlanReport]:
     """Search for a faster, equal version of an iteration; see the module docstring.
 
@@ -481,6 +482,12 @@ def optimize(
         :data:`DETERMINISTIC` on a GPU, None elsewhere.
       equality_iters: states (stepwise) or iterations (trajectory) of the equality check
         (default ``n_iters``).
+      check_slower: also check the equality of candidates that were not faster (the report
+        then says how far each one is from the baseline). False: a candidate is timed first and
+        only one faster than the spread is checked; the equality reference (the baseline's
+        states, its recompile under ``equality_options`` and its reproducibility) is built when
+        the first such candidate needs it, so a search where nothing wins costs no equality
+        compiles. Kept plans are checked either way.
 
     Returns:
       ``(step, report)``: ``step`` is the optimized iteration, compiled (jitted unless it runs
@@ -533,31 +540,43 @@ def optimize(
     spread = max(abs(t1.median - t2.median), 2.0 * all_base.mad)
     report.baseline_s, report.baseline_spread_s = baseline, spread
     say(f"[optimize] baseline {baseline * 1e3:.3f} ms/iter, spread {spread * 1e3:.3f} ms")
-    base_eq = base_step
-    if equality_options or eq_iters != n_iters:
-        if equality_options:
-            try:
-                base_eq = compile_step(target, compiler_options=equality_options)
-                jax.block_until_ready(base_eq(example_state))
-            except Exception as e:  # noqa: BLE001 - e.g. an op without a deterministic GPU kernel
-                why = f"equality options {equality_options} failed ({type(e).__name__}: {str(e)[:160]})"
-                report.notes.append(f"{why}: not used")
-                say(f"[optimize] {why}; checking without them")
-                base_eq, equality_options = base_step, None
-        report.notes.append(
-            f"equality checked over {eq_iters} iteration(s) under XLA options {equality_options}"
-        )
-        if equality == "trajectory":
-            ref_state = measure.run_iterations(base_eq, example_state, eq_iters)[0]
-            ref_again = measure.run_iterations(base_eq, example_state, eq_iters)[0]
-    reuse = not equality_options and eq_iters == n_iters
-    ref = _reference(equality, base_eq, example_state, eq_iters, ref_state, ref_again, reuse)
-    rc = ref.reproducibility
-    report.baseline_reproducible, report.baseline_repro_reason = rc.equal, rc.reason
-    report.baseline_max_abs_diff, report.baseline_max_rel_diff = rc.max_abs, rc.max_rel
-    if not rc.equal:
-        report.notes.append(f"baseline not bitwise reproducible ({equality}): {rc.reason}")
-    say(f"[optimize] baseline reproducible ({equality}): {rc.equal}, max|d| {rc.max_abs:.2g}")
+    eq = {"options": equality_options}  # the options actually used (dropped if they fail)
+    built: list[_Reference] = []
+
+    def reference() -> _Reference:
+        """The equality reference, built on first use (see ``check_slower``)."""
+        if built:
+            return built[0]
+        options, r_state, r_again = eq["options"], ref_state, ref_again
+        base_eq = base_step
+        if options or eq_iters != n_iters:
+            if options:
+                try:
+                    base_eq = compile_step(target, compiler_options=options)
+                    jax.block_until_ready(base_eq(example_state))
+                except Exception as e:  # noqa: BLE001 - e.g. an op without a deterministic GPU kernel
+                    why = f"equality options {options} failed ({type(e).__name__}: {str(e)[:160]})"
+                    report.notes.append(f"{why}: not used")
+                    say(f"[optimize] {why}; checking without them")
+                    base_eq, options = base_step, None
+                    eq["options"] = None
+            report.notes.append(f"equality checked over {eq_iters} iteration(s) under XLA options {options}")
+            if equality == "trajectory":
+                r_state = measure.run_iterations(base_eq, example_state, eq_iters)[0]
+                r_again = measure.run_iterations(base_eq, example_state, eq_iters)[0]
+        reuse = not options and eq_iters == n_iters
+        ref = _reference(equality, base_eq, example_state, eq_iters, r_state, r_again, reuse)
+        rc = ref.reproducibility
+        report.baseline_reproducible, report.baseline_repro_reason = rc.equal, rc.reason
+        report.baseline_max_abs_diff, report.baseline_max_rel_diff = rc.max_abs, rc.max_rel
+        if not rc.equal:
+            report.notes.append(f"baseline not bitwise reproducible ({equality}): {rc.reason}")
+        say(f"[optimize] baseline reproducible ({equality}): {rc.equal}, max|d| {rc.max_abs:.2g}")
+        built.append(ref)
+        return ref
+
+    if check_slower:
+        reference()
 
     from rose_jax import trace as rtrace  # noqa: PLC0415
 
@@ -604,8 +623,13 @@ def optimize(
                 [base_step, step], example_state, n_iters, repeats
             )
             report.measurements += 2 * repeats
-            rec.equality = equality
-            cmp = _check_equal(ref, step, state_c, t.tolerance, transformed, host, equality_options)
+            gain = tb.median - tc.median  # against the baseline timed in turns with it
+            noise = max(spread, 2.0 * max(tb.mad, tc.mad))
+            cmp = None
+            if check_slower or gain > noise:
+                rec.equality = equality
+                ref = reference()
+                cmp = _check_equal(ref, step, state_c, t.tolerance, transformed, host, eq["options"])
         except Exception as e:  # noqa: BLE001 - a failing candidate is logged, not fatal
             rec.reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             say(f"[optimize] {t.label}: {rec.reason}")
@@ -614,10 +638,14 @@ def optimize(
             _close(transformed)
         rec.e2e_time_s, rec.e2e_baseline_s = tc.median, tb.median
         rec.speedup = tb.median / tc.median if tc.median > 0 else None
-        rec.equal, rec.max_abs_diff, rec.max_rel_diff = cmp.equal, cmp.max_abs, cmp.max_rel
-        gain = tb.median - tc.median  # against the baseline timed in turns with it
-        noise = max(spread, 2.0 * max(tb.mad, tc.mad))
-        if not cmp.equal:
+        if cmp is not None:
+            rec.equal, rec.max_abs_diff, rec.max_rel_diff = cmp.equal, cmp.max_abs, cmp.max_rel
+        if cmp is None:
+            rec.reason = (
+                f"not faster by more than the spread: gain {gain * 1e3:.3f} ms <= {noise * 1e3:.3f} ms "
+                "(equality not checked: check_slower=False)"
+            )
+        elif not cmp.equal:
             rec.reason = f"unequal {ref.what}: {cmp.reason}"
         elif gain <= noise:
             rec.reason = (
@@ -630,7 +658,8 @@ def optimize(
         say(
             f"[optimize] {t.label}: {tc.median * 1e3:.3f} ms/iter vs baseline {tb.median * 1e3:.3f} "
             "(timed in turns), "
-            f"speedup {rec.speedup:.3f}x, max|d| {cmp.max_abs:.2g} -> {'KEPT' if rec.kept else 'rejected'}"
+            f"speedup {rec.speedup:.3f}x, max|d| {'not checked' if cmp is None else f'{cmp.max_abs:.2g}'} -> "
+            f"{'KEPT' if rec.kept else 'rejected'}"
         )
 
     # --- greedy combination (each trial timed in turns with the baseline, scaled to its units)
@@ -665,7 +694,8 @@ def optimize(
                 report.measurements += 2 * repeats
                 rec.equality = equality
                 host = any(x.level == "host" for x in trial)
-                cmp = _check_equal(ref, step, state_c, _loosest(trial), combined, host, equality_options)
+                ref = reference()
+                cmp = _check_equal(ref, step, state_c, _loosest(trial), combined, host, eq["options"])
             except Exception as e:  # noqa: BLE001
                 rec.reason = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 continue
@@ -689,6 +719,10 @@ def optimize(
                 f"{'KEPT' if rec.kept else 'rejected'}"
             )
 
+    if not built:
+        report.notes.append(
+            "equality not checked: no candidate was faster than the spread (check_slower=False)"
+        )
     report.plan = [t.to_json() for t in plan]
     report.optimized_s = best_time
     report.speedup = baseline / best_time if best_time else None
