@@ -290,7 +290,9 @@ def _quantiles(times_s) -> list | None:
     """10/25/50/75/90 % quantiles of per-iteration times, ms (None without samples)."""
     import numpy as np
 
-    return None if not len(times_s) else [float(q) for q in np.quantile(np.asarray(times_s) * 1e3, [.1, .25, .5, .75, .9])]
+    if not len(times_s):
+        return None
+    return [float(q) for q in np.quantile(np.asarray(times_s) * 1e3, [0.1, 0.25, 0.5, 0.75, 0.9])]
 
 
 def _mean_ms(times_s) -> float | None:
@@ -299,7 +301,8 @@ def _mean_ms(times_s) -> float | None:
 
 def overhead_table(rows: list[dict]) -> str:
     out = [
-        "| config | iterations x rounds | ms/iter sampler off | ms/iter sampler on | overhead % | mean SM % |",
+        "| config | iterations x rounds | ms/iter sampler off | ms/iter sampler on | overhead % | "
+        "mean SM % |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -428,7 +431,10 @@ def main(argv=None) -> list[dict]:
         text = overhead_table(rows)
         print("\n" + text + "\n", flush=True)
         m = _machine()
-        head = f"{m.get('date', '')} on {m.get('gpu', m.get('backend'))}; jax {m.get('jax')}; `{m.get('command')}`"
+        head = (
+            f"{m.get('date', '')} on {m.get('gpu', m.get('backend'))}; jax {m.get('jax')}; "
+            f"`{m.get('command')}`"
+        )
         note = (
             "overhead = median iteration time with the NVML sampler (process mode, 10 ms period, GPM "
             "SM_UTIL/SM_OCCUPANCY) running / stopped - 1; blocks alternate off/on in one process, each "

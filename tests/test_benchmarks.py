@@ -195,7 +195,8 @@ def test_headline_names_the_baselines_a_row_did_not_measure():
     assert "(a) Brax skipped (time budget)" in line and "(c) hand pipeline error" in line
     assert "0.95x" in line and "(b) single-jit" in line
     full = _row(brax=100.0, single_jit=200.0, rose_jax=190.0)
-    assert next(ln for ln in report.headline({"rows": [full]}, "x.json").splitlines() if ln.startswith("| r |")).endswith("| — |")
+    lines = report.headline({"rows": [full]}, "x.json").splitlines()
+    assert next(ln for ln in lines if ln.startswith("| r |")).endswith("| — |")
 
 
 # ---------------------------------------------------------------------------------------------

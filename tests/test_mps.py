@@ -559,3 +559,33 @@ def test_plan_constants_are_what_jax_reads():
     # the deprecated name is the one every supported jaxlib reads; setting both is an error in jaxlib
     assert plan.MEM_FRACTION_VAR == "XLA_PYTHON_CLIENT_MEM_FRACTION"
     assert plan.MEM_FRACTION_VARS == ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
+
+
+def test_worker_daemon_prefers_given_then_inherited_then_own(fake_mps, monkeypatch):
+    """rose_jax.mps.worker_daemon with the MOCK control binary on PATH (the real daemon path runs
+    on the GPU: tests/test_offload.py's GPU test and benchmarks/mps_gpu.py)."""
+    from rose_jax.mps import InheritedDaemon, stop_own, worker_daemon
+    from rose_jax.mps.plan import MPS_PIPE_VAR
+
+    monkeypatch.setenv("PATH", os.path.dirname(fake_mps) + os.pathsep + os.environ["PATH"])
+    monkeypatch.delenv(MPS_PIPE_VAR, raising=False)
+    given = object()
+    assert worker_daemon(given, None) == (given, None)
+    monkeypatch.setenv(MPS_PIPE_VAR, "/tmp/some-pipe")
+    d, own = worker_daemon(None, None)
+    assert isinstance(d, InheritedDaemon) and str(d.pipe_dir) == "/tmp/some-pipe" and own is None
+    monkeypatch.delenv(MPS_PIPE_VAR)
+    with pytest.warns(UserWarning, match="not an MPS client"):
+        d, own = worker_daemon(None, None, driver_computes=True)
+    try:
+        assert d is own and own.running and own.server_pids() is not None
+        assert worker_daemon(None, own) == (own, own)  # reused while it runs
+        first = own
+        first.stop()
+        d2, own2 = worker_daemon(None, first)  # a stopped one is replaced, not reused
+        assert own2 is not first and own2.running and d2 is own2
+        stop_own(own2)
+        assert not own2.running
+    finally:
+        stop_own(own)
+        stop_own(own2 if "own2" in locals() else None)

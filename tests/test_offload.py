@@ -4,6 +4,7 @@ worker process computes exactly what the untransformed epoch computes; illegal c
 from __future__ import annotations
 
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -222,3 +223,38 @@ def test_offload_on_gpu_under_mps_is_exact_and_overlaps():
     finally:
         fast.close()
     assert to.median < tb.median, (to.median, tb.median)
+
+
+def test_offload_with_mps_on_a_cpu_starts_and_stops_its_own_daemon(tmp_path, monkeypatch):
+    """The MPS plumbing of OffloadedStep with a MOCK nvidia-cuda-mps-control on PATH (CPU JAX in
+    the worker ignores the client variables; the real daemon runs in the GPU test above): not an
+    MPS client -> a warning and a daemon of its own, results still bitwise, daemon gone on close."""
+    from test_mps import FAKE_CONTROL, FAKE_SERVER, _mock_processes
+
+    from rose_jax.mps.plan import MPS_PIPE_VAR
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("nvidia-cuda-mps-control", FAKE_CONTROL), ("nvidia-cuda-mps-server", FAKE_SERVER)):
+        (bindir / name).write_text(text.format(python=sys.executable))
+        (bindir / name).chmod(0o755)
+    monkeypatch.setenv("FAKE_MPS_MODE", "ok")
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+    monkeypatch.delenv(MPS_PIPE_VAR, raising=False)
+    env = envs.make("pendulum")
+    c = ppo.PPOConfig(num_envs=8, unroll_length=8, num_minibatches=2, num_epochs=1,
+                      policy_hidden_sizes=(16,), value_hidden_sizes=(16,))
+    fn, state = ppo.epoch(c, env, 2, num_eval_envs=4, eval_length=20), ppo.init(c, env, jax.random.PRNGKey(5))
+    step = offload.OffloadedStep(fn, "evaluate", use_mps=True, quota=40)
+    with pytest.warns(UserWarning, match="not an MPS client"):
+        s_off, m_off = step(state)
+        step.drain()
+    own = step._own_daemon
+    try:
+        assert own is not None and own.running and _mock_processes(own.run_dir)
+        s_ref, m_ref = jax.jit(fn)(state)
+        assert measure.compare_trees(s_off, s_ref).equal
+        assert float(m_off["eval_episode_return"]) == float(m_ref["eval_episode_return"])
+    finally:
+        step.close()
+    assert step._own_daemon is None and not own.running and not _mock_processes(own.run_dir)

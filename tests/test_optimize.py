@@ -599,7 +599,9 @@ def test_search_without_check_slower_skips_equality_of_slower_candidates_only():
     the faster wrong one is still checked and rejected; with only slower candidates no equality
     reference is built at all (no reproducibility result)."""
     cands = [drop_sleep(), synthetic("toy_slower", _sleepier), synthetic("toy_wrong", _wrong)]
-    _, report = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=2, repeats=3, check_slower=False)
+    _, report = O.optimize(
+        slow_iteration, EXAMPLE, candidates=cands, n_iters=2, repeats=3, check_slower=False
+    )
     by = {c.label.split("(")[0]: c for c in report.candidates}
     assert by["toy_drop_sleep"].kept and by["toy_drop_sleep"].equal
     assert by["toy_slower"].equal is None and "equality not checked" in by["toy_slower"].reason

@@ -1,6 +1,6 @@
 """MPS orchestration: the daemon's lifecycle, worker plans (frozen data) and the quota search."""
 
-from rose_jax.mps.client import InheritedDaemon, inherited_daemon, run_as_client
+from rose_jax.mps.client import InheritedDaemon, inherited_daemon, run_as_client, stop_own, worker_daemon
 from rose_jax.mps.daemon import MPSDaemon, MPSError, ShutdownReport, mps_status
 from rose_jax.mps.plan import SMQuota, WorkerSpec, validate_specs, worker_environment
 from rose_jax.mps.search import (
@@ -35,6 +35,8 @@ __all__ = [
     "mps_status",
     "quotas_from_tables",
     "run_as_client",
+    "stop_own",
+    "worker_daemon",
     "search_quotas",
     "validate_specs",
     "worker_environment",

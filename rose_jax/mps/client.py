@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -46,6 +47,42 @@ def inherited_daemon() -> InheritedDaemon | None:
     """The daemon this process is a client of (``CUDA_MPS_PIPE_DIRECTORY`` set), else None."""
     pipe = os.environ.get(MPS_PIPE_VAR)
     return InheritedDaemon(pipe, os.environ.get(MPS_LOG_VAR)) if pipe else None
+
+
+def worker_daemon(
+    given=None, own: MPSDaemon | None = None, *, driver_computes: bool = False, prefix: str = "rmps"
+) -> tuple[object, MPSDaemon | None]:
+    """The MPS daemon a driver's worker processes should join, as ``(daemon, own)``.
+
+    In order: ``given`` (the caller's); the daemon this process is a client of
+    (:func:`inherited_daemon`: workers and driver then share the GPU concurrently); ``own`` (a
+    daemon this driver started before, reused while it runs); else a new :class:`MPSDaemon`,
+    started here and returned as ``own``: the caller must stop it (a driver keeps it in one
+    attribute and stops it on close and after a fatal worker fault). ``driver_computes``: the
+    driver runs kernels of its own beside the workers (e.g. an offloaded component), so a daemon
+    it is not a client of time-slices it against them: warn.
+    """
+    if given is not None:
+        return given, own
+    inherited = inherited_daemon()
+    if inherited is not None:
+        return inherited, own
+    if own is not None and own.running:
+        return own, own
+    if driver_computes:
+        warnings.warn(
+            "this process is not an MPS client (start it under an MPS daemon, e.g. "
+            "rose_jax.mps.run_as_client): its kernels and its workers' are time-sliced, not concurrent",
+            stacklevel=3,
+        )
+    own = MPSDaemon(tempfile.mkdtemp(prefix=prefix)).start()
+    return own, own
+
+
+def stop_own(own: MPSDaemon | None) -> None:
+    """Stop a daemon :func:`worker_daemon` started (None: nothing to do)."""
+    if own is not None:
+        own.stop()
 
 
 def run_as_client(argv: Sequence[str], run_dir: str | None = None, log=print) -> int:

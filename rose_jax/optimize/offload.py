@@ -40,7 +40,6 @@ import concurrent.futures
 import hashlib
 import threading
 import time
-import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -302,11 +301,7 @@ class OffloadedStep:
                 self._jobs.submit(self._close_pool).result()
             finally:
                 self._jobs.shutdown(wait=True)
-                if self._own_daemon is not None:
-                    try:
-                        self._own_daemon.stop()
-                    finally:
-                        self._own_daemon = None
+                self._stop_own_daemon()
 
     def __enter__(self) -> "OffloadedStep":
         return self
@@ -360,34 +355,32 @@ class OffloadedStep:
 
     def _ensure_pool(self):
         if self._pool is not None and not self._pool.running:
+            # broken by a dead worker: start over; a fatal MPS fault reaches every client, so a
+            # daemon of our own starts over too
             self._pool.close()
             self._pool, self._sent = None, set()
+            self._stop_own_daemon()
         if self._pool is not None:
             return self._pool
-        import tempfile  # noqa: PLC0415
-
         from rose_jax import runtime  # noqa: PLC0415
         from rose_jax.mps import plan as mps_plan  # noqa: PLC0415
+        from rose_jax.mps import worker_daemon  # noqa: PLC0415
 
         gpu = jax.default_backend() == "gpu"
         use_mps = gpu if self._use_mps is None else self._use_mps
-        daemon = self._daemon
-        if use_mps and daemon is None:
-            from rose_jax.mps import MPSDaemon, inherited_daemon  # noqa: PLC0415
-
-            daemon = inherited_daemon()
-        if use_mps and daemon is None:
-            warnings.warn(
-                "offload: this process is not an MPS client (start it under an MPS daemon, e.g. "
-                "rose_jax.mps.run_as_client): its kernels and the worker's are time-sliced, not concurrent",
-                stacklevel=3,
-            )
-            self._own_daemon = MPSDaemon(tempfile.mkdtemp(prefix="rmps")).start()
-            daemon = self._own_daemon
+        daemon = None
+        if use_mps:
+            daemon, self._own_daemon = worker_daemon(self._daemon, self._own_daemon, driver_computes=True)
         env = () if gpu else (("JAX_PLATFORMS", "cpu"),)
         spec = mps_plan.WorkerSpec(WORKER, quota=self.quota if use_mps else None, env=env)
-        self._pool = runtime.start_workers([spec], daemon=daemon if use_mps else None, transport="shm")
+        self._pool = runtime.start_workers([spec], daemon=daemon, transport="shm")
         return self._pool
+
+    def _stop_own_daemon(self) -> None:
+        from rose_jax.mps import stop_own  # noqa: PLC0415
+
+        own, self._own_daemon = self._own_daemon, None
+        stop_own(own)
 
     def _close_pool(self) -> None:
         if self._pool is not None:

@@ -426,10 +426,9 @@ class RuntimeExecutor:
             self._stop_daemon()
         if self._pool is not None:
             return self._pool
-        import tempfile  # noqa: PLC0415
-
         from rose_jax import runtime  # noqa: PLC0415
         from rose_jax.mps import plan as mps_plan  # noqa: PLC0415
+        from rose_jax.mps import worker_daemon  # noqa: PLC0415
 
         gpu = jax.default_backend() == "gpu"
         if gpu and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() not in ("false", "0"):
@@ -439,12 +438,9 @@ class RuntimeExecutor:
                 stacklevel=2,
             )
         use_mps = gpu if self._use_mps is None else self._use_mps
-        daemon = self._daemon
-        if use_mps and daemon is None and self._own_daemon is None:
-            from rose_jax.mps import MPSDaemon  # noqa: PLC0415
-
-            self._own_daemon = MPSDaemon(tempfile.mkdtemp(prefix="rose-mps-")).start()
-        daemon = daemon if daemon is not None else self._own_daemon
+        daemon = None
+        if use_mps:  # the driver only orchestrates here: a daemon of its own serves its workers
+            daemon, self._own_daemon = worker_daemon(self._daemon, self._own_daemon, prefix="rose-mps-")
         env = () if gpu else (("JAX_PLATFORMS", "cpu"),)
         quotas = self.quotas or (None,) * self.groups
         specs = [
@@ -452,9 +448,7 @@ class RuntimeExecutor:
             for g, q in enumerate(quotas)
         ]
         try:
-            self._pool = runtime.start_workers(
-                specs, daemon=daemon if use_mps else None, transport=self.transport
-            )
+            self._pool = runtime.start_workers(specs, daemon=daemon, transport=self.transport)
         except BaseException:
             self._stop_daemon()
             raise
@@ -502,11 +496,10 @@ class RuntimeExecutor:
         self._stop_daemon()
 
     def _stop_daemon(self):
-        if self._own_daemon is not None:
-            try:
-                self._own_daemon.stop()
-            finally:
-                self._own_daemon = None
+        from rose_jax.mps import stop_own  # noqa: PLC0415
+
+        own, self._own_daemon = self._own_daemon, None
+        stop_own(own)
 
 
 # ------------------------------------------------------------------------------ the collect
