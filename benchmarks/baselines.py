@@ -22,6 +22,7 @@ Shapes: ``N = num_envs``, ``n = N / 2`` envs per group, ``T = unroll_length``, `
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from typing import Any, Callable, NamedTuple
@@ -279,12 +280,16 @@ def _brax_env(workload):
     return brax_envs.get_environment(workload.brax_env, **kw)
 
 
-def brax_ppo_train(workload, config, epochs: int, on_epoch: Callable[[int], None] | None = None) -> BraxRun:
+def brax_ppo_train(
+    workload, config, epochs: int, on_epoch: Callable[[int], None] | None = None, evaluate: bool = False
+) -> BraxRun:
     """Brax's ``ppo.train`` with ``config``'s hyperparameters: ``epochs`` epochs of K training steps.
 
     One Brax training step = one unroll of every env (``batch_size * num_minibatches == num_envs``)
     followed by ``num_epochs`` passes of ``num_minibatches`` minibatches, as one of our iterations.
-    No evaluation (``run_evals=False``). ``on_epoch(i)`` is called after epoch ``i`` (0-based).
+    No evaluation (``run_evals=False``) unless ``evaluate``: then after every epoch Brax evaluates
+    the deterministic policy on ``workload.eval_envs`` envs for an episode, as ``ppo.epoch`` does.
+    ``on_epoch(i)`` is called after epoch ``i`` (0-based).
     """
     from benchmarks import brax_shim
 
@@ -304,7 +309,9 @@ def brax_ppo_train(workload, config, epochs: int, on_epoch: Callable[[int], None
             _brax_env(workload),
             num_timesteps=per_epoch * epochs,
             num_evals=epochs + 1,
-            run_evals=False,
+            run_evals=evaluate,
+            num_eval_envs=workload.eval_envs,
+            deterministic_eval=True,
             episode_length=workload.episode_length,
             num_envs=c.num_envs,
             batch_size=c.num_envs // c.num_minibatches,
@@ -352,8 +359,14 @@ class _NoEvaluator:
         return dict(training_metrics)
 
 
-def brax_sac_train(workload, config, epochs: int, on_epoch: Callable[[int], None] | None = None) -> BraxRun:
-    """Brax's ``sac.train`` with ``config``'s hyperparameters: ``epochs`` epochs of K steps of all envs."""
+def brax_sac_train(
+    workload, config, epochs: int, on_epoch: Callable[[int], None] | None = None, evaluate: bool = False
+) -> BraxRun:
+    """Brax's ``sac.train`` with ``config``'s hyperparameters: ``epochs`` epochs of K steps of all envs.
+
+    Without ``evaluate`` its evaluator is replaced by :class:`_NoEvaluator`; with it Brax evaluates
+    the deterministic policy on ``workload.eval_envs`` envs after every epoch, as ``sac.epoch`` does.
+    """
     from benchmarks import brax_shim
 
     brax_shim.install()
@@ -375,13 +388,15 @@ def brax_sac_train(workload, config, epochs: int, on_epoch: Callable[[int], None
     prefill = c.prefill_steps * c.num_envs
 
     def call(progress):
-        with mock.patch.object(acting, "Evaluator", _NoEvaluator):
+        patch = contextlib.nullcontext() if evaluate else mock.patch.object(acting, "Evaluator", _NoEvaluator)
+        with patch:
             return brax_sac.train(
                 _brax_env(workload),
                 num_timesteps=per_epoch * epochs + prefill,
                 episode_length=workload.episode_length,
                 num_envs=c.num_envs,
-                num_eval_envs=1,
+                num_eval_envs=workload.eval_envs if evaluate else 1,
+                deterministic_eval=True,
                 learning_rate=c.learning_rate,
                 discounting=c.discounting,
                 seed=workload.seed,

@@ -172,6 +172,10 @@ def markdown(results: dict) -> str:
         "(a) Brax's own trainer (`training/sps`), (b) our algorithm K iterations per jitted `lax.scan`, "
         "(c) (b) with a hand-written 2-group staggered rollout, (d) `rose_jax.optimize`'s plan run like (b) "
         "(its search time is listed separately). Ratio = (d) / best of (a)-(c). "
+        "Rows named `...-epoch` time Brax's train loop instead: a call is several epochs, each K training "
+        "iterations then an evaluation episode of the deterministic policy; env-steps/s counts training "
+        "steps over the whole wall time, evaluation included, for (a) too (its time between progress "
+        "reports); work a plan runs behind the next epoch is waited for at the end of each call. "
         "`skipped`/`error`: see details.",
         "",
         common.markdown_table(headers, body) if body else "(no rows)",
@@ -198,7 +202,13 @@ def _details(row: dict) -> list[str]:
         + (f" ({w['backend']})" if w.get("backend") else "")
         + f", {w.get('num_envs')} envs, policy {w.get('policy_hidden_sizes')}, "
         f"{row.get('env_steps_per_iteration')} env steps per iteration, "
-        f"K={w.get('iterations_per_block')} iterations x {w.get('blocks')} timed blocks.",
+        + (
+            f"one call = {w.get('epochs_per_block')} epochs of K={w.get('iterations_per_block')} training "
+            f"iterations + an evaluation of {w.get('eval_envs')} envs x {w.get('episode_length')} steps; "
+            f"{w.get('blocks')} timed calls."
+            if w.get("unit") == "epoch"
+            else f"K={w.get('iterations_per_block')} iterations x {w.get('blocks')} timed blocks."
+        ),
         "",
     ]
     headers = [

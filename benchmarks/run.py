@@ -3,6 +3,7 @@
     python -m benchmarks.run --suite quick                # H200 headline rows, < 8 min with compilation
     python -m benchmarks.run --suite full --part 3/32     # one part of every combination
     python -m benchmarks.run --suite tiny                 # CPU smoke run (< 2 min), used by the tests
+    python -m benchmarks.run --suite epoch --part 1/2 --mps-client   # training epochs + evaluation
     python -m benchmarks.run --suite full --list          # rows, parts and estimated device time
 
 Every variant of a row (see :mod:`benchmarks.suite`) runs in this process on the same device with
@@ -167,12 +168,19 @@ def _one_line(e: BaseException) -> str:
 
 
 def _host_loop(step: Callable, iterations: int) -> Callable:
-    """``state -> (state, last metrics)``: ``iterations`` dispatches of a compiled step (no host sync)."""
+    """``state -> (state, last metrics)``: ``iterations`` dispatches of a compiled step (no host sync).
+
+    A step that runs work in worker processes behind the caller (``step.drain()``, e.g. an
+    offloaded evaluation) is drained before the call returns: a timed call includes all its work.
+    """
+    drain = getattr(step, "drain", None)
 
     def call(state):
         metrics = None
         for _ in range(iterations):
             state, metrics = step(state)
+        if callable(drain):
+            drain()
         return state, metrics
 
     return call
@@ -269,10 +277,12 @@ class Row:
     compiled: dict = dataclasses.field(default_factory=dict)
     compile_s: dict = dataclasses.field(default_factory=dict)
     compile_error: dict = dataclasses.field(default_factory=dict)
+    # stops worker processes of (d)'s plan (an offloaded component, env groups) when the row ends
+    closers: list = dataclasses.field(default_factory=list)
 
     @property
     def steps_per_call(self) -> int:
-        return self.w.env_steps_per_iteration * self.w.iterations_per_block
+        return self.w.env_steps_per_call
 
 
 @dataclasses.dataclass
@@ -286,10 +296,27 @@ class Prepared:
     metrics: Any = None
 
 
+def _epoch_fn(row: Row) -> Callable:
+    """An epoch row's pure ``state -> (state, metrics)``: K iterations in a scan, then the evaluation."""
+    w = row.w
+    if w.algo == "ppo":
+        return row.algo.epoch(
+            row.config, row.env, w.iterations_per_block,
+            num_eval_envs=w.eval_envs, eval_length=w.episode_length,
+        )
+    return row.algo.epoch(row.config, row.env, iterations=w.iterations_per_block)  # config.num_eval_envs
+
+
 def _loop(row: Row, variant: str) -> Callable:
-    """The jitted (not yet compiled) K-iteration loop of (b) or (c)."""
+    """The jitted (not yet compiled) K-iteration loop of (b) or (c); an epoch row: (b)'s jitted epoch."""
+    import jax
+
     from benchmarks import baselines
 
+    if row.w.unit == "epoch":
+        if variant != "single_jit":
+            raise ValueError(f"{row.w.name}: variant {variant} is not built for epoch rows")
+        return jax.jit(_epoch_fn(row), donate_argnums=(0,) if jax.default_backend() != "cpu" else ())
     if variant == "single_jit":
         it = row.algo.iteration(row.config, row.env)
     else:
@@ -336,8 +363,13 @@ def _warm(row: Row, variant: str, call: Callable, extra: dict | None = None) -> 
     return Prepared(variant, call, state, record, metrics)
 
 
+def _unit_call(row: Row, compiled: Callable) -> Callable:
+    """One timed call: the compiled K-iteration loop itself, or ``epochs_per_block`` epochs."""
+    return _host_loop(compiled, row.w.epochs_per_block) if row.w.unit == "epoch" else compiled
+
+
 def prepare_single_jit(row: Row, ctx: Context) -> Prepared:
-    loop = row.compiled.get("single_jit") or _loop(row, "single_jit")
+    loop = _unit_call(row, row.compiled.get("single_jit") or _loop(row, "single_jit"))
     row.single_jit_loop = loop
     return _warm(row, "single_jit", loop)
 
@@ -366,9 +398,10 @@ def prepare_rose_jax(row: Row, ctx: Context) -> Prepared:
     candidates = None
     if o.candidates is not None:
         candidates = [ro.transform_by_name(name, dict(params)) for name, params in o.candidates]
+    epoch = w.unit == "epoch"
     t = time.perf_counter()
     step, plan_report = ro.optimize(
-        _program(row),
+        _epoch_fn(row) if epoch else _program(row),
         row.state0,
         candidates=candidates,
         n_iters=o.n_iters,
@@ -378,9 +411,13 @@ def prepare_rose_jax(row: Row, ctx: Context) -> Prepared:
         local=o.local,
         combine=o.combine,
         check_slower=o.check_slower,
+        equality_iters=o.equality_iters,
         log=lambda line: ctx.log("      " + line),
     )
     search_s = time.perf_counter() - t
+    if callable(getattr(step, "close", None)):
+        row.closers.append(step.close)
+    per_call = w.epochs_per_block if epoch else w.iterations_per_block
     rep = plan_report.to_json()
     plan = rep.get("plan", [])
     if not plan and row.single_jit_loop is not None:
@@ -388,12 +425,12 @@ def prepare_rose_jax(row: Row, ctx: Context) -> Prepared:
         call, protocol = row.single_jit_loop, "empty plan: (b)'s compiled K-iteration loop, timed again"
     elif any(p.get("level") == "host" for p in plan):
         call, protocol = (
-            _host_loop(step, w.iterations_per_block),
-            "host loop over the plan's step (worker processes)",
+            _host_loop(step, per_call),
+            "host loop over the plan's step (worker processes; drained at the end of each call)",
         )
-    elif o.measure == "host":
-        call = _host_loop(step, w.iterations_per_block)
-        protocol = "K dispatches of the optimizer's compiled step per block (asynchronous, no host sync)"
+    elif o.measure == "host" or epoch:
+        call = _host_loop(step, per_call)
+        protocol = "dispatches of the optimizer's compiled step per block (asynchronous, no host sync)"
     else:
         from benchmarks import baselines
 
@@ -524,8 +561,18 @@ def run_brax(row: Row, ctx: Context) -> dict:
             )
 
     train = baselines.brax_ppo_train if w.algo == "ppo" else baselines.brax_sac_train
-    run = train(w, row.config, epochs, on_epoch)
-    timed = run.sps[warm : warm + w.blocks]
+    epoch_unit = w.unit == "epoch"
+    run = train(w, row.config, epochs, on_epoch, evaluate=epoch_unit)
+    if epoch_unit:  # wall time between progress reports: the training epoch, its evaluation, metrics
+        ends = run.epoch_end_ns
+        timed = [run.epoch_env_steps / ((ends[i] - ends[i - 1]) * 1e-9) for i in range(warm, warm + w.blocks)]
+        note = (
+            f"Brax train() wall time of epochs {warm + 1}-{warm + w.blocks} (of {epochs}) between its "
+            f"progress reports: training epoch + evaluation of {w.eval_envs} envs (deterministic policy)"
+        )
+    else:
+        timed = run.sps[warm : warm + w.blocks]
+        note = f"Brax training/sps of epochs {warm + 1}-{warm + w.blocks} (of {epochs})"
     record = {
         "status": "ok",
         "env_steps_per_s": statistics.median(timed),
@@ -535,10 +582,11 @@ def run_brax(row: Row, ctx: Context) -> dict:
         "all_epochs_sps": run.sps,
         "total_s": run.total_s,
         "sm_activity": activity,
-        "note": f"Brax training/sps of epochs {warm + 1}-{warm + w.blocks} (of {epochs})",
+        "note": note,
     }
     ctx.log(
-        f"    {LABEL['brax']}: {record['env_steps_per_s']:,.0f} env-steps/s (epochs "
+        f"    {LABEL['brax']}: {record['env_steps_per_s']:,.0f} env-steps/s (timed "
+        f"{', '.join(f'{r:,.0f}' for r in timed)}; training/sps of all epochs "
         f"{', '.join(f'{r:,.0f}' for r in run.sps)}); whole train() {run.total_s:.1f}s"
         + (f"; SM {activity['mean_sm_util']:.0f}%" if activity.get("mean_sm_util") is not None else "")
     )
@@ -650,7 +698,12 @@ def measure_row(row: Row, out: dict, ctx: Context, index: str = "") -> dict:
         f"[{ctx.suite} {index}] {w.name}: {w.algo} on {w.env}"
         + (f" ({w.backend})" if w.backend else "")
         + f", {w.num_envs} envs, {w.env_steps_per_iteration} "
-        f"env-steps/iteration, K={w.iterations_per_block} x {w.blocks} blocks; elapsed {ctx.elapsed():.0f}s"
+        + (
+            f"env-steps/iteration, {w.epochs_per_block} epochs (K={w.iterations_per_block} + evaluation) "
+            if w.unit == "epoch"
+            else f"env-steps/iteration, K={w.iterations_per_block} "
+        )
+        + f"x {w.blocks} blocks; elapsed {ctx.elapsed():.0f}s"
     )
     prepared: list[Prepared] = []
     for v in [v for v in S.RUN_ORDER if v in w.variants and v in PREPARE]:
@@ -685,6 +738,11 @@ def measure_row(row: Row, out: dict, ctx: Context, index: str = "") -> dict:
 
 def release(row: Row) -> None:
     """Drop a row's device state and compiled programs (its Brax run needs only the workload and config)."""
+    while row.closers:
+        try:
+            row.closers.pop()()
+        except Exception:  # noqa: BLE001 - a worker that will not stop must not end the suite
+            traceback.print_exc(file=sys.stderr)
     row.single_jit_loop = None
     row.compiled.clear()
     row.state0 = None
@@ -870,12 +928,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--plan-cache", help="rose-jax plan cache dir (default: none, every run searches)")
     p.add_argument(
+        "--mps-client",
+        action="store_true",
+        help="run as a client of a fresh MPS daemon (started and stopped by a parent process), so that "
+        "plans with worker processes (an offloaded evaluation) share the GPU concurrently with this one",
+    )
+    p.add_argument(
         "--compile-workers",
         type=int,
         help="rows set up and (b)/(c)-compiled concurrently before anything is timed "
         f"(default: {DEFAULT_WORKERS} on a GPU, 1 on CPU; 1 = one after the other)",
     )
     args = p.parse_args(argv)
+    if args.mps_client and not os.environ.get("ROSE_MPS_CLIENT"):
+        from rose_jax.mps import MPSError, run_as_client
+
+        child = [sys.executable, "-m", "benchmarks.run", *(sys.argv[1:] if argv is None else argv)]
+        try:
+            return run_as_client(child, log=lambda line: print(line, flush=True))
+        except MPSError as e:
+            raise SystemExit(f"benchmarks.run: --mps-client: {e}") from None
     if args.compile_workers is not None and args.compile_workers < 1:
         raise SystemExit(f"benchmarks.run: --compile-workers must be >= 1, got {args.compile_workers}")
     try:

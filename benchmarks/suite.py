@@ -13,6 +13,8 @@ A :class:`Suite` is a named tuple of workloads with a device-time budget. Suites
 
   ``tiny``   CPU smoke suite (pure-JAX cartpole/pendulum, Brax's trivial ``fast`` env); < 2 min here
   ``quick``  four H200 rows (PPO ant / humanoid / MJCF swimmer 2048 envs, SAC ant 1024 envs); < 8 min
+  ``epoch``  Brax's train loop (training epochs + evaluation; ``Workload.unit == "epoch"``), PPO ant
+             2048 and SAC ant 1024 envs, as an MPS client; one row per part, < 10 min each
   ``full``   every combination {PPO, SAC} x {ant, humanoid, halfcheetah, mjx_swimmer} x {4x32, 4x256}
              x two env counts; run it in parts (``--part i/n``, see :func:`split`)
 
@@ -28,6 +30,7 @@ import dataclasses
 from typing import Any
 
 VARIANTS = ("brax", "single_jit", "hand_pipelined", "rose_jax")
+UNITS = ("iteration", "epoch")
 BASELINES = ("brax", "single_jit", "hand_pipelined")
 LABELS = {
     "brax": "(a) Brax train",
@@ -68,6 +71,8 @@ class OptimizerSettings:
     # that is faster (a search where nothing wins then costs no equality compiles: on a GPU the
     # baseline's and each candidate's recompiles under deterministic XLA ops)
     check_slower: bool = True
+    # optimize(equality_iters=...): calls checked for equality (None: n_iters)
+    equality_iters: int | None = None
 
     def __post_init__(self):
         if self.measure not in ("scan", "host"):
@@ -83,6 +88,7 @@ class OptimizerSettings:
             "combine": self.combine,
             "measure": self.measure,
             "check_slower": self.check_slower,
+            "equality_iters": self.equality_iters,
         }
 
 
@@ -116,6 +122,15 @@ class Workload:
       threshold_max_s: give up on the threshold after this many seconds of training.
       optimizer: settings of variant (d).
       seed: PRNG seed of every variant.
+      unit: what one timed call is: ``"iteration"`` (K training iterations) or ``"epoch"`` (Brax's
+        train loop between two progress reports: K training iterations, then an evaluation of
+        ``eval_envs`` fresh envs for ``episode_length`` steps with the deterministic policy;
+        ``algos.ppo.epoch`` / ``algos.sac.epoch``). Epoch rows count training env steps over the
+        whole call's wall time, evaluation included, for every variant (Brax's too).
+      eval_envs: evaluation envs of an epoch row.
+      epochs_per_block: epochs per timed call of an epoch row (a host loop, as Brax's train
+        loop; work a plan runs behind the next epoch is waited for at the end of the call, so the
+        last epoch's is always exposed: longer runs gain more).
     """
 
     algo: str
@@ -134,6 +149,9 @@ class Workload:
     threshold_max_s: float = 60.0
     optimizer: OptimizerSettings = OptimizerSettings()
     seed: int = 0
+    unit: str = "iteration"
+    eval_envs: int = 128
+    epochs_per_block: int = 3
 
     def __post_init__(self):
         def bad(field, why):
@@ -141,7 +159,10 @@ class Workload:
 
         if self.algo not in ("ppo", "sac"):
             bad("algo", "must be 'ppo' or 'sac'")
-        for f in ("num_envs", "iterations_per_block", "blocks", "groups", "episode_length"):
+        positive = (
+            "num_envs", "iterations_per_block", "blocks", "groups", "episode_length", "epochs_per_block"
+        )
+        for f in positive:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 bad(f, "must be a positive int")
@@ -156,6 +177,14 @@ class Workload:
             bad("groups", "must be 2 (the hand-pipelined baseline staggers two env groups)")
         if self.num_envs % self.groups:
             bad("num_envs", f"must be divisible by groups={self.groups}")
+        if self.unit not in UNITS:
+            bad("unit", f"must be one of {UNITS}")
+        if isinstance(self.eval_envs, bool) or not isinstance(self.eval_envs, int) or self.eval_envs <= 0:
+            bad("eval_envs", "must be a positive int")
+        if self.unit == "epoch" and "hand_pipelined" in self.variants:
+            bad("variants", "includes 'hand_pipelined', which is built for iteration rows only")
+        if self.unit == "epoch" and self.return_threshold is not None:
+            bad("return_threshold", "must be None for an epoch row (time to threshold runs iterations)")
 
     @property
     def name(self) -> str:
@@ -166,7 +195,7 @@ class Workload:
         else:
             net = "-".join(map(str, sizes))
         env = self.env.split(":")[-1]
-        return f"{self.algo}-{env}-{self.num_envs}-{net}"
+        return f"{self.algo}-{env}-{self.num_envs}-{net}" + ("-epoch" if self.unit == "epoch" else "")
 
     @property
     def hp(self) -> dict[str, Any]:
@@ -184,9 +213,15 @@ class Workload:
         return self.num_envs * int(self.hp.get("steps_per_iteration", 1))
 
     @property
+    def env_steps_per_call(self) -> int:
+        """Training env steps of one timed call (K iterations; an epoch row: ``epochs_per_block`` epochs)."""
+        epochs = self.epochs_per_block if self.unit == "epoch" else 1
+        return self.env_steps_per_iteration * self.iterations_per_block * epochs
+
+    @property
     def total_timed_env_steps(self) -> int:
         """Env steps of one variant's warm-up, timed blocks and activity block together (upper bound)."""
-        return self.env_steps_per_iteration * self.iterations_per_block * (self.blocks + 3)
+        return self.env_steps_per_call * (self.blocks + 3)
 
     def make_env(self):
         """The environment of our variants (b)-(d) (imports envs, and Brax for Brax envs)."""
@@ -217,6 +252,8 @@ class Workload:
             )
         hp.setdefault("num_timesteps", max(self.total_timed_env_steps, 2))
         hp.setdefault("max_replay_size", self.replay_capacity)
+        if self.unit == "epoch":
+            hp.setdefault("num_eval_envs", self.eval_envs)  # sac.epoch's evaluation
         hp.setdefault("target_entropy", -0.5 * env.action_size)  # Brax's SAC: -0.5 * action_size
         return algos.make_config(
             "sac",
@@ -330,6 +367,11 @@ def _row(algo: str, base_hp: tuple, env: str, num_envs: int, policy: tuple[int, 
         return_threshold=THRESHOLDS.get(env),
         variants=VARIANTS if is_brax else ("single_jit", "hand_pipelined", "rose_jax"),
     )
+    if kw.get("unit") == "epoch":  # no hand pipeline, no time-to-threshold run for epoch rows
+        fields.update(
+            return_threshold=None,
+            variants=tuple(v for v in fields["variants"] if v != "hand_pipelined"),
+        )
     fields.update(kw)
     return Workload(**fields)
 
@@ -358,6 +400,14 @@ _TINY_SAC = (
     ("reward_scaling", 1.0),
 )
 _TINY_OPT = OptimizerSettings(n_iters=1, repeats=1)
+_TINY_EPOCH_OPT = OptimizerSettings(
+    candidates=(("offload_component", (("component", "evaluate"),)),),
+    max_candidates=1,
+    n_iters=2,
+    repeats=1,
+    check_slower=False,
+    equality_iters=1,
+)
 
 TINY = Suite(
     name="tiny",
@@ -403,6 +453,38 @@ TINY = Suite(
             blocks=2,
             variants=("single_jit", "rose_jax", "brax"),
             optimizer=_TINY_OPT,
+        ),
+        Workload(  # Brax's train loop: training + evaluation; (a) with Brax's own evaluations
+            algo="ppo",
+            env="brax:fast",
+            backend="generalized",
+            brax_env="fast",
+            num_envs=16,
+            policy_hidden_sizes=(16, 16),
+            episode_length=50,
+            hyperparameters=_with(_TINY_PPO, num_minibatches=4, num_epochs=1, max_grad_norm=None),
+            iterations_per_block=2,
+            blocks=2,
+            variants=("single_jit", "rose_jax", "brax"),
+            optimizer=_TINY_EPOCH_OPT,
+            unit="epoch",
+            eval_envs=4,
+            epochs_per_block=2,
+        ),
+        Workload(
+            algo="sac",
+            env="pendulum",
+            num_envs=8,
+            policy_hidden_sizes=(16, 16),
+            episode_length=50,
+            hyperparameters=_TINY_SAC,
+            iterations_per_block=8,
+            blocks=2,
+            variants=("single_jit", "rose_jax"),
+            optimizer=_TINY_EPOCH_OPT,
+            unit="epoch",
+            eval_envs=4,
+            epochs_per_block=2,
         ),
     ),
     budget_s=None,
@@ -470,7 +552,32 @@ FULL = Suite(
     budget_s=450.0,
 )
 
-SUITES = {s.name: s for s in (TINY, QUICK, FULL)}
+# The offload candidate (the evaluation behind the next epoch's training), equality over one epoch.
+EPOCH_OPT = OptimizerSettings(
+    candidates=(("offload_component", (("component", "evaluate"),)),),
+    max_candidates=1,
+    n_iters=3,
+    repeats=1,
+    check_slower=False,
+    equality_iters=1,
+)
+EPOCH = Suite(
+    name="epoch",
+    description="Brax's train loop on the H200: PPO ant 2048 envs and SAC ant 1024 envs, 4x32 policy; one "
+    "epoch = about 1M (PPO) / 0.5M (SAC) training env steps, then an evaluation of 128 envs x 1000 steps "
+    "(deterministic policy); 3 epochs per timed call; (a) Brax's train() with its evaluations, (b) our "
+    "jitted epoch, (d) the optimizer with the offload candidate. Run as an MPS client (--mps-client), "
+    "one row per part (--part 1/2, --part 2/2), each under 9.5 min",
+    workloads=(
+        ppo_row("ant", 2048, (32,) * 4, unit="epoch", iterations_per_block=50, blocks=2,
+                optimizer=EPOCH_OPT),
+        sac_row("ant", 1024, (32,) * 4, unit="epoch", iterations_per_block=500, blocks=2,
+                optimizer=EPOCH_OPT),
+    ),
+    budget_s=560.0,  # one part per device call (10 min each)
+)
+
+SUITES = {s.name: s for s in (TINY, QUICK, EPOCH, FULL)}
 
 
 def get(name: str) -> Suite:
@@ -515,6 +622,12 @@ RATE = {"ant": 4.8e5, "humanoid": 1.5e5, "halfcheetah": 5e5, "mjx_swimmer": 1.5e
 # passes already use some cores), and the slowest row is slowed by PARALLEL_SLOWDOWN.
 PARALLEL_EFFICIENCY, PARALLEL_SLOWDOWN = 0.5, 1.15
 PRECOMPILED = ("single_jit", "hand_pipelined")  # variants benchmarks.run compiles ahead of time
+# Epoch rows (optimize_gpu --unit epoch logs, H200): the epoch program (training scan + evaluation)
+# compiles in ~28 s on ant vs 17.5 s for the K-iteration loop; an evaluation of 128 envs x 1000
+# latency-bound MJX steps takes ~2.0 s (seconds per evaluation step below; CPU: tiny envs).
+EPOCH_COMPILES = 1.6
+EVAL_STEP_S = {"ant": 2.0e-3, "humanoid": 3.0e-3, "halfcheetah": 2.0e-3, "mjx_swimmer": 2.5e-3}
+CPU_EVAL_STEP_S = 2e-4
 
 
 def _env(w: Workload) -> str:
@@ -539,6 +652,8 @@ def setup_s(w: Workload, gpu: bool = True) -> float:
 def compile_s(w: Workload, variant: str, gpu: bool = True) -> float:
     """Estimated compile (and, for (d), search; for (a), whole-train overhead) seconds of a variant."""
     base = COMPILE_S.get(_env(w), 17.5) if gpu else CPU_COMPILE_S
+    if w.unit == "epoch" and variant != "brax":
+        base *= EPOCH_COMPILES
     if variant == "brax":
         return base * (BRAX_SAC_COMPILES if w.algo == "sac" else VARIANT_COMPILES["brax"])
     if variant == "rose_jax":
@@ -549,7 +664,9 @@ def compile_s(w: Workload, variant: str, gpu: bool = True) -> float:
             + measured * CANDIDATE_COMPILES * (2.0 if o.local else 1.0)
             + (1.0 if o.measure == "scan" and measured else 0.0)
         )
-        if gpu and o.check_slower:  # equality under deterministic ops: baseline + each candidate again
+        # equality under deterministic ops: baseline + each candidate again (an epoch row's offload
+        # candidate wins, so its equality is checked whatever check_slower says)
+        if gpu and (o.check_slower or (w.unit == "epoch" and measured)):
             n += EQUALITY_COMPILES * (1 + measured)
         return base * n
     return base * VARIANT_COMPILES[variant]
@@ -560,6 +677,19 @@ def run_s(w: Workload, variant: str, gpu: bool = True) -> float:
     seconds = w.total_timed_env_steps / (RATE.get(_env(w), 3e5) if gpu else 2e4)
     if w.algo == "sac":
         seconds *= 1.0 + 0.05 * int(w.hp.get("grad_updates_per_step", 1))
+    if w.unit == "epoch":
+        # one evaluation per epoch; the search runs whole epochs: the baseline twice, each measured
+        # candidate in turns with it, the equality epochs (reference, its reproducibility, candidate)
+        epoch_s = seconds / ((w.blocks + 3) * w.epochs_per_block)
+        epoch_s += w.episode_length * (EVAL_STEP_S.get(_env(w), 2e-3) if gpu else CPU_EVAL_STEP_S)
+        seconds = (w.blocks + 3) * w.epochs_per_block * epoch_s
+        if variant == "rose_jax":
+            o, measured = w.optimizer, _measured_candidates(w)
+            eq = o.equality_iters or o.n_iters
+            seconds += epoch_s * (2 * o.repeats * o.n_iters * (1 + measured) + 3 * eq)
+        if gpu and variant != "brax":
+            seconds += ACTIVITY_S
+        return seconds
     if variant == "rose_jax":
         o = w.optimizer
         seconds *= 1.0 + 2.0 * o.repeats * o.n_iters * (1 + _measured_candidates(w)) / max(

@@ -79,6 +79,23 @@ def test_quick_search_skips_equality_compiles_of_slower_candidates_in_its_model(
     assert S.compile_s(checked, "rose_jax", gpu=False) == S.compile_s(ant, "rose_jax", gpu=False)
 
 
+def test_epoch_rows_validate_and_name_themselves():
+    w = S.ppo_row("ant", 2048, (32,) * 4, unit="epoch", iterations_per_block=50)
+    assert w.name == "ppo-ant-2048-4x32-epoch" and "hand_pipelined" not in w.variants
+    assert w.return_threshold is None and w.env_steps_per_call == 2048 * 10 * 50 * w.epochs_per_block
+    with pytest.raises(ValueError, match="hand_pipelined"):
+        S.Workload(algo="ppo", env="cartpole", num_envs=8, policy_hidden_sizes=(8,), unit="epoch",
+                   variants=("single_jit", "hand_pipelined"))
+    with pytest.raises(ValueError, match="unit"):
+        S.Workload(algo="ppo", env="cartpole", num_envs=8, policy_hidden_sizes=(8,), unit="episode",
+                   variants=("single_jit",))
+    # the epoch suite: one row per part, each part within one device call (10 min)
+    epoch = S.get("epoch")
+    assert S.parts_needed(epoch) == len(epoch.workloads) and epoch.budget_s < 600
+    assert all(S.estimate_s(w) <= epoch.budget_s for w in epoch.workloads)
+    assert all(w.optimizer.candidates[0][0] == "offload_component" for w in epoch.workloads)
+
+
 def test_quick_plan_runs_brax_last_with_sac_last_of_all_and_fits_about_seven_minutes():
     rows = S.get("quick").workloads
     assert S.brax_order(rows) == ["ppo-ant-2048-4x32", "sac-ant-1024-4x32"]  # the budget cuts SAC's first
@@ -266,6 +283,30 @@ def run_suite(args: list[str], timeout: int, **env_overrides) -> str:
     return proc.stdout
 
 
+def test_mps_client_reruns_the_suite_under_a_daemon_and_stops_it(tmp_path):
+    """--mps-client with the MOCK control binary on PATH (the real daemon: device call I on the
+    H200): the child runs as the daemon's client (here: --list), the daemon is gone afterwards."""
+    from test_mps import FAKE_CONTROL, FAKE_SERVER
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("nvidia-cuda-mps-control", FAKE_CONTROL), ("nvidia-cuda-mps-server", FAKE_SERVER)):
+        (bindir / name).write_text(text.format(python=sys.executable))
+        (bindir / name).chmod(0o755)
+    path = str(bindir) + os.pathsep + os.environ["PATH"]
+    out = run_suite(["--suite", "tiny", "--list", "--mps-client"], timeout=120, PATH=path, FAKE_MPS_MODE="ok")
+    assert "[mps] daemon up" in out and "suite tiny" in out  # parent started it; the child listed
+    pipe = out.split("[mps] daemon up (", 1)[1].split(")", 1)[0]
+    assert not os.path.exists(pipe)  # stopped and removed when the child exited
+    # without a control binary: one clear line, no traceback
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--suite", "tiny", "--list", "--mps-client"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PATH=os.path.dirname(sys.executable), PYTHONPATH=ROOT),
+    )
+    assert proc.returncode != 0 and "--mps-client" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("suite")
@@ -306,6 +347,17 @@ def test_tiny_suite_measures_every_variant(tiny_results):
                 assert 0 < rec["precompile_s"] <= rec["warmup_s"], (row["name"], v, rec)
         rj = row["variants"]["rose_jax"]
         assert rj["search_overhead_s"] > 0 and isinstance(rj["plan"], list) and rj["report"]["candidates"]
+        if row["workload"]["unit"] == "epoch":
+            w = row["workload"]
+            # a call is epochs_per_block epochs of K iterations (training steps only)
+            per_call = row["env_steps_per_iteration"] * w["iterations_per_block"] * w["epochs_per_block"]
+            assert row["variants"]["single_jit"]["env_steps_per_block"] == per_call
+            # (d) searched over the epoch: the offload candidate was cut out of its jaxpr and timed
+            (cand,) = rj["report"]["candidates"]
+            assert cand["label"].startswith("offload_component") and cand["legal"] and cand["speedup"] > 0
+            if "brax" in row["variants"]:  # Brax's train() evaluated, and its time counts
+                brax = row["variants"]["brax"]
+                assert "evaluation of 4 envs" in brax["note"] and len(brax["blocks"]) == w["blocks"]
     assert "ratio" in stdout and "| workload |" in stdout  # the short table printed last
 
 
