@@ -402,7 +402,9 @@ def offload_component(component: str = "evaluate", quota: int | None = None):
         raise ValueError(f"offload_component: component must be a non-empty name, got {component!r}")
 
     def legal(tree):
-        n_state = sum(1 for p in tree.output_paths if not p.startswith("out[") or p.startswith("out[0]"))
+        # a step maps the state to (the same state structure, metrics): its first len(inputs) flat
+        # outputs are the carried state (what OffloadedStep counts from the output at run time)
+        n_state = len(tree.input_paths)
         try:
             split = split_component(tree.jaxpr, component, n_state)
         except ValueError as e:
