@@ -161,7 +161,31 @@ def test_workers_are_born_with_their_environment(pool):
     assert pool.info["b"].birth_env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.3"
     assert pool.info["a"].birth_env.get("XLA_PYTHON_CLIENT_MEM_FRACTION") is None
     assert pool.transport.kind == "shm" and "CUDA IPC unavailable" in pool.transport.reason
-    assert "ROSE_WORKER_NAME" not in os.environ  # the driver's own environment was restored after spawning
+    assert "ROSE_WORKER_NAME" not in os.environ  # the driver's own environment is never changed
+
+
+def test_starting_workers_never_touches_the_drivers_environment():
+    """Workers get their environment at exec; the driver never calls putenv/unsetenv while
+    spawning (changing its environment while XLA threads read it is not thread-safe: it once
+    segfaulted the test suite)."""
+    calls = []
+    real = os.putenv, os.unsetenv
+    before = dict(os.environ)
+    os.putenv = lambda *a: calls.append(("putenv", a))  # noqa: E731 - recorded, not applied
+    os.unsetenv = lambda *a: calls.append(("unsetenv", a))  # noqa: E731
+    try:
+        p = start_workers([WorkerSpec("e", env={**CPU, "ROSE_TEST_TAG": "born"})])
+    finally:
+        os.putenv, os.unsetenv = real
+    try:
+        assert not calls, calls
+        assert p.call("e", P + "getenv", static={"names": ("ROSE_TEST_TAG",)}, jit=False) == {
+            "ROSE_TEST_TAG": "born"
+        }
+        assert p.info["e"].birth_env["ROSE_WORKER_NAME"] == "e" and p.info["e"].backend == "cpu"
+    finally:
+        p.close()
+    assert dict(os.environ) == before
 
 
 def test_large_arrays_travel_through_shared_memory(pool):

@@ -9,9 +9,9 @@
         pool.relaunch([s.with_quota(q) for s, q in zip(specs, (80, 20))])   # new quotas = new processes
 
 Each worker is started with the "spawn" method and an explicit environment
-(``rose_jax.mps.plan.worker_environment``): the driver's ``os.environ`` is swapped for the
-worker's environment, under a lock, only while ``Process.start()`` executes, so the child
-interpreter is born with it. A call names a function by import path ("pkg.module:function")
+(``rose_jax.mps.plan.worker_environment``), handed to the exec of the child interpreter
+(:class:`_EnvPopen`); the driver's own environment is never changed (doing so while XLA threads
+read it is not thread-safe). A call names a function by import path ("pkg.module:function")
 and passes positional pytrees of arrays; ``static`` keyword arguments are bound before jit.
 
 Array exchange (``transport``): "shm" moves arrays through host shared memory (portable);
@@ -44,13 +44,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import io
 import itertools
 import multiprocessing
 import os
 import queue
 import secrets
+import subprocess
 import threading
 import time
+from multiprocessing import popen_spawn_posix, resource_tracker, spawn, util
+from multiprocessing.context import reduction, set_spawning_popen
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from rose_jax.mps.plan import WorkerSpec, validate_specs, worker_environment
@@ -58,7 +62,6 @@ from rose_jax.runtime import cuda_ipc, exchange, shm, worker
 from rose_jax.runtime.errors import ExchangeError, RemoteError, WorkerDied, WorkerError, WorkerTimeout
 
 _SPAWN = multiprocessing.get_context("spawn")
-_ENV_LOCK = threading.Lock()
 TRANSPORTS = ("auto", "shm", "cuda_ipc")
 
 
@@ -164,18 +167,74 @@ def fn_path(fn: str | Callable) -> str:
     return f"{mod}:{qual}"
 
 
-@contextlib.contextmanager
-def _birth_environment(env: Mapping[str, str]):
-    """Make os.environ == env while a child is spawned (it inherits the C environ at exec)."""
-    with _ENV_LOCK:
-        saved = dict(os.environ)
+class _EnvPopen(popen_spawn_posix.Popen):
+    """multiprocessing's spawn ``Popen``, except that the child is exec'd with an explicit
+    environment instead of inheriting this process's.
+
+    Setting the child's environment by changing ``os.environ`` around ``start()`` (as this pool
+    once did) calls C ``setenv``/``unsetenv`` while other threads may be in ``getenv``: XLA's
+    threads read environment variables while they compile and run, and glibc may free the
+    environment array they are reading (a segfault of the whole driver, seen in the CPU test suite
+    when an offloaded step started its worker during an XLA execution). ``_launch`` below is
+    CPython 3.12's ``popen_spawn_posix.Popen._launch`` with ``util.spawnv_passfds`` replaced by
+    ``subprocess.Popen(..., env=...)`` (same command, same passed fds, nothing else inherited).
+    """
+
+    def __init__(self, process_obj, env: Mapping[str, str]):
+        self._env = dict(env)
+        super().__init__(process_obj)
+
+    def _launch(self, process_obj):
+        tracker_fd = resource_tracker.getfd()
+        self._fds.append(tracker_fd)
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        fp = io.BytesIO()
+        set_spawning_popen(self)
         try:
-            os.environ.clear()
-            os.environ.update(env)
-            yield
+            reduction.dump(prep_data, fp)
+            reduction.dump(process_obj, fp)
         finally:
-            os.environ.clear()
-            os.environ.update(saved)
+            set_spawning_popen(None)
+
+        parent_r = child_w = child_r = parent_w = None
+        try:
+            parent_r, child_w = os.pipe()
+            child_r, parent_w = os.pipe()
+            cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
+            self._fds.extend([child_r, child_w])
+            child = subprocess.Popen(
+                cmd,
+                executable=spawn.get_executable(),
+                env=self._env,
+                pass_fds=tuple(sorted(set(self._fds))),
+                close_fds=True,
+                restore_signals=False,
+            )
+            # multiprocessing's Popen waits for this pid (os.waitpid); subprocess must never reap
+            # it (its __del__ / _cleanup poll only children whose returncode is None)
+            child.returncode = 0
+            self.pid = child.pid
+            self.sentinel = parent_r
+            with open(parent_w, "wb", closefd=False) as f:
+                f.write(fp.getbuffer())
+        finally:
+            fds_to_close = [fd for fd in (parent_r, parent_w) if fd is not None]
+            self.finalizer = util.Finalize(self, util.close_fds, fds_to_close)
+            for fd in (child_r, child_w):
+                if fd is not None:
+                    os.close(fd)
+
+
+class _EnvProcess(_SPAWN.Process):
+    """A spawn ``Process`` born with ``env`` (see :class:`_EnvPopen`); ``env`` is not pickled."""
+
+    def __init__(self, *args, env: Mapping[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self._rose_env = dict(env)
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _EnvPopen(process_obj, process_obj.__dict__.pop("_rose_env"))
 
 
 def _reader(name: str, conn, q: queue.Queue) -> None:
@@ -280,14 +339,14 @@ class WorkerPool:
                 env = worker_environment(spec, mps_env=mps_env)
                 parent_conn, child_conn = _SPAWN.Pipe(duplex=True)
                 boot = worker.WorkerBoot(spec.name, i, len(self._specs), os.getpid())
-                proc = _SPAWN.Process(
+                proc = _EnvProcess(
                     target=worker.main,
                     args=(boot, child_conn, self._barrier),
                     name=f"rose-worker-{spec.name}",
                     daemon=True,
+                    env=env,
                 )
-                with _birth_environment(env):
-                    proc.start()
+                proc.start()
                 child_conn.close()
                 reader = threading.Thread(
                     target=_reader,
