@@ -67,6 +67,25 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
+def config_table(columns: Sequence[tuple[str, str]], rows: Sequence[dict], cells) -> str:
+    """Markdown table of a GPU script's per-config rows.
+
+    columns: ``(header, align)`` pairs, align ``"l"`` or ``"r"``; the first column is the row's
+    ``name``. cells(row) -> the other columns' texts. A row with a ``"skipped"`` reason is
+    written as ``skipped: <reason>`` after its name, the rest of its cells empty.
+    """
+    out = [
+        "| " + " | ".join(h for h, _ in columns) + " |",
+        "|" + "".join("---:|" if a == "r" else "---|" for _, a in columns),
+    ]
+    for r in rows:
+        if "skipped" in r:
+            out.append(f"| {r['name']} | skipped: {r['skipped']} |" + " |" * (len(columns) - 2))
+        else:
+            out.append("| " + " | ".join([r["name"], *cells(r)]) + " |")
+    return "\n".join(out)
+
+
 def save_plot(fig, path: str) -> None:
     """Save a matplotlib figure atomically as PNG."""
     import io

@@ -325,21 +325,15 @@ def _f(x, spec=".2f"):
 
 
 def table(rows: list[dict]) -> str:
-    out = [
-        "| config | baseline steps/s | optimized steps/s | speedup | equal | SM % before | SM % after | "
-        "search s | plan |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        if "skipped" in r:
-            out.append(f"| {r['name']} | skipped: {r['skipped']} | | | | | | | |")
-            continue
-        out.append(
-            f"| {r['name']} | {r['baseline_steps_per_s']:,.0f} | {r['optimized_steps_per_s']:,.0f} | "
-            f"{r['speedup']:.3f}x | {r['equal']} | {_f(r['sm_activity_before'], '.1f')} | "
-            f"{_f(r['sm_activity_after'], '.1f')} | {r['search_s']:.1f} | {', '.join(r['plan']) or '-'} |"
-        )
-    return "\n".join(out)
+    from benchmarks.common import config_table
+
+    columns = [("config", "l"), ("baseline steps/s", "r"), ("optimized steps/s", "r"), ("speedup", "r"),
+               ("equal", "l"), ("SM % before", "r"), ("SM % after", "r"), ("search s", "r"), ("plan", "l")]
+    return config_table(columns, rows, lambda r: [
+        f"{r['baseline_steps_per_s']:,.0f}", f"{r['optimized_steps_per_s']:,.0f}", f"{r['speedup']:.3f}x",
+        str(r["equal"]), _f(r["sm_activity_before"], ".1f"), _f(r["sm_activity_after"], ".1f"),
+        f"{r['search_s']:.1f}", ", ".join(r["plan"]) or "-",
+    ])
 
 
 def plot(rows: list[dict], path: str) -> None:

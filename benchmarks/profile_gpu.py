@@ -300,40 +300,28 @@ def _mean_ms(times_s) -> float | None:
 
 
 def overhead_table(rows: list[dict]) -> str:
-    out = [
-        "| config | iterations x rounds | ms/iter sampler off | ms/iter sampler on | overhead % | "
-        "mean SM % |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        if "skipped" in r:
-            out.append(f"| {r['name']} | skipped: {r['skipped']} | | | | |")
-            continue
-        out.append(
-            f"| {r['name']} | {r['iterations_per_block']} x {r['rounds']} | "
-            f"{r['iteration_ms_sampler_off']:.3f} | {_fmt(r['iteration_ms_sampler_on'], '.3f')} | "
-            f"{_fmt(r['sampler_overhead_pct'], '+.2f')} | {_fmt(r['mean_sm_util'])} |"
-        )
-    return "\n".join(out)
+    from benchmarks.common import config_table
+
+    columns = [("config", "l"), ("iterations x rounds", "r"), ("ms/iter sampler off", "r"),
+               ("ms/iter sampler on", "r"), ("overhead %", "r"), ("mean SM %", "r")]
+    return config_table(columns, rows, lambda r: [
+        f"{r['iterations_per_block']} x {r['rounds']}", f"{r['iteration_ms_sampler_off']:.3f}",
+        _fmt(r["iteration_ms_sampler_on"], ".3f"), _fmt(r["sampler_overhead_pct"], "+.2f"),
+        _fmt(r["mean_sm_util"]),
+    ])
 
 
 def table(rows: list[dict]) -> str:
-    out = [
-        "| config | fused ms/iter | mean SM % | occupancy % | sampler overhead % | top idle phase | "
-        "idle ms/iter | windows | outputs match |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---|",
-    ]
-    for r in rows:
-        if "skipped" in r:
-            out.append(f"| {r['name']} | skipped: {r['skipped']} | | | | | | | |")
-            continue
-        out.append(
-            f"| {r['name']} | {_fmt(r['fused_iteration_ms'], '.2f')} | {_fmt(r['mean_sm_util'])} | "
-            f"{_fmt(r['mean_sm_occupancy'])} | {_fmt(r['sampler_overhead_pct'], '+.2f')} | "
-            f"{r['top_idle_phase'] or '-'} | {_fmt(r['top_idle_ms_per_iteration'], '.3f')} | "
-            f"{r['windows']} | {r['outputs_match']} |"
-        )
-    return "\n".join(out)
+    from benchmarks.common import config_table
+
+    columns = [("config", "l"), ("fused ms/iter", "r"), ("mean SM %", "r"), ("occupancy %", "r"),
+               ("sampler overhead %", "r"), ("top idle phase", "l"), ("idle ms/iter", "r"),
+               ("windows", "r"), ("outputs match", "l")]
+    return config_table(columns, rows, lambda r: [
+        _fmt(r["fused_iteration_ms"], ".2f"), _fmt(r["mean_sm_util"]), _fmt(r["mean_sm_occupancy"]),
+        _fmt(r["sampler_overhead_pct"], "+.2f"), r["top_idle_phase"] or "-",
+        _fmt(r["top_idle_ms_per_iteration"], ".3f"), str(r["windows"]), str(r["outputs_match"]),
+    ])
 
 
 def parse_args(argv=None):

@@ -400,14 +400,54 @@ _TINY_SAC = (
     ("reward_scaling", 1.0),
 )
 _TINY_OPT = OptimizerSettings(n_iters=1, repeats=1)
-_TINY_EPOCH_OPT = OptimizerSettings(
+# The offload candidate (the evaluation behind the next epoch's training), equality over one epoch.
+EPOCH_OPT = OptimizerSettings(
     candidates=(("offload_component", (("component", "evaluate"),)),),
     max_candidates=1,
-    n_iters=2,
+    n_iters=3,
     repeats=1,
     check_slower=False,
     equality_iters=1,
 )
+_TINY_SAC_ROW = Workload(
+    algo="sac",
+    env="pendulum",
+    num_envs=8,
+    policy_hidden_sizes=(16, 16),
+    episode_length=50,
+    hyperparameters=_TINY_SAC,
+    iterations_per_block=8,
+    blocks=2,
+    variants=("single_jit", "hand_pipelined", "rose_jax"),
+    optimizer=_TINY_OPT,
+)
+_TINY_BRAX_ROW = Workload(
+    algo="ppo",
+    env="brax:fast",
+    backend="generalized",
+    brax_env="fast",
+    num_envs=16,
+    policy_hidden_sizes=(16, 16),
+    episode_length=50,
+    hyperparameters=_with(_TINY_PPO, num_minibatches=4, num_epochs=1, max_grad_norm=None),
+    iterations_per_block=2,
+    blocks=2,
+    variants=("single_jit", "rose_jax", "brax"),
+    optimizer=_TINY_OPT,
+)
+
+
+def _tiny_epoch(w: Workload) -> Workload:
+    """A tiny row as an epoch row (Brax's train loop): 2 epochs per call, 4 evaluation envs."""
+    return dataclasses.replace(
+        w,
+        unit="epoch",
+        eval_envs=4,
+        epochs_per_block=2,
+        variants=tuple(v for v in w.variants if v != "hand_pipelined"),
+        optimizer=dataclasses.replace(EPOCH_OPT, n_iters=2),
+    )
+
 
 TINY = Suite(
     name="tiny",
@@ -428,70 +468,15 @@ TINY = Suite(
             threshold_max_s=5.0,
             optimizer=_TINY_OPT,
         ),
-        Workload(
-            algo="sac",
-            env="pendulum",
-            num_envs=8,
-            policy_hidden_sizes=(16, 16),
-            episode_length=50,
-            hyperparameters=_TINY_SAC,
-            iterations_per_block=8,
-            blocks=2,
-            variants=("single_jit", "hand_pipelined", "rose_jax"),
-            optimizer=_TINY_OPT,
-        ),
-        Workload(
-            algo="ppo",
-            env="brax:fast",
-            backend="generalized",
-            brax_env="fast",
-            num_envs=16,
-            policy_hidden_sizes=(16, 16),
-            episode_length=50,
-            hyperparameters=_with(_TINY_PPO, num_minibatches=4, num_epochs=1, max_grad_norm=None),
-            iterations_per_block=2,
-            blocks=2,
-            variants=("single_jit", "rose_jax", "brax"),
-            optimizer=_TINY_OPT,
-        ),
-        Workload(  # Brax's train loop: training + evaluation; (a) with Brax's own evaluations
-            algo="ppo",
-            env="brax:fast",
-            backend="generalized",
-            brax_env="fast",
-            num_envs=16,
-            policy_hidden_sizes=(16, 16),
-            episode_length=50,
-            hyperparameters=_with(_TINY_PPO, num_minibatches=4, num_epochs=1, max_grad_norm=None),
-            iterations_per_block=2,
-            blocks=2,
-            variants=("single_jit", "rose_jax", "brax"),
-            optimizer=_TINY_EPOCH_OPT,
-            unit="epoch",
-            eval_envs=4,
-            epochs_per_block=2,
-        ),
-        Workload(
-            algo="sac",
-            env="pendulum",
-            num_envs=8,
-            policy_hidden_sizes=(16, 16),
-            episode_length=50,
-            hyperparameters=_TINY_SAC,
-            iterations_per_block=8,
-            blocks=2,
-            variants=("single_jit", "rose_jax"),
-            optimizer=_TINY_EPOCH_OPT,
-            unit="epoch",
-            eval_envs=4,
-            epochs_per_block=2,
-        ),
+        _TINY_SAC_ROW,
+        _TINY_BRAX_ROW,
+        _tiny_epoch(_TINY_BRAX_ROW),  # (a) with Brax's own evaluations
+        _tiny_epoch(_TINY_SAC_ROW),
     ),
     budget_s=None,
     measure_threshold=True,
 )
 
-# one candidate; a kept plan is timed without recompiling; equality only checked for a faster candidate
 _QUICK_OPT = OptimizerSettings(measure="host", check_slower=False)
 QUICK = Suite(
     name="quick",
@@ -552,15 +537,6 @@ FULL = Suite(
     budget_s=450.0,
 )
 
-# The offload candidate (the evaluation behind the next epoch's training), equality over one epoch.
-EPOCH_OPT = OptimizerSettings(
-    candidates=(("offload_component", (("component", "evaluate"),)),),
-    max_candidates=1,
-    n_iters=3,
-    repeats=1,
-    check_slower=False,
-    equality_iters=1,
-)
 EPOCH = Suite(
     name="epoch",
     description="Brax's train loop on the H200: PPO ant 2048 envs and SAC ant 1024 envs, 4x32 policy; one "
