@@ -1,7 +1,7 @@
 """Suite results -> Markdown, bar chart and the README's headline table (from the JSON only).
 
     python -m benchmarks.report --suite quick            # rewrite results.md / results.png from results.json
-    python -m benchmarks.report --readme                 # README block from the GPU suite (full, else quick)
+    python -m benchmarks.report --readme                 # README block: full (else quick), then epoch
     python -m benchmarks.report --readme --suite tiny --readme-path /tmp/README.md
 
 Files of suite ``S`` live in ``benchmarks/results/suite/S/``: ``results.json`` (every number),
@@ -101,6 +101,19 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
+def _sm(row: dict, variant: str | None) -> float | None:
+    """A variant's mean SM activity (%), or None where it was not measured."""
+    rec = (row.get("variants", {}).get(variant) or {}) if variant else {}
+    value = (rec.get("sm_activity") or {}).get("mean_sm_util")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _sm_gain(row: dict, best: str | None) -> str:
+    """SM activity of the best baseline -> (d), in %, for the headline (the gain the plan bought)."""
+    a, d = _sm(row, best), _sm(row, "rose_jax")
+    return "n/a" if a is None or d is None else f"{a:.0f} -> {d:.0f}"
+
+
 def _activity(row: dict) -> str:
     parts = []
     for v in VARIANTS:
@@ -176,7 +189,12 @@ def markdown(results: dict) -> str:
         "iterations then an evaluation episode of the deterministic policy; env-steps/s counts training "
         "steps over the whole wall time, evaluation included, for (a) too (its time between progress "
         "reports); work a plan runs behind the next epoch is waited for at the end of each call. "
-        "`skipped`/`error`: see details.",
+        "`skipped`/`error`: see details. "
+        "Max abs Δparams vs (b): parameters after each variant's first call from the same state, both "
+        "compiled with XLA's default ops, whose GPU atomics make (b) itself not repeatable (on the H200 "
+        "one SAC iteration from one state differed by up to 1.75 between two runs), so on a GPU it is not "
+        "an equality test; the optimizer's equality check (its candidates table) recompiles both "
+        "programs under `xla_gpu_deterministic_ops` and compares the state.",
         "",
         common.markdown_table(headers, body) if body else "(no rows)",
         "",
@@ -298,6 +316,7 @@ def headline(results: dict, source: str) -> str:
                 "—" if best is None else f"{_fmt_rate(s['best_baseline_env_steps_per_s'])} {SHORT[best]}",
                 _cell(row, "rose_jax"),
                 "—" if s["ratio"] is None else f"{s['ratio']:.2f}x",
+                _sm_gain(row, best),
                 _fmt(s["search_overhead_s"]),
                 _plan(row),
                 _not_measured(row),
@@ -305,16 +324,23 @@ def headline(results: dict, source: str) -> str:
         )
     table = common.markdown_table(
         [
-            "workload", "best baseline env-steps/s", "rose-jax env-steps/s", "ratio", "search s", "plan",
-            "baselines not measured",
+            "workload", "best baseline env-steps/s", "rose-jax env-steps/s", "ratio",
+            "SM % best -> rose-jax", "search s", "plan", "baselines not measured",
         ],
         body,
     )
+    epoch = any((row.get("workload") or {}).get("unit") == "epoch" for row in rows)
     return (
         f"Suite `{results.get('suite')}`: {_setting(results)}. Env-steps/s after warm-up; "
         "the best baseline is the fastest of Brax's own trainer, our single-jit loop and a hand-written "
         "env-group pipeline. "
-        f"Generated from `{source}` by `python -m benchmarks.report --readme`; details in "
+        + (
+            "Epoch rows time Brax's train loop (training iterations, then an evaluation episode, per "
+            "epoch): env-steps/s counts training steps over the whole wall time, evaluation included. "
+            if epoch
+            else ""
+        )
+        + f"Generated from `{source}` by `python -m benchmarks.report --readme`; details in "
         f"`{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
     )
 
@@ -453,18 +479,31 @@ def replace_block(text: str, block: str) -> str:
     return text[:head_end] + body + text[j:]
 
 
+def _suite_headline(name: str, root: str | None) -> str | None:
+    """``name``'s headline block, or None when it has no rows (parts are merged first)."""
+    directory = suite_dir(name, root)
+    path = os.path.join(directory, "results.json")
+    results = merge_parts(directory) or (load(path) if os.path.exists(path) else None)
+    if not (results and results.get("rows")):
+        return None
+    return headline(results, os.path.relpath(path, os.path.dirname(README)))
+
+
 def readme_block(suite: str = "auto", root: str | None = None) -> str:
-    """The README block for ``suite`` (``auto``: ``full`` if it has rows, else ``quick``)."""
-    candidates = ("full", "quick") if suite == "auto" else (suite,)
-    for name in candidates:
-        directory = suite_dir(name, root)
-        path = os.path.join(directory, "results.json")
-        results = merge_parts(directory) or (load(path) if os.path.exists(path) else None)
-        if results and results.get("rows"):
-            rel = os.path.relpath(path, os.path.dirname(README))
-            return headline(results, rel)
+    """The README block for ``suite``.
+
+    ``auto``: the training-iteration suite (``full`` if it has rows, else ``quick``), then the
+    ``epoch`` suite (Brax's train loop) when it has rows; each with its own setting line and table.
+    """
     if suite != "auto":
-        raise ValueError(f"no results for suite {suite!r} under {suite_dir(suite, root)}")
+        block = _suite_headline(suite, root)
+        if block is None:
+            raise ValueError(f"no results for suite {suite!r} under {suite_dir(suite, root)}")
+        return block
+    main = next((b for b in (_suite_headline(n, root) for n in ("full", "quick")) if b), None)
+    blocks = [b for b in (main, _suite_headline("epoch", root)) if b]
+    if blocks:
+        return "\n".join(blocks)
     return (
         "No GPU benchmark results yet. On a GPU machine run `python -m benchmarks.run --suite quick`, "
         "then `python -m benchmarks.report --readme`.\n"

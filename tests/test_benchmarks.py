@@ -406,6 +406,33 @@ def test_tiny_suite_writes_table_plot_and_readme_block(tiny_results, tmp_path):
         assert f.read() == original  # the real README is not touched
 
 
+def test_readme_auto_shows_the_iteration_suite_then_the_epoch_suite(tiny_results, tmp_path):
+    results, _, _ = tiny_results
+    is_epoch = [(r.get("workload") or {}).get("unit") == "epoch" for r in results["rows"]]
+    assert any(is_epoch) and not all(is_epoch)
+    root = tmp_path / "suites"
+    for name, rows in (
+        ("quick", [r for r, e in zip(results["rows"], is_epoch, strict=True) if not e]),
+        ("epoch", [r for r, e in zip(results["rows"], is_epoch, strict=True) if e]),
+    ):
+        (root / name).mkdir(parents=True)
+        (root / name / "results.json").write_text(json.dumps({**results, "suite": name, "rows": rows}))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{report.START}\nold\n{report.END}\n")
+    block = report.update_readme(str(readme), "auto", str(root))
+    quick_at, epoch_at = block.index("Suite `quick`"), block.index("Suite `epoch`")
+    assert quick_at < epoch_at and "old" not in readme.read_text()
+    for row, e in zip(results["rows"], is_epoch, strict=True):
+        assert (block.index(f"| {row['name']} |") > epoch_at) == e
+    assert "evaluation included" in block[epoch_at:] and "evaluation included" not in block[:epoch_at]
+    assert "SM % best -> rose-jax" in block
+    # with only the epoch suite, auto still shows it; a named suite without rows is an error
+    (root / "quick" / "results.json").unlink()
+    assert report.readme_block("auto", str(root)).startswith("Suite `epoch`")
+    with pytest.raises(ValueError, match="quick"):
+        report.readme_block("quick", str(root))
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 
