@@ -614,6 +614,9 @@ def test_search_without_check_slower_skips_equality_of_slower_candidates_only():
     )
     (rec,) = only_slow.candidates
     assert not rec.kept and rec.equal is None and rec.speedup < 1.0
+    # the reason lists each timed turn (2 repeats each), so an outlier turn is visible
+    turns = rec.reason.split("turns: ")[1]
+    assert turns.count("baseline") == 1 and turns.count(",") == 3 and turns.endswith("ms/iter")
     assert only_slow.baseline_reproducible is None and not only_slow.plan
     assert any("equality not checked" in n for n in only_slow.notes)
     assert "equality not checked" in O.format_report(only_slow)

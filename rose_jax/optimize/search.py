@@ -144,6 +144,11 @@ def _clean(x):
     return x
 
 
+def _fmt_turns(t: measure.Timing) -> str:
+    """Per-iteration ms of each timed turn, e.g. ``45.1, 291.8``."""
+    return ", ".join(f"{x * 1e3:.1f}" for x in t.per_iter_s)
+
+
 def _fmt_s(x: float | None) -> str:
     if x is None:
         return "-"
@@ -640,16 +645,18 @@ def optimize(
         rec.speedup = tb.median / tc.median if tc.median > 0 else None
         if cmp is not None:
             rec.equal, rec.max_abs_diff, rec.max_rel_diff = cmp.equal, cmp.max_abs, cmp.max_rel
+        # the turns themselves, so that a median moved by one outlier turn shows as such
+        turns = f"; turns: baseline {_fmt_turns(tb)}, candidate {_fmt_turns(tc)} ms/iter"
         if cmp is None:
             rec.reason = (
                 f"not faster by more than the spread: gain {gain * 1e3:.3f} ms <= {noise * 1e3:.3f} ms "
-                "(equality not checked: check_slower=False)"
+                f"(equality not checked: check_slower=False){turns}"
             )
         elif not cmp.equal:
             rec.reason = f"unequal {ref.what}: {cmp.reason}"
         elif gain <= noise:
             rec.reason = (
-                f"not faster by more than the spread: gain {gain * 1e3:.3f} ms <= {noise * 1e3:.3f} ms"
+                f"not faster by more than the spread: gain {gain * 1e3:.3f} ms <= {noise * 1e3:.3f} ms{turns}"
             )
         else:
             rec.kept = True
