@@ -1,7 +1,7 @@
 """Suite results -> Markdown, bar chart and the README's headline table (from the JSON only).
 
     python -m benchmarks.report --suite quick            # rewrite results.md / results.png from results.json
-    python -m benchmarks.report --readme                 # README block: full (else quick), then epoch
+    python -m benchmarks.report --readme                 # README: full (all parts) or quick, then epoch
     python -m benchmarks.report --readme --suite tiny --readme-path /tmp/README.md
 
 Files of suite ``S`` live in ``benchmarks/results/suite/S/``: ``results.json`` (every number),
@@ -479,12 +479,15 @@ def replace_block(text: str, block: str) -> str:
     return text[:head_end] + body + text[j:]
 
 
-def _suite_headline(name: str, root: str | None) -> str | None:
-    """``name``'s headline block, or None when it has no rows (parts are merged first)."""
+def _suite_headline(name: str, root: str | None, complete_only: bool = False) -> str | None:
+    """``name``'s headline block, or None when it has no rows (parts are merged first) or, with
+    ``complete_only``, when some of its parts are missing."""
     directory = suite_dir(name, root)
     path = os.path.join(directory, "results.json")
     results = merge_parts(directory) or (load(path) if os.path.exists(path) else None)
     if not (results and results.get("rows")):
+        return None
+    if complete_only and results.get("complete") is False:
         return None
     return headline(results, os.path.relpath(path, os.path.dirname(README)))
 
@@ -492,15 +495,16 @@ def _suite_headline(name: str, root: str | None) -> str | None:
 def readme_block(suite: str = "auto", root: str | None = None) -> str:
     """The README block for ``suite``.
 
-    ``auto``: the training-iteration suite (``full`` if it has rows, else ``quick``), then the
-    ``epoch`` suite (Brax's train loop) when it has rows; each with its own setting line and table.
+    ``auto``: the training-iteration suite (``full`` once all its parts are in, else ``quick``: a
+    few parts of the full grid do not replace the quick table), then the ``epoch`` suite (Brax's
+    train loop) when it has rows; each with its own setting line and table.
     """
     if suite != "auto":
         block = _suite_headline(suite, root)
         if block is None:
             raise ValueError(f"no results for suite {suite!r} under {suite_dir(suite, root)}")
         return block
-    main = next((b for b in (_suite_headline(n, root) for n in ("full", "quick")) if b), None)
+    main = _suite_headline("full", root, complete_only=True) or _suite_headline("quick", root)
     blocks = [b for b in (main, _suite_headline("epoch", root)) if b]
     if blocks:
         return "\n".join(blocks)

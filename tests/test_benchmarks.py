@@ -13,6 +13,7 @@ import json
 import math
 import os
 import subprocess
+import shutil
 import sys
 
 import pytest
@@ -426,6 +427,15 @@ def test_readme_auto_shows_the_iteration_suite_then_the_epoch_suite(tiny_results
         assert (block.index(f"| {row['name']} |") > epoch_at) == e
     assert "evaluation included" in block[epoch_at:] and "evaluation included" not in block[:epoch_at]
     assert "SM % best -> rose-jax" in block
+    # a part of the full grid does not replace the quick table; all parts of it do
+    (root / "full").mkdir()
+    full = {**results, "suite": "full", "rows": results["rows"][:1]}
+    (root / "full" / "part-1-of-2.json").write_text(json.dumps(full))
+    assert report.readme_block("auto", str(root)) == block
+    (root / "full" / "part-2-of-2.json").write_text(json.dumps({**full, "rows": results["rows"][1:2]}))
+    both = report.readme_block("auto", str(root))
+    assert both.startswith("Suite `full`") and "Suite `quick`" not in both and "Suite `epoch`" in both
+    shutil.rmtree(root / "full")
     # with only the epoch suite, auto still shows it; a named suite without rows is an error
     (root / "quick" / "results.json").unlink()
     assert report.readme_block("auto", str(root)).startswith("Suite `epoch`")
