@@ -105,7 +105,7 @@ def _sm(row: dict, variant: str | None) -> float | None:
     """A variant's mean SM activity (%), or None where it was not measured."""
     rec = (row.get("variants", {}).get(variant) or {}) if variant else {}
     value = (rec.get("sm_activity") or {}).get("mean_sm_util")
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _sm_gain(row: dict, best: str | None) -> str:
@@ -115,12 +115,7 @@ def _sm_gain(row: dict, best: str | None) -> str:
 
 
 def _activity(row: dict) -> str:
-    parts = []
-    for v in VARIANTS:
-        rec = row.get("variants", {}).get(v) or {}
-        act = rec.get("sm_activity") or {}
-        if isinstance(act.get("mean_sm_util"), (int, float)):
-            parts.append(f"{SHORT[v].split()[0]} {act['mean_sm_util']:.0f}")
+    parts = [f"{SHORT[v].split()[0]} {_sm(row, v):.0f}" for v in VARIANTS if _sm(row, v) is not None]
     return ", ".join(parts) if parts else "n/a"
 
 

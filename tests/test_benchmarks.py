@@ -12,8 +12,8 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
 import shutil
+import subprocess
 import sys
 
 import pytest

@@ -645,19 +645,15 @@ def optimize(
         rec.speedup = tb.median / tc.median if tc.median > 0 else None
         if cmp is not None:
             rec.equal, rec.max_abs_diff, rec.max_rel_diff = cmp.equal, cmp.max_abs, cmp.max_rel
-        # the turns themselves, so that a median moved by one outlier turn shows as such
+        # with the turns themselves, so that a median moved by one outlier turn shows as such
+        not_faster = f"not faster by more than the spread: gain {gain * 1e3:.3f} ms <= {noise * 1e3:.3f} ms"
         turns = f"; turns: baseline {_fmt_turns(tb)}, candidate {_fmt_turns(tc)} ms/iter"
         if cmp is None:
-            rec.reason = (
-                f"not faster by more than the spread: gain {gain * 1e3:.3f} ms <= {noise * 1e3:.3f} ms "
-                f"(equality not checked: check_slower=False){turns}"
-            )
+            rec.reason = f"{not_faster} (equality not checked: check_slower=False){turns}"
         elif not cmp.equal:
             rec.reason = f"unequal {ref.what}: {cmp.reason}"
         elif gain <= noise:
-            rec.reason = (
-                f"not faster by more than the spread: gain {gain * 1e3:.3f} ms <= {noise * 1e3:.3f} ms{turns}"
-            )
+            rec.reason = f"{not_faster}{turns}"
         else:
             rec.kept = True
             rec.reason = f"faster by {gain * 1e3:.3f} ms/iter (> spread {noise * 1e3:.3f} ms) and equal"
