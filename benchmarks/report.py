@@ -105,7 +105,7 @@ def _sm(row: dict, variant: str | None) -> float | None:
     """A variant's mean SM activity (%), or None where it was not measured."""
     rec = (row.get("variants", {}).get(variant) or {}) if variant else {}
     value = (rec.get("sm_activity") or {}).get("mean_sm_util")
-    return float(value) if isinstance(value, (int, float)) else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def _sm_gain(row: dict, best: str | None) -> str:
