@@ -76,7 +76,7 @@ def worker_collect(state_g: Any, *, spec: Any, g: int, groups: int) -> tuple[Any
     """Run in a worker: the rollout of env group ``g`` of ``groups`` (jit this with static kwargs)."""
     from rose_jax.optimize import program as P  # noqa: PLC0415
 
-    return P.collect_group(spec.build(), state_g, g, groups)
+    return P.collect_group(build_program(spec), state_g, g, groups)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,9 +129,22 @@ def worker_restore(origin):
     return (origin,), None
 
 
+def build_program(spec: Any) -> Any:
+    """The program a :class:`rose_jax.program.ProgramSpec` names, with its fn-level transforms."""
+    import importlib  # noqa: PLC0415
+
+    from rose_jax.optimize import program as P  # noqa: PLC0415
+
+    module, name = spec.factory.split(":")
+    program = getattr(importlib.import_module(module), name)(**dict(spec.kwargs))
+    for t_name, t_params in spec.transforms:
+        program = P.transform_by_name(t_name, dict(t_params)).apply(program)
+    return program
+
+
 @functools.lru_cache(maxsize=8)
 def _build(spec):
-    return spec.build()
+    return build_program(spec)
 
 
 # ------------------------------------------------------------------------------ the marker

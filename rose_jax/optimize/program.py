@@ -26,7 +26,6 @@ pieces (the algorithms know nothing of the optimizer).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -34,98 +33,8 @@ import jax.numpy as jnp
 
 import rose_jax
 from rose_jax.optimize import _compat as C
-from rose_jax.optimize.transforms import Tolerance, Transform
-
-State = Any
-Data = Any
-
-
-class Lens(NamedTuple):
-    """A view of part of a state: ``get(state) -> part``, ``set(state, part) -> state``."""
-
-    get: Callable[[State], Any]
-    set: Callable[[State, Any], State]
-    name: str = ""
-
-
-def attr_lens(name: str) -> Lens:
-    """The lens of a dataclass field ``name`` (``state.<name>``, replaced with ``.replace``)."""
-    return Lens(lambda s: getattr(s, name), lambda s, v: s.replace(**{name: v}), name)
-
-
-class RolloutParts(NamedTuple):
-    """``collect`` as one loop, so env groups can share its body.
-
-    collect(state) == finish(state, carry_T, ys) where ``consts, carry_0, xs = start(state)``
-    and ``carry_T, ys = lax.scan(lambda c, x: step(consts, c, x, 0, 1), carry_0, xs)``.
-
-    ``carry`` leaves have a leading env axis; ``xs`` are shared by all envs (e.g. per-step
-    keys); ``step(consts, carry_g, x, g, G)`` steps the envs of group ``g`` of ``G`` (``g``, ``G``
-    static ints) and returns ``(carry_g, y_g)`` with ``y_g`` leaves env-batched on axis 0; it
-    must draw exactly the random numbers the full batch draws for those envs.
-    """
-
-    length: int
-    start: Callable[[State], tuple[Any, Any, Any]]
-    step: Callable[[Any, Any, Any, int, int], tuple[Any, Any]]
-    finish: Callable[[State, Any, Any], tuple[State, Data]]
-
-
-@dataclasses.dataclass(frozen=True)
-class ProgramSpec:
-    """How a worker process rebuilds a program: ``import_module(module).<factory>(**kwargs)``.
-
-    ``kwargs`` must be picklable (configs are frozen dataclasses; the env is passed by registry
-    name). ``transforms`` are ``(name, params)`` of fn-level transforms the worker re-applies.
-    """
-
-    factory: str  # "package.module:function"
-    kwargs: tuple[tuple[str, Any], ...] = ()
-    transforms: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
-
-    def build(self) -> "Program":
-        import importlib  # noqa: PLC0415
-
-        module, name = self.factory.split(":")
-        program = getattr(importlib.import_module(module), name)(**dict(self.kwargs))
-        for t_name, t_params in self.transforms:
-            program = transform_by_name(t_name, dict(t_params)).apply(program)
-        return program
-
-
-class Program(NamedTuple):
-    """One RL iteration as ``collect`` + ``learn`` with env lenses (see the module docstring)."""
-
-    name: str
-    num_envs: int
-    collect: Callable[[State], tuple[State, Data]]
-    learn: Callable[[State, Data], tuple[State, Any]]
-    env: Lens
-    data_env_axis: Any
-    rollout: RolloutParts | None = None
-    spec: ProgramSpec | None = None
-    env_name: str = ""
-    host: bool = False  # True: collect runs in worker processes (the iteration is not jittable)
-    groups: int = 1
-    mode: str = "single"
-
-    def iteration(self) -> Callable[[State], tuple[State, Any]]:
-        """``state -> (state, metrics)``: collect then learn (jittable unless ``host``)."""
-        collect, learn = self.collect, self.learn
-
-        def iterate(state):
-            state, data = collect(state)
-            return learn(state, data)
-
-        iterate.__name__ = f"{self.name}_iteration"
-        return iterate
-
-    def map_pieces(self, f: Callable[[Callable], Callable]) -> "Program":
-        """This program with ``f`` applied to ``collect`` and ``learn`` (fn-level transforms)."""
-        if self.host:
-            return self._replace(learn=f(self.learn))  # collect lives in the workers
-        return self._replace(collect=f(self.collect), learn=f(self.learn))
-
+from rose_jax.optimize.base import Tolerance, Transform
+from rose_jax.program import Data, Lens, Program, ProgramSpec, RolloutParts, State, attr_lens  # noqa: F401
 
 # ------------------------------------------------------------------------------ env batches
 

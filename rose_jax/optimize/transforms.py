@@ -20,111 +20,13 @@ Factories: :func:`unroll_scans`, :func:`hoist_invariants`, :func:`overlap_indepe
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
 
 from rose_jax.optimize import _compat as C
 from rose_jax.optimize import interpret as I
-
-# ---------------------------------------------------------------------------------- basics
-
-
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    """How far results may move: ``|a - b| <= atol + rtol * max|b|`` in every float leaf (scaled by
-    the leaf's largest magnitude, see :func:`rose_jax.optimize.measure.compare_trees`); int, bool
-    and key leaves must be identical. ``reason`` says why the transform needs it."""
-
-    rtol: float = 0.0
-    atol: float = 0.0
-    reason: str = "bitwise equal: the same operations on the same inputs in the same order"
-
-    @property
-    def exact(self) -> bool:
-        return self.rtol == 0.0 and self.atol == 0.0
-
-    def to_json(self) -> dict:
-        return {"rtol": self.rtol, "atol": self.atol, "reason": self.reason}
-
-
-EXACT = Tolerance()
-
-# Same operations, but XLA compiles a differently shaped program: it may fuse across unrolled
-# steps / hoisted values differently, and a different fusion can contract a*b+c into an FMA or
-# not (GPU), changing the last bit; RL training amplifies last-bit changes over iterations.
-FUSION_TOLERANCE = Tolerance(
-    rtol=1e-4,
-    atol=0.0,
-    reason="same operations in the same order, but XLA may fuse the rewritten loop differently "
-    "(FMA contraction, fusion boundaries): last-bit differences, amplified over training iterations",
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Transform:
-    """One candidate transformation (see the module docstring).
-
-    ``params`` is a tuple of ``(name, value)`` pairs (JSON-able values); ``level`` is
-    ``"fn"``, ``"program"`` or ``"host"``.
-    """
-
-    name: str
-    params: tuple[tuple[str, Any], ...]
-    tolerance: Tolerance
-    level: str
-    legal_fn: Callable[[Any], tuple[bool, str]] = dataclasses.field(compare=False, repr=False)
-    apply_fn: Callable[[Any], Any] = dataclasses.field(compare=False, repr=False)
-    summary: str = dataclasses.field(default="", compare=False)
-
-    def legal(self, tree: Any) -> tuple[bool, str]:
-        """``(True, why it is safe)`` or ``(False, why not)`` for the program traced as ``tree``."""
-        try:
-            ok, reason = self.legal_fn(tree)
-        except ValueError as e:
-            return False, f"{self.name}: {e}"
-        return bool(ok), str(reason)
-
-    def apply(self, fn: Any) -> Any:
-        """The transformed function (``level='fn'``: also accepts a ``Program``)."""
-        if self.level == "fn" and _is_program(fn):
-            return fn.map_pieces(self.apply_fn)
-        return self.apply_fn(fn)
-
-    @property
-    def label(self) -> str:
-        args = ", ".join(f"{k}={_short(v)}" for k, v in self.params)
-        return f"{self.name}({args})"
-
-    def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "label": self.label,
-            "params": {k: _jsonable(v) for k, v in self.params},
-            "level": self.level,
-            "tolerance": self.tolerance.to_json(),
-            "summary": self.summary,
-        }
-
-
-def _is_program(x: Any) -> bool:
-    return hasattr(x, "collect") and hasattr(x, "learn") and hasattr(x, "map_pieces")
-
-
-def _short(v: Any) -> str:
-    if callable(v):
-        return getattr(v, "__name__", "fn")
-    return repr(v)
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if isinstance(v, (tuple, list)):
-        return [_jsonable(x) for x in v]
-    return _short(v)
-
+from rose_jax.optimize.base import EXACT, FUSION_TOLERANCE, Tolerance, Transform, compose, short  # noqa: F401
 
 # ------------------------------------------------------------------------------ where specs
 
@@ -172,7 +74,7 @@ def tree_loops(tree: Any, where: Where, kind: str = "scan") -> list:
 
 
 def _where_label(where: Where) -> str:
-    return "every scan" if where is None else f"where={_short(where)}"
+    return "every scan" if where is None else f"where={short(where)}"
 
 
 # ------------------------------------------------------------------------------ unroll_scans
@@ -568,17 +470,6 @@ def fuse_scans(fn: Callable, a: Where, b: Where) -> Callable:
 
     fused.__wrapped__ = fn
     return fused
-
-
-def compose(transforms: Sequence[Transform]) -> Callable[[Any], Any]:
-    """``fn -> t_n(...t_1(fn))``: apply ``transforms`` in order."""
-
-    def apply(fn):
-        for t in transforms:
-            fn = t.apply(fn)
-        return fn
-
-    return apply
 
 
 def group_rollout(groups: int, mode: str = "sequential") -> Transform:

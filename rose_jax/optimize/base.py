@@ -1,0 +1,205 @@
+"""The optimizer's contract: :class:`Tolerance`, :class:`Transform`, :func:`compose`, :class:`HostStep`.
+
+Every transformation module (``scans``, ``group_rollout``, ``offload``, ...) builds on this
+module and nothing else of the optimizer's, the way optax's transformations build on its
+``base``.
+
+A :class:`Transform` is frozen data (``name``, ``params``, ``tolerance``, ``level``) plus two
+pure functions:
+
+* ``legal(tree) -> (ok, reason)``: decided from the :class:`rose_jax.trace.LoopTree` of the
+  program (loop structure, read/write sets; the tree's jaxpr where equations matter);
+* ``apply(fn) -> fn``: the transformed function. ``level="fn"`` transforms are jaxpr rewrites
+  (``rose_jax.optimize.interpret``) and compose with ``jax.jit`` / ``vmap`` / ``grad``; given a
+  :class:`rose_jax.program.Program` they rewrite its ``collect`` and ``learn``.
+  ``level="program"`` transforms take and return a ``Program``; ``level="host"`` ones return a
+  :class:`HostStep` (several processes), which cannot be jitted.
+
+``tolerance`` says how close the transformed program's results must be to the original's:
+``Tolerance(0, 0)`` means bitwise equality is expected; otherwise ``rtol``/``atol`` and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from rose_jax.program import Program
+
+LEVELS = ("fn", "program", "host")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """How far results may move: ``|a - b| <= atol + rtol * max|b|`` in every float leaf (scaled by
+    the leaf's largest magnitude, see :func:`rose_jax.optimize.measure.compare_trees`); int, bool
+    and key leaves must be identical. ``reason`` says why the transform needs it."""
+
+    rtol: float = 0.0
+    atol: float = 0.0
+    reason: str = "bitwise equal: the same operations on the same inputs in the same order"
+
+    @property
+    def exact(self) -> bool:
+        return self.rtol == 0.0 and self.atol == 0.0
+
+    def to_json(self) -> dict:
+        return {"rtol": self.rtol, "atol": self.atol, "reason": self.reason}
+
+
+EXACT = Tolerance()
+
+# Same operations, but XLA compiles a differently shaped program: it may fuse across unrolled
+# steps / hoisted values differently, and a different fusion can contract a*b+c into an FMA or
+# not (GPU), changing the last bit; RL training amplifies last-bit changes over iterations.
+FUSION_TOLERANCE = Tolerance(
+    rtol=1e-4,
+    atol=0.0,
+    reason="same operations in the same order, but XLA may fuse the rewritten loop differently "
+    "(FMA contraction, fusion boundaries): last-bit differences, amplified over training iterations",
+)
+
+
+def loosest(tolerances: Sequence[Tolerance], reason: str = "loosest of the combined") -> Tolerance:
+    """The tolerance that admits every one of ``tolerances`` (largest ``rtol`` and ``atol``)."""
+    return Tolerance(max(t.rtol for t in tolerances), max(t.atol for t in tolerances), reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """One candidate transformation (see the module docstring).
+
+    ``params`` is a tuple of ``(name, value)`` pairs (JSON-able values); ``level`` is
+    ``"fn"``, ``"program"`` or ``"host"``.
+    """
+
+    name: str
+    params: tuple[tuple[str, Any], ...]
+    tolerance: Tolerance
+    level: str
+    legal_fn: Callable[[Any], tuple[bool, str]] = dataclasses.field(compare=False, repr=False)
+    apply_fn: Callable[[Any], Any] = dataclasses.field(compare=False, repr=False)
+    summary: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.level not in LEVELS:
+            raise ValueError(f"Transform {self.name!r}: level must be one of {LEVELS}, got {self.level!r}")
+
+    def legal(self, tree: Any) -> tuple[bool, str]:
+        """``(True, why it is safe)`` or ``(False, why not)`` for the program traced as ``tree``."""
+        try:
+            ok, reason = self.legal_fn(tree)
+        except ValueError as e:
+            return False, f"{self.name}: {e}"
+        return bool(ok), str(reason)
+
+    def apply(self, fn: Any) -> Any:
+        """The transformed function (``level='fn'``: also accepts a :class:`Program`)."""
+        if self.level == "fn" and isinstance(fn, Program):
+            return fn.map_pieces(self.apply_fn)
+        return self.apply_fn(fn)
+
+    @property
+    def label(self) -> str:
+        args = ", ".join(f"{k}={short(v)}" for k, v in self.params)
+        return f"{self.name}({args})"
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "label": self.label,
+            "params": {k: jsonable(v) for k, v in self.params},
+            "level": self.level,
+            "tolerance": self.tolerance.to_json(),
+            "summary": self.summary,
+        }
+
+
+def short(v: Any) -> str:
+    """A parameter value for a label: a callable's name, else its ``repr``."""
+    if callable(v):
+        return getattr(v, "__name__", "fn")
+    return repr(v)
+
+
+def jsonable(v: Any) -> Any:
+    """A parameter value as JSON (tuples become lists, callables their names)."""
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (tuple, list)):
+        return [jsonable(x) for x in v]
+    return short(v)
+
+
+def compose(transforms: Sequence[Transform]) -> Callable[[Any], Any]:
+    """``fn -> t_n(...t_1(fn))``: apply ``transforms`` in order."""
+
+    def apply(fn):
+        for t in transforms:
+            fn = t.apply(fn)
+        return fn
+
+    return apply
+
+
+# ------------------------------------------------------------------------- host-level steps
+
+
+class HostStep:
+    """A host-level piece of an iteration: jitted parts plus worker processes (not jittable).
+
+    What the search, the benchmarks and the CLI call on a host-level step (an offloaded epoch,
+    a multi-process collect or the iteration built around one). The defaults describe a step
+    with nothing in flight and nothing resident: subclasses override what they hold.
+
+    * ``drain()``: wait for work still running in workers (its time counts in a timed run);
+    * ``sync_state(state)``: the full state (an env state resident in workers fetched back);
+    * ``stats()``: what moved between processes (JSON-able dict);
+    * ``close()``: stop the worker processes (and an MPS daemon the step started);
+    * ``with_compiler_options(options)``: the same step compiled with other XLA options.
+    """
+
+    host = True
+
+    def __call__(self, state: Any) -> Any:
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        return None
+
+    def sync_state(self, state: Any) -> Any:
+        return state
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+    def with_compiler_options(self, compiler_options: dict | None) -> "HostStep":
+        raise ValueError(f"{type(self).__name__} cannot be compiled with compiler options")
+
+    def __enter__(self) -> "HostStep":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def drain(step: Any) -> None:
+    """Wait for a host step's work in flight (no-op for a jitted step)."""
+    if isinstance(step, HostStep):
+        step.drain()
+
+
+def synced(step: Any, state: Any) -> Any:
+    """``state`` in full: a host step's resident env state fetched back (as is for anything else)."""
+    return step.sync_state(state) if isinstance(step, HostStep) else state
+
+
+def close(target: Any) -> None:
+    """Stop the worker processes of a host step or of a Program whose collect is one (else no-op)."""
+    if isinstance(target, Program):
+        target = target.collect
+    if isinstance(target, HostStep):
+        target.close()
