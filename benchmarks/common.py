@@ -11,7 +11,9 @@ from typing import Any, Sequence
 
 from rose_jax.io import atomic_write_bytes, atomic_write_json
 
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+BENCHMARKS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(BENCHMARKS_DIR)
+RESULTS_DIR = os.path.join(BENCHMARKS_DIR, "results")
 
 
 def machine_info() -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""benchmarks.suite / baselines / run / report: suite structure, the tiny suite end to end, README block.
+"""benchmarks.suite (workloads, baselines, run, report): rows, the tiny suite end to end, README block.
 
-The end-to-end test runs ``python -m benchmarks.run --suite tiny`` in a subprocess (it turns on
+The end-to-end test runs ``python -m benchmarks.suite.run --suite tiny`` in a subprocess (it turns on
 JAX's persistent compilation cache, which must not leak into other tests) and checks the JSON:
 every variant has numbers, the hand-pipelined baseline and rose-jax's plan give (b)'s parameters,
 and the ratio is rose-jax over the best baseline.
@@ -22,8 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `benchmarks` is a top-level directory, not an installed package
     sys.path.insert(0, ROOT)
 
-from benchmarks import report  # noqa: E402
-from benchmarks import suite as S  # noqa: E402
+from benchmarks.suite import report  # noqa: E402
+from benchmarks.suite import workloads as S  # noqa: E402
 
 
 def one_line(excinfo) -> str:
@@ -53,7 +53,7 @@ def test_quick_suite_has_the_headline_rows_and_fits_its_budget_model():
 
 
 def test_budget_scale_is_per_variant_and_brax_is_not_scaled_by_searches():
-    from benchmarks import run  # noqa: PLC0415 - imports JAX lazily inside functions only
+    from benchmarks.suite import run  # noqa: PLC0415 - imports JAX lazily inside functions only
 
     ctx = run.Context("q", 100.0, True, (False, ""), False, None, lambda s: None)
     assert ctx.scale("rose_jax") == 1.0 and ctx.scale("brax") == 1.0
@@ -115,7 +115,7 @@ def test_quick_plan_runs_brax_last_with_sac_last_of_all_and_fits_about_seven_min
 
 
 def test_list_prints_phases_and_brax_order(capsys):
-    from benchmarks import run
+    from benchmarks.suite import run
 
     assert run.main(["--suite", "quick", "--list", "--compile-workers", "4"]) == 0
     out = capsys.readouterr().out
@@ -157,7 +157,7 @@ def test_bad_workloads_and_parts_give_one_line_errors():
     with pytest.raises(ValueError, match="unknown suite"):
         S.get("huge")
     with pytest.raises(SystemExit, match="--part"):
-        from benchmarks import run
+        from benchmarks.suite import run
 
         run.main(["--suite", "tiny", "--part", "4/3", "--list"])
 
@@ -270,10 +270,10 @@ def test_merge_parts_keeps_rows_in_part_order(tmp_path):
 
 
 def run_suite(args: list[str], timeout: int, **env_overrides) -> str:
-    """``python -m benchmarks.run ARGS`` in a subprocess (its compilation cache stays there); stdout."""
+    """``python -m benchmarks.suite.run ARGS`` in a subprocess (its compilation cache stays there); stdout."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_overrides)
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", *args],
+        [sys.executable, "-m", "benchmarks.suite.run", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -301,7 +301,7 @@ def test_mps_client_reruns_the_suite_under_a_daemon_and_stops_it(tmp_path):
     assert not os.path.exists(pipe)  # stopped and removed when the child exited
     # without a control binary: one clear line, no traceback
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--suite", "tiny", "--list", "--mps-client"],
+        [sys.executable, "-m", "benchmarks.suite.run", "--suite", "tiny", "--list", "--mps-client"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
         env=dict(os.environ, PATH=os.path.dirname(sys.executable), PYTHONPATH=ROOT),
     )
@@ -323,7 +323,7 @@ def tiny_results(tmp_path_factory):
 def test_tiny_suite_measures_every_variant(tiny_results):
     results, directory, stdout = tiny_results
     assert results["suite"] == "tiny" and results["machine"]["backend"] == "cpu"
-    assert "jax" in results["machine"] and "benchmarks.run" in results["command"]
+    assert "jax" in results["machine"] and "benchmarks.suite.run" in results["command"]
     want = {w.name: w.variants for w in S.get("tiny").workloads}
     assert [r["name"] for r in results["rows"]] == list(want)
     for row in results["rows"]:
@@ -400,7 +400,7 @@ def test_tiny_suite_writes_table_plot_and_readme_block(tiny_results, tmp_path):
     assert inside.strip() == block.strip()
     for row in results["rows"]:
         assert row["name"] in inside and f"{row['summary']['ratio']:.2f}x" in inside
-    assert "results.json" in inside and "benchmarks.report --readme" in inside
+    assert "results.json" in inside and "benchmarks.suite.report --readme" in inside
     # regenerating from the JSON gives the same block (nothing typed by hand)
     assert report.update_readme(str(copy), "tiny", str(directory.parent)) == block and copy.read_text() == new
     with open(report.README) as f:
@@ -454,7 +454,7 @@ def test_quick_mjcf_row_on_gpu_reports_sm_activity(tmp_path):
 
     if jax.default_backend() != "gpu":
         pytest.skip(
-            "needs a GPU (runs one quick-suite row on the H200: python -m benchmarks.run --suite quick)"
+            "needs a GPU (runs one quick-suite row on the H200: python -m benchmarks.suite.run --suite quick)"
         )
     run_suite(
         ["--suite", "quick", "--only", "mjx_swimmer", "--out", str(tmp_path), "--no-budget"], timeout=600

@@ -6,7 +6,7 @@ with one policy size and env count, measured as up to four variants (:data:`VARI
   ``brax``            (a) Brax's own ``ppo.train`` / ``sac.train`` (Brax envs only), its ``training/sps``
   ``single_jit``      (b) our algorithm, K iterations inside one jitted ``lax.scan`` (PureJaxRL style)
   ``hand_pipelined``  (c) (b) with the rollout split into 2 env groups, staggered by hand
-                          (:mod:`benchmarks.baselines`): group B's policy next to group A's sim
+                          (:mod:`benchmarks.suite.baselines`): group B's policy next to group A's sim
   ``rose_jax``        (d) ``rose_jax.optimize.optimize`` of the same iteration, run like (b)
 
 A :class:`Suite` is a named tuple of workloads with a device-time budget. Suites:
@@ -40,7 +40,7 @@ LABELS = {
 }
 # The order variants run in: (b) first (reference for equality checks and for reuse by (d)),
 # then (d), so that the headline ratio exists even when a time budget cuts the row short.
-# benchmarks.run compiles (b) and (c) of every row ahead of time and runs every row's Brax (a)
+# benchmarks.suite.run compiles (b) and (c) of every row ahead of time and runs every row's Brax (a)
 # after all rows' (b)-(d), cheapest first, so a budget cuts the Brax runs (SAC's last) first.
 RUN_ORDER = ("single_jit", "rose_jax", "hand_pipelined", "brax")
 
@@ -593,11 +593,11 @@ SETUP_S, SETUP_PER_COMPILE, START_S = 6.0, 0.5, 6.0
 ACTIVITY_S = 0.8
 # Rough H200 env-steps/s (log: PPO ant 4.8e5, SAC ant 2.5e5, PPO mjx_swimmer 1.5e5).
 RATE = {"ant": 4.8e5, "humanoid": 1.5e5, "halfcheetah": 5e5, "mjx_swimmer": 1.5e5}
-# Concurrent compiles of the precompile phase (benchmarks.run --compile-workers): each extra
+# Concurrent compiles of the precompile phase (benchmarks.suite.run --compile-workers): each extra
 # worker adds this fraction of a worker's throughput (the GIL serialises tracing; XLA's own
 # passes already use some cores), and the slowest row is slowed by PARALLEL_SLOWDOWN.
 PARALLEL_EFFICIENCY, PARALLEL_SLOWDOWN = 0.5, 1.15
-PRECOMPILED = ("single_jit", "hand_pipelined")  # variants benchmarks.run compiles ahead of time
+PRECOMPILED = ("single_jit", "hand_pipelined")  # variants benchmarks.suite.run compiles ahead of time
 # Epoch rows (optimize_gpu --unit epoch logs, H200): the epoch program (training scan + evaluation)
 # compiles in ~28 s on ant vs 17.5 s for the K-iteration loop; an evaluation of 128 envs x 1000
 # latency-bound MJX steps takes ~2.0 s (seconds per evaluation step below; CPU: tiny envs).
@@ -690,7 +690,7 @@ def estimate_s(w: Workload, variant: str | None = None, gpu: bool = True, precom
 
 
 def plan_s(rows: tuple[Workload, ...], gpu: bool = True, workers: int = 1) -> dict:
-    """Estimated seconds of ``benchmarks.run``'s three phases over ``rows``.
+    """Estimated seconds of ``benchmarks.suite.run``'s three phases over ``rows``.
 
     1. precompile: every row's setup and its :data:`PRECOMPILED` variants' compiles, ``workers``
        rows at a time; 2. per row: (d)'s search and the timed runs of (b), (d), (c);

@@ -15,7 +15,7 @@
   the results equal (b)'s up to float rounding of the per-group matmuls. Nothing of
   ``rose_jax.optimize`` is used.
 * :func:`brax_ppo_train` / :func:`brax_sac_train` -- (a) Brax's own trainers with matched
-  hyperparameters (through :mod:`benchmarks.brax_shim`), reporting Brax's ``training/sps``.
+  hyperparameters (through :mod:`benchmarks.suite.brax_shim`), reporting Brax's ``training/sps``.
 
 Shapes: ``N = num_envs``, ``n = N / 2`` envs per group, ``T = unroll_length``, ``A = action_size``.
 """
@@ -291,7 +291,7 @@ def brax_ppo_train(
     the deterministic policy on ``workload.eval_envs`` envs for an episode, as ``ppo.epoch`` does.
     ``on_epoch(i)`` is called after epoch ``i`` (0-based).
     """
-    from benchmarks import brax_shim
+    from benchmarks.suite import brax_shim
 
     brax_shim.install()
     import flax.linen as nn
@@ -367,7 +367,7 @@ def brax_sac_train(
     Without ``evaluate`` its evaluator is replaced by :class:`_NoEvaluator`; with it Brax evaluates
     the deterministic policy on ``workload.eval_envs`` envs after every epoch, as ``sac.epoch`` does.
     """
-    from benchmarks import brax_shim
+    from benchmarks.suite import brax_shim
 
     brax_shim.install()
     import flax.linen as nn

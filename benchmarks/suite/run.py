@@ -1,12 +1,12 @@
 """The benchmark suite: Brax, single-jit, hand-pipelined and rose-jax, one process, one GPU.
 
-    python -m benchmarks.run --suite quick                # H200 headline rows, < 8 min with compilation
-    python -m benchmarks.run --suite full --part 3/32     # one part of every combination
-    python -m benchmarks.run --suite tiny                 # CPU smoke run (< 2 min), used by the tests
-    python -m benchmarks.run --suite epoch --part 1/2 --mps-client   # training epochs + evaluation
-    python -m benchmarks.run --suite full --list          # rows, parts and estimated device time
+    python -m benchmarks.suite.run --suite quick                # H200 headline rows, < 8 min with compilation
+    python -m benchmarks.suite.run --suite full --part 3/32     # one part of every combination
+    python -m benchmarks.suite.run --suite tiny                 # CPU smoke run (< 2 min), used by the tests
+    python -m benchmarks.suite.run --suite epoch --part 1/2 --mps-client   # training epochs + evaluation
+    python -m benchmarks.suite.run --suite full --list          # rows, parts and estimated device time
 
-Every variant of a row (see :mod:`benchmarks.suite`) runs in this process on the same device with
+Every variant of a row (see :mod:`benchmarks.suite.workloads`) runs in this process on the same device with
 the same hyperparameters, env count and initial state. Throughput is env-steps/s after warm-up:
 the median over ``blocks`` timed calls of K iterations each, every call fenced with
 ``block_until_ready`` (compilation is in the first, untimed call); the device-resident variants
@@ -21,7 +21,7 @@ activity (so the sampler never perturbs the timed blocks). Results: ``benchmarks
 Three phases (:func:`run_rows`): every row's setup and its (b)/(c) compiles, ``--compile-workers``
 rows at a time (nothing is timed meanwhile); then row by row (d)'s search and the timed runs of
 (b), (d), (c); then the Brax runs (a), cheapest first, so a budget cuts SAC's Brax run first.
-A row's variants run in :data:`benchmarks.suite.RUN_ORDER`; with a time budget (``--budget-s``,
+A row's variants run in :data:`benchmarks.suite.workloads.RUN_ORDER`; with a time budget (``--budget-s``,
 default the suite's) a variant whose estimated cost no longer fits is skipped and recorded as
 ``skipped``; an exception in one variant is recorded as ``error`` and the suite goes on.
 """
@@ -40,8 +40,9 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
-from benchmarks import common, report
-from benchmarks import suite as S
+from benchmarks import common
+from benchmarks.suite import report
+from benchmarks.suite import workloads as S
 
 
 # ------------------------------------------------------------------------------ context
@@ -311,7 +312,7 @@ def _loop(row: Row, variant: str) -> Callable:
     """The jitted (not yet compiled) K-iteration loop of (b) or (c); an epoch row: (b)'s jitted epoch."""
     import jax
 
-    from benchmarks import baselines
+    from benchmarks.suite import baselines
 
     if row.w.unit == "epoch":
         if variant != "single_jit":
@@ -432,7 +433,7 @@ def prepare_rose_jax(row: Row, ctx: Context) -> Prepared:
         call = _host_loop(step, per_call)
         protocol = "dispatches of the optimizer's compiled step per block (asynchronous, no host sync)"
     else:
-        from benchmarks import baselines
+        from benchmarks.suite import baselines
 
         call = baselines.single_jit_loop(step, w.iterations_per_block)
         protocol = "the plan's step, K iterations in one jitted lax.scan (as (b))"
@@ -525,7 +526,7 @@ def finish(p: Prepared, row: Row, ctx: Context) -> dict:
 
 
 def run_brax(row: Row, ctx: Context) -> dict:
-    from benchmarks import baselines
+    from benchmarks.suite import baselines
 
     w = row.w
     warm = 2
@@ -803,7 +804,7 @@ def run_rows(
 
     1. every row's setup and (b)/(c) compiles, ``workers`` at a time (nothing timed meanwhile);
     2. row by row: (d)'s search, (b), (d), (c) timed in turns, SM activity;
-    3. the Brax runs, cheapest first (:func:`benchmarks.suite.brax_order`), so that a budget cuts
+    3. the Brax runs, cheapest first (:func:`benchmarks.suite.workloads.brax_order`), so that a budget cuts
        the most expensive (SAC's) first.
     """
     outs = [new_record(w) for w in rows]
@@ -855,7 +856,7 @@ def select(suite: S.Suite, part: tuple[int, int] | None, only: str | None) -> tu
 def print_plan(
     suite: S.Suite, rows: Sequence[S.Workload], gpu: bool, budget: float | None, workers: int = 1
 ) -> None:
-    """Rows, variants and the estimated seconds of each phase (see :func:`benchmarks.suite.plan_s`)."""
+    """Rows, variants and the estimated seconds of each phase (see :func:`benchmarks.suite.workloads.plan_s`)."""
     plan = S.plan_s(tuple(rows), gpu, workers)
     print(f"suite {suite.name}: {suite.description}")
     print(
@@ -943,19 +944,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mps_client and not os.environ.get("ROSE_MPS_CLIENT"):
         from rose_jax.mps import MPSError, run_as_client
 
-        child = [sys.executable, "-m", "benchmarks.run", *(sys.argv[1:] if argv is None else argv)]
+        child = [sys.executable, "-m", "benchmarks.suite.run", *(sys.argv[1:] if argv is None else argv)]
         try:
             return run_as_client(child, log=lambda line: print(line, flush=True))
         except MPSError as e:
-            raise SystemExit(f"benchmarks.run: --mps-client: {e}") from None
+            raise SystemExit(f"benchmarks.suite.run: --mps-client: {e}") from None
     if args.compile_workers is not None and args.compile_workers < 1:
-        raise SystemExit(f"benchmarks.run: --compile-workers must be >= 1, got {args.compile_workers}")
+        raise SystemExit(f"benchmarks.suite.run: --compile-workers must be >= 1, got {args.compile_workers}")
     try:
         suite = S.get(args.suite)
         part = _parse_part(args.part)
         rows = select(suite, part, args.only)
     except ValueError as e:
-        raise SystemExit(f"benchmarks.run: {e}") from None
+        raise SystemExit(f"benchmarks.suite.run: {e}") from None
     budget = None if args.no_budget else (args.budget_s if args.budget_s is not None else suite.budget_s)
 
     # Before JAX starts: worker processes of rose-jax's multi-process plans need GPU memory too,
@@ -1002,7 +1003,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": [],
     }
     ctx.log(
-        f"benchmarks.run: suite {suite.name}{'' if part is None else f' part {part[0]}/{part[1]}'}, "
+        f"benchmarks.suite.run: suite {suite.name}{'' if part is None else f' part {part[0]}/{part[1]}'}, "
         f"{len(rows)} rows on {info.get('gpu') or jax.default_backend()}; budget "
         f"{'none' if budget is None else f'{budget:.0f}s'}; SM activity: {ctx.activity[1]}"
     )

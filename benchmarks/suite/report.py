@@ -1,8 +1,8 @@
 """Suite results -> Markdown, bar chart and the README's headline table (from the JSON only).
 
-    python -m benchmarks.report --suite quick            # rewrite results.md / results.png from results.json
-    python -m benchmarks.report --readme                 # README: full (all parts) or quick, then epoch
-    python -m benchmarks.report --readme --suite tiny --readme-path /tmp/README.md
+    python -m benchmarks.suite.report --suite quick            # rewrite results.md / results.png from results.json
+    python -m benchmarks.suite.report --readme                 # README: full (all parts) or quick, then epoch
+    python -m benchmarks.suite.report --readme --suite tiny --readme-path /tmp/README.md
 
 Files of suite ``S`` live in ``benchmarks/results/suite/S/``: ``results.json`` (every number),
 ``results.md`` (tables), ``results.png`` (bars); a ``--part i/n`` run writes
@@ -21,10 +21,10 @@ import re
 from typing import Any, Sequence
 
 from benchmarks import common
-from benchmarks.suite import BASELINES, LABELS, VARIANTS
+from benchmarks.suite.workloads import BASELINES, LABELS, VARIANTS
 
 SUITE_DIR = os.path.join(common.RESULTS_DIR, "suite")
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.join(common.REPO_DIR, "README.md")
 START, END = "<!-- RESULTS -->", "<!-- /RESULTS -->"
 SHORT = {
     "brax": "(a) Brax",
@@ -335,7 +335,7 @@ def headline(results: dict, source: str) -> str:
             if epoch
             else ""
         )
-        + f"Generated from `{source}` by `python -m benchmarks.report --readme`; details in "
+        + f"Generated from `{source}` by `python -m benchmarks.suite.report --readme`; details in "
         f"`{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
     )
 
@@ -446,7 +446,7 @@ def regenerate(suite: str, root: str | None = None) -> list[str]:
     if not os.path.exists(path):
         raise ValueError(
             f"no results for suite {suite!r}: {path} does not exist "
-            f"(run python -m benchmarks.run --suite {suite})"
+            f"(run python -m benchmarks.suite.run --suite {suite})"
         )
     return write_outputs(load(path), directory)
 
@@ -504,8 +504,8 @@ def readme_block(suite: str = "auto", root: str | None = None) -> str:
     if blocks:
         return "\n".join(blocks)
     return (
-        "No GPU benchmark results yet. On a GPU machine run `python -m benchmarks.run --suite quick`, "
-        "then `python -m benchmarks.report --readme`.\n"
+        "No GPU benchmark results yet. On a GPU machine run `python -m benchmarks.suite.run --suite quick`, "
+        "then `python -m benchmarks.suite.report --readme`.\n"
     )
 
 
@@ -550,7 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in regenerate(name, args.results_dir):
                 print(f"wrote {path}")
     except ValueError as e:
-        raise SystemExit(f"benchmarks.report: {e}") from None
+        raise SystemExit(f"benchmarks.suite.report: {e}") from None
     return 0
 
 
