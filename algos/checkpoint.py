@@ -1,4 +1,4 @@
-"""Atomic pytree checkpoints with orbax: ``save``, ``restore``, ``latest_step``.
+"""Atomic pytree checkpoints with orbax: ``save``, ``restore``, ``latest_step``, retention.
 
 Layout: ``<directory>/<step>/`` holds one orbax checkpoint of a whole train state (any pytree
 of arrays: flax.struct dataclasses, NamedTuples, dicts). A checkpoint becomes visible only
@@ -7,13 +7,20 @@ finished (and its own write-then-rename has committed) is that folder renamed to
 one atomic ``rename(2)`` on a POSIX file system. A crash at any moment therefore leaves either
 the previous set of checkpoints or the previous set plus the new one; half-written folders
 are named ``.tmp-*`` and are ignored by :func:`latest_step` (and removed by the next ``save``
-of the same step).
+of the same step, or all at once by :func:`clean`).
+
+Retention: ``save(..., keep=K, score=s)`` keeps the ``K`` newest checkpoints plus the one with
+the best (largest finite) score, e.g. the episode return when it was written. A checkpoint's
+score is stored inside its folder (``rose_jax_meta.json``), so it is written, renamed and deleted
+with it.
 
 This is host-side, impure code: call it between jitted iterations, never inside one.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 import uuid
@@ -24,6 +31,7 @@ import jax
 import numpy as np
 
 _TMP_PREFIX = ".tmp-"
+_META = "rose_jax_meta.json"
 
 
 def _checkpointer():
@@ -49,12 +57,73 @@ def all_steps(directory: str | os.PathLike) -> list[int]:
     return _steps(Path(directory))
 
 
+def score(directory: str | os.PathLike, step: int) -> float | None:
+    """The score stored with checkpoint ``step`` (None if it has none or it is not finite)."""
+    try:
+        value = json.loads((Path(directory) / str(int(step)) / _META).read_text()).get("score")
+    except (OSError, ValueError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def best_step(directory: str | os.PathLike) -> int | None:
+    """The step of the checkpoint with the largest score (the newest among equals), or None."""
+    scored = [(s, step) for step in all_steps(directory) if (s := score(directory, step)) is not None]
+    return max(scored)[1] if scored else None
+
+
+def prune(directory: str | os.PathLike, keep: int) -> list[int]:
+    """Delete all but the ``keep`` newest checkpoints and the best-scored one; returns the deleted steps."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"checkpoint.prune: keep must be a positive int, got {keep!r}")
+    directory = Path(directory)
+    steps = _steps(directory)
+    kept = set(steps[-keep:])
+    best = best_step(directory)
+    if best is not None:
+        kept.add(best)
+    deleted = [s for s in steps if s not in kept]
+    for step in deleted:  # rename first: a crash mid-delete never leaves a partial numbered folder
+        doomed = directory / f"{_TMP_PREFIX}{step}-del-{uuid.uuid4().hex}"
+        try:
+            os.rename(directory / str(step), doomed)
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
+    return deleted
+
+
+def clean(directory: str | os.PathLike) -> list[str]:
+    """Remove the ``.tmp-*`` leftovers of interrupted saves and deletes; returns their names.
+
+    Call it only when no other process is saving into ``directory`` (e.g. when a run starts).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for stale in directory.glob(f"{_TMP_PREFIX}*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+        removed.append(stale.name)
+    return sorted(removed)
+
+
 def _write(path: Path, state: Any) -> None:
     """Write ``state`` as one orbax checkpoint at ``path`` (synchronously)."""
     _checkpointer().save(path, state)
 
 
-def save(directory: str | os.PathLike, state: Any, step: int, *, keep: int | None = None) -> Path:
+def save(
+    directory: str | os.PathLike,
+    state: Any,
+    step: int,
+    *,
+    keep: int | None = None,
+    score: float | None = None,
+) -> Path:
     """Write ``state`` as checkpoint ``step`` of ``directory``, atomically; returns its path.
 
     Args:
@@ -63,7 +132,9 @@ def save(directory: str | os.PathLike, state: Any, step: int, *, keep: int | Non
       step: a non-negative int, e.g. the number of environment steps so far. An existing
         checkpoint of the same step is replaced (atomically: the old one stays visible until
         the new one is complete).
-      keep: if given, keep only the ``keep`` newest checkpoints after this one is written.
+      keep: if given, keep only the ``keep`` newest checkpoints (and the best-scored one) after
+        this one is written.
+      score: stored with the checkpoint for retention (larger is better; None or NaN: unscored).
     """
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise ValueError(f"checkpoint.save: step must be a non-negative int, got {step!r}")
@@ -80,6 +151,8 @@ def save(directory: str | os.PathLike, state: Any, step: int, *, keep: int | Non
     final = directory / str(step)
     try:
         _write(tmp, host_state)
+        meta = {"step": step, "score": _finite_or_none(score)}
+        (tmp / _META).write_text(json.dumps(meta) + "\n")
         if final.exists():  # replace: move the old one aside first, so `final` is never partial
             old = directory / f"{_TMP_PREFIX}{step}-old-{uuid.uuid4().hex}"
             os.rename(final, old)
@@ -93,9 +166,16 @@ def save(directory: str | os.PathLike, state: Any, step: int, *, keep: int | Non
     _fsync_dir(directory)
 
     if keep is not None:
-        for old_step in _steps(directory)[:-keep]:
-            shutil.rmtree(directory / str(old_step), ignore_errors=True)
+        prune(directory, keep)
     return final
+
+
+def _finite_or_none(x: Any) -> float | None:
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -157,4 +237,4 @@ def restore(directory: str | os.PathLike, like: Any, step: int | None = None) ->
     return jax.tree.unflatten(treedef, out), int(step)
 
 
-__all__ = ["all_steps", "latest_step", "restore", "save"]
+__all__ = ["all_steps", "best_step", "clean", "latest_step", "prune", "restore", "save", "score"]

@@ -1,21 +1,31 @@
-"""The ``rose-jax`` command line: ``train``, ``inspect``, ``profile``.
+"""The ``rose-jax`` command line: ``train``, ``inspect``, ``profile``, ``envs``.
 
     rose-jax                              # the default job: PPO on cartpole (CPU) or MJX ant (GPU)
-    rose-jax train --env pendulum --algo sac --steps 60000
+    rose-jax train --env pendulum --algo sac --steps 6e4
     rose-jax train --env ant --algo ppo --set num_envs=2048 --set unroll_length=10 --optimize
+    rose-jax train --run-dir runs/x --resume          # continue a stopped run where it stopped
     rose-jax inspect --env ant --algo ppo --json tree.json --png tree.png
     rose-jax profile --env ant --algo ppo --num-envs 1024
 
-This is the impure host layer: files, progress bars, processes. The algorithms stay pure.
+This is the impure host layer: files, progress bars, signals, processes. The algorithms stay
+pure. Every mistake in the input is a one-line message, found before anything is trained or any
+directory is made. A run directory is a durable record (``rose_jax.rundir``): metrics are
+appended as the run goes, a Ctrl-C stops after the current iteration with a checkpoint, and
+``--resume`` continues the same record.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
+import math
 import os
+import signal
 import sys
+import textwrap
+import threading
 import time
 from typing import Any, Sequence
 
@@ -41,20 +51,15 @@ GPU_DEFAULT = dict(
         discounting=0.97,
     ),
 )
+DEFAULT_KEEP = 3  # checkpoints kept: the newest few, plus the best
 
 
-def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise SystemExit(f"rose-jax: --set expects key=value, got {item!r}")
-        key, raw = item.split("=", 1)
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        out[key.strip()] = value
-    return out
+class UsageError(Exception):
+    """A mistake in the command line or its files: printed as one line, exit status 2."""
+
+
+def _fail(message: Any) -> "UsageError":
+    return UsageError(str(message).strip().replace("\n", " "))
 
 
 def _on_gpu() -> bool:
@@ -63,118 +68,323 @@ def _on_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
-def _make_env(name: str, backend: str | None):
+def _count(text: str) -> int:
+    """An argparse type: an int written as ``100000``, ``100_000`` or ``1e5``."""
+    from algos.registry import parse_int
+
+    try:
+        return parse_int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _literal(raw: str) -> Any:
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+
+
+def _env_kwargs(backend: str | None, items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"backend": backend} if backend else {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise _fail(f"--env-arg expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = _literal(raw)
+    return out
+
+
+def _make_env(name: str, kwargs: dict[str, Any]):
     import envs
 
-    kwargs = {"backend": backend} if backend else {}
     try:
         return envs.make(name, **kwargs)
     except ValueError as e:
-        raise SystemExit(f"rose-jax: {e}") from None
+        hint = " (pass factory arguments with --env-arg KEY=VALUE)" if "bad arguments" in str(e) else ""
+        raise _fail(f"{e}{hint}") from None
+    except ImportError as e:
+        raise _fail(f"env {name!r} needs a package that is not installed: {e}") from None
 
 
-def _run_dir(base: str | None, env: str, algo: str) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = base or os.path.join("runs", f"{algo}-{env}-{stamp}")
-    os.makedirs(path, exist_ok=True)
-    return path
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value))
 
 
-def _plot_curve(history: list[dict], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from rose_jax.io import atomic_write_bytes
-
-    steps = [h["env_steps"] for h in history if "episode_return" in h]
-    returns = [h["episode_return"] for h in history if "episode_return" in h]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, returns, color="tab:red")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("mean episode return")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+# ---------------------------------------------------------------------------------------------
+# One resolution of (algorithm, env, config) for every command
 
 
-def _scalar_metrics(metrics: Any) -> dict[str, float]:
-    import numpy as np
+@dataclasses.dataclass
+class Job:
+    """What a command runs: the algorithm record, the environment and the validated config."""
 
-    items = metrics._asdict().items() if hasattr(metrics, "_asdict") else dict(metrics).items()
-    return {k: float(np.asarray(v)) for k, v in items if np.ndim(v) == 0}
+    algo: Any
+    env_name: str
+    env_kwargs: dict[str, Any]
+    env: Any
+    config: Any
+
+    @property
+    def title(self) -> str:
+        return f"{self.algo.name} on {self.env_name}"
+
+    def program_kwargs(self) -> dict[str, Any]:
+        return dict(env_name=self.env_name, env_kwargs=tuple(sorted(self.env_kwargs.items())))
+
+
+def _resolve(
+    args,
+    *,
+    base: dict[str, Any] | None = None,
+    flags: Sequence[tuple[str, str, Any]] = (),
+    stored: dict[str, Any] | None = None,
+    default_algo: str = "ppo",
+) -> Job:
+    """Build the job of a command, checking everything a user can get wrong (one line each).
+
+    base: config fields before the command line's (``--set`` and ``flags`` win over them).
+    flags: ``(flag, config key, value)`` of options that set a config field (``--steps``);
+      None values are not given. A ``--set`` of the same key must agree.
+    stored: a resumed run's ``run.json``: options given must equal what the run was started with.
+    """
+    import algos
+
+    if stored is not None:
+        env_kwargs = dict(stored.get("env_kwargs") or {})
+        given_env_kwargs = _env_kwargs(getattr(args, "backend", None), getattr(args, "env_arg", []))
+        differ = []
+        for flag, given, have in (("--env", args.env, stored["env"]), ("--algo", args.algo, stored["algo"])):
+            if given is not None and given != have:
+                differ.append(f"{flag} {given} (the run has {have})")
+        for key, value in given_env_kwargs.items():
+            if _jsonable(value) != env_kwargs.get(key):
+                differ.append(f"env argument {key}={value} (the run has {env_kwargs.get(key)})")
+        env_name, algo_name = stored["env"], stored["algo"]
+        base = dict(stored["config"])
+    else:
+        differ = []
+        env_name = args.env
+        algo_name = args.algo or default_algo
+        env_kwargs = _env_kwargs(getattr(args, "backend", None), getattr(args, "env_arg", []))
+    try:
+        algo = algos.get(algo_name)
+        given = algo.parse_overrides(args.set)
+    except ValueError as e:
+        raise _fail(e) from None
+    for flag, key, value in flags:
+        if value is None:
+            continue
+        if key in given and given[key] != value:
+            raise _fail(f"{flag} {value} and --set {key}={given[key]} disagree; give one of them")
+        given[key] = value
+    if stored is not None:
+        for key, value in given.items():
+            if _jsonable(value) != base.get(key):
+                differ.append(f"{key}={value} (the run has {base.get(key)})")
+        if differ:
+            raise _fail(
+                f"--resume: options differ from the run's run.json: {'; '.join(differ)}; "
+                "drop them to continue the run as it was started, or choose another --run-dir"
+            )
+    try:
+        config = algo.make_config(**{**(base or {}), **given})
+    except (ValueError, TypeError) as e:
+        raise _fail(e) from None
+    env = _make_env(env_name, env_kwargs)
+    job = Job(algo, env_name, env_kwargs, env, config)
+    _abstract_state(job)  # config vs env (sizes, types), before any file is written
+    return job
+
+
+def _abstract_state(job: Job):
+    """The job's TrainState as shapes (``jax.eval_shape``: traced, not run); one-line errors."""
+    import jax
+
+    try:
+        return jax.eval_shape(lambda k: job.algo.init(job.config, job.env, k), jax.random.PRNGKey(0))
+    except (ValueError, TypeError) as e:
+        raise _fail(e) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+class _CtrlC:
+    """SIGINT while training: the first asks the loop to stop after the current iteration (one
+    line), the second stops at once (KeyboardInterrupt). Installed only in the main thread."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> "_CtrlC":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        os.write(2, b"\nrose-jax: Ctrl-C: stopping after the current iteration "
+                    b"(with a checkpoint); press Ctrl-C again to stop at once\n")
+
+
+def _default_run_dir(env: str, algo: str) -> str:
+    return os.path.join("runs", f"{algo}-{env}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _train_job(args, stored: dict[str, Any] | None) -> Job:
+    if stored is not None:
+        return _resolve(args, flags=(("--steps", "num_timesteps", args.steps), ("--seed", "seed", args.seed)),
+                        stored=stored)
+    default = GPU_DEFAULT if _on_gpu() else CPU_DEFAULT
+    env_name = args.env or default["env"]
+    algo_name = args.algo or (default["algo"] if env_name == default["env"] else "ppo")
+    base = dict(default["overrides"]) if (env_name, algo_name) == (default["env"], default["algo"]) else {}
+    base["num_timesteps"] = default["steps"]
+    args.env, args.algo = env_name, algo_name
+    return _resolve(
+        args, base=base, flags=(("--steps", "num_timesteps", args.steps), ("--seed", "seed", args.seed))
+    )
 
 
 def cmd_train(args) -> int:
-    import algos
-    from rose_jax.io import atomic_write_text
+    from algos import checkpoint, driver
+    from rose_jax import rundir
 
-    gpu = _on_gpu()
-    default = GPU_DEFAULT if gpu else CPU_DEFAULT
-    env_name = args.env or default["env"]
-    algo_name = args.algo or (default["algo"] if env_name == default["env"] else "ppo")
-    steps = args.steps if args.steps is not None else default["steps"]
-    if steps <= 0:
-        raise SystemExit(f"rose-jax: --steps must be > 0, got {steps}")
-    overrides = (
-        dict(default["overrides"]) if (env_name, algo_name) == (default["env"], default["algo"]) else {}
-    )
-    overrides.update(_parse_overrides(args.set))
-    env = _make_env(env_name, args.backend)
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise _fail(
+            f"--checkpoint-every must be >= 1 (iterations between checkpoints), got {args.checkpoint_every}; "
+            "leave it out to checkpoint only at the end and on Ctrl-C"
+        )
+    if args.keep_checkpoints < 0:
+        raise _fail(f"--keep-checkpoints must be >= 0 (0 keeps all), got {args.keep_checkpoints}")
+    if args.steps is not None and args.steps <= 0:
+        raise _fail(f"--steps must be > 0, got {args.steps}")
+    if args.resume and not args.run_dir:
+        raise _fail("--resume needs --run-dir DIR: the directory of the run to continue")
+
+    # 1. what to run (no file is touched)
+    stored = None
+    if args.run_dir:
+        if os.path.exists(args.run_dir) and not os.path.isdir(args.run_dir):
+            raise _fail(
+                f"run directory {args.run_dir!r} is a file, not a directory; choose another --run-dir"
+            )
+        run = rundir.RunDir(args.run_dir)
+        stored = run.read_run()
+        has_checkpoint = checkpoint.latest_step(run.checkpoint_dir) is not None
+        has_record = stored is not None or bool(run.rows()) or has_checkpoint
+        if has_record and not args.resume:
+            raise _fail(
+                f"{args.run_dir} already holds a run; pass --resume to continue it, "
+                "or choose another --run-dir"
+            )
+    job = _train_job(args, stored if args.resume else None)
+    path = args.run_dir or _default_run_dir(job.env_name, job.algo.name)
+    run = rundir.RunDir(path)
+    if args.resume and stored is not None and run.finished():
+        summary = run.read_summary() or {}
+        print(f"rose-jax train: {path} already finished ({summary.get('env_steps', 0):,} env steps); "
+              f"nothing to do (its results: {run.file(rundir.METRICS)})")
+        return 0
+
+    # 2. the run directory: writable, leftovers of a crash removed, the record cut to the checkpoint
     try:
-        algo = algos.get(algo_name)
+        rundir.check_writable(path)
     except ValueError as e:
-        raise SystemExit(f"rose-jax: {e}") from None
-    run_dir = _run_dir(args.run_dir, env_name, algo_name)
-    print(f"rose-jax train: {algo_name} on {env_name} for {steps:,} env steps -> {run_dir}", flush=True)
+        raise _fail(e) from None
+    run.clean()
+    checkpoint.clean(run.checkpoint_dir)
+    latest = checkpoint.latest_step(run.checkpoint_dir) if args.resume else None
+    kept: list[dict[str, Any]] = []
+    if args.resume and stored is None:
+        print(f"rose-jax train: --resume: {path} holds no run (no {rundir.RUN}); starting afresh", flush=True)
+    elif args.resume and latest is None:
+        print(f"rose-jax train: --resume: {path} has no checkpoint yet; starting afresh "
+              f"(its record is restarted)", flush=True)
+    elif latest is not None:
+        kept = [r for r in run.rows() if r.get("env_steps", math.inf) <= latest]
+    info = {
+        "algo": job.algo.name,
+        "env": job.env_name,
+        "env_kwargs": _jsonable(job.env_kwargs),
+        "config": _jsonable(dataclasses.asdict(job.config)),
+    }
+    try:
+        run.write_run(info)
+        run.restart_record(kept)
+    except OSError as e:
+        raise _fail(f"cannot write to run directory {path!r}: {e.strerror or e}") from None
 
+    # 3. train
     from tqdm import tqdm
 
-    history: list[dict] = []
-    bar = tqdm(
-        total=steps,
-        unit="step",
-        unit_scale=True,
-        dynamic_ncols=True,
-        file=sys.stdout,
-        mininterval=1.0 if sys.stdout.isatty() else 10.0,
-    )
+    total = job.config.num_timesteps
+    resumed_at = int(kept[-1]["env_steps"]) if kept else 0
+    wall_offset = float(kept[-1].get("wall_s", 0.0)) if kept else 0.0
+    where = f" (resuming at {resumed_at:,} env steps)" if latest is not None else ""
+    print(f"rose-jax train: {job.title} for {total:,} env steps -> {path}{where}", flush=True)
+    bar = tqdm(total=total, initial=min(resumed_at, total), unit="step", unit_scale=True,
+               dynamic_ncols=True, file=sys.stdout, mininterval=1.0 if sys.stdout.isatty() else 10.0)
     t0 = time.perf_counter()
+    last_row: dict[str, Any] = kept[-1] if kept else {}
 
-    def progress(env_steps: int, metrics) -> None:
-        row = {"env_steps": int(env_steps), "wall_s": time.perf_counter() - t0, **_scalar_metrics(metrics)}
-        history.append(row)
-        bar.set_postfix(ret=f"{row.get('episode_return', float('nan')):.1f}", refresh=False)
-        bar.update(max(0, min(int(env_steps), steps) - bar.n))  # redraws at most once per mininterval
+    with _CtrlC() as ctrl_c:
 
-    try:
+        def progress(env_steps: int, metrics: dict[str, Any]) -> None:
+            nonlocal last_row
+            row = {"env_steps": int(env_steps), "wall_s": wall_offset + time.perf_counter() - t0,
+                   **_scalars(metrics)}
+            row["env_steps"] = int(env_steps)
+            run.append(row)
+            last_row = row
+            bar.set_postfix(ret=rundir.format_return(row.get("episode_return")), refresh=False)
+            bar.update(max(0, min(int(env_steps), total) - bar.n))  # redraws at most once per mininterval
+            if ctrl_c.requested:
+                raise driver.StopTraining
+
+        kwargs = dict(
+            progress_fn=progress,
+            checkpoint_dir=os.path.abspath(run.checkpoint_dir),
+            checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=args.keep_checkpoints or None,
+            resume=latest is not None,
+        )
         if args.optimize:
-            _train_optimized(algo_name, env, env_name, steps, args, overrides, progress)
-        else:
-            train_kwargs = dict(num_timesteps=steps, seed=args.seed, progress_fn=progress, **overrides)
-            if args.checkpoint_every:
-                train_kwargs.update(checkpoint_dir=os.path.join(os.path.abspath(run_dir), "checkpoints"),
-                                    checkpoint_every=args.checkpoint_every, resume=args.resume)
-            algo.train(env, **train_kwargs)
-    except (ValueError, TypeError) as e:
-        bar.close()
-        raise SystemExit(f"rose-jax: {e}") from None
-    bar.close()
-    atomic_write_text(os.path.join(run_dir, "metrics.json"), json.dumps(history, indent=1) + "\n")
-    _plot_curve(history, os.path.join(run_dir, "learning_curve.png"), f"{algo_name} on {env_name}")
-    last = history[-1] if history else {}
-    print(
-        f"done: {int(last.get('env_steps', 0)):,} env steps in {time.perf_counter() - t0:.1f}s, "
-        f"mean episode return {last.get('episode_return', float('nan')):.1f}; "
-        f"wrote {run_dir}/metrics.json and learning_curve.png"
-    )
-    return 0
+            kwargs["make_step"] = _optimized_step_maker(job, lambda m: tqdm.write(m, file=sys.stdout))
+        try:
+            state, _ = job.algo.train_with_config(job.config, job.env, **kwargs)
+        except (ValueError, TypeError) as e:
+            bar.close()
+            run.close()
+            raise _fail(e) from None
+        finally:
+            bar.close()
+        finished = job.algo.units_done(job.config, state) >= job.algo.num_units(job.config)
+
+    summary = run.finish("finished" if finished else "interrupted", job.title,
+                         extra={"algo": job.algo.name, "env": job.env_name})
+    ret = rundir.format_return(last_row.get("episode_return"))
+    steps = summary["env_steps"]
+    if finished:
+        print(f"done: {steps:,} env steps in {time.perf_counter() - t0:.1f}s, mean episode return {ret}; "
+              f"wrote {path}/{rundir.METRICS} and {rundir.CURVE}")
+        return 0
+    print(f"stopped at {steps:,} env steps (mean episode return {ret}), checkpoint saved; "
+          f"continue with: rose-jax train --run-dir {path} --resume")
+    return 130
 
 
 def plan_cache_dir() -> str:
@@ -183,70 +393,50 @@ def plan_cache_dir() -> str:
     return os.environ.get("ROSE_JAX_PLAN_CACHE") or default
 
 
-def _train_optimized(algo_name: str, env, env_name: str, steps: int, args, overrides: dict, progress) -> None:
-    """``train --optimize``: search (or load the cached) rose-jax plan, then train with it.
+def _optimized_step_maker(job: Job, log):
+    """``train --optimize``: ``make_step(state)`` searches (or loads the cached) rose-jax plan of
+    what train runs per report (PPO: the iteration program; SAC: the epoch with its evaluation).
 
-    The plan search measures the untransformed iteration and each candidate end to end and keeps a
+    The search measures the untransformed unit and each candidate end to end and keeps a
     candidate only if it is faster and computes the same result (``rose_jax.optimize.optimize``);
     plans are cached per (program, env, batch, GPU, jax version), so a second run skips the search.
     """
-    import jax
 
-    import algos
-    from algos import driver
-    from rose_jax import optimize as rj_optimize
+    def make_step(state):
+        from rose_jax import optimize as rj_optimize
 
-    if args.checkpoint_every or args.resume:
-        raise ValueError("--optimize does not checkpoint yet; drop --checkpoint-every/--resume")
-    config = algos.make_config(algo_name, num_timesteps=steps, seed=args.seed, **overrides)
-    make_program = rj_optimize.ppo_program if algo_name == "ppo" else rj_optimize.sac_program
-    env_kwargs = (("backend", args.backend),) if args.backend else ()
-    program = make_program(config, env, env_name=env_name, env_kwargs=env_kwargs)
-    module = algos.get(algo_name)
-    state = module.init(config, env, jax.random.PRNGKey(config.seed))
-    step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(), env_name=env_name,
-                                        batch_size=config.num_envs, log=lambda m: print(m, flush=True))
-    print(rj_optimize.format_report(report), flush=True)
-    num_iterations = -(-steps // _env_steps_per_iteration(algo_name, config))
-    driver.run(step, state, num_iterations=num_iterations, iteration_of=lambda s: s.iteration,
-               env_steps_of=lambda s: s.env_steps, progress_fn=progress)
+        program = job.algo.unit_program(job.config, job.env, **job.program_kwargs())
+        step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(),
+                                            env_name=job.env_name, batch_size=job.config.num_envs,
+                                            log=log)
+        log(rj_optimize.format_report(report))
+        return step
+
+    return make_step
 
 
-def _env_steps_per_iteration(algo_name: str, config) -> int:
-    if algo_name == "ppo":
-        return config.num_envs * config.unroll_length
-    return config.num_envs * config.steps_per_iteration
-
-
-def _example_iteration(algo_name: str, env, overrides: dict):
-    """(iteration fn, example TrainState) for an algorithm at the given config overrides."""
-    import jax
-
-    import algos
-
-    algo = algos.get(algo_name)
-    config = algos.make_config(algo_name, **overrides)
-    state = jax.eval_shape(lambda k: algo.init(config, env, k), jax.random.PRNGKey(0))
-    return algo.iteration(config, env), state
+# ---------------------------------------------------------------------------------------------
+# inspect, profile, envs
 
 
 def cmd_inspect(args) -> int:
     from rose_jax import trace as rtrace
 
-    env = _make_env(args.env, args.backend)
-    overrides = _parse_overrides(args.set)
-    fn, state = _example_iteration(args.algo, env, overrides)
+    job = _resolve(args)
+    state = _abstract_state(job)
+    fn = job.algo.iteration(job.config, job.env)
     t0 = time.perf_counter()
     tree = rtrace.trace(fn, state, arg_names=("train_state",))
     dt = time.perf_counter() - t0
     print(rtrace.format_tree(tree, max_depth=args.depth))
     print(f"(traced in {dt:.2f}s)")
-    if args.json:
-        rtrace.save_json(tree, args.json)
-        print(f"wrote {args.json}")
-    if args.png:
-        rtrace.plot_tree(tree, args.png)
-        print(f"wrote {args.png}")
+    for out, write in ((args.json, rtrace.save_json), (args.png, rtrace.plot_tree)):
+        if out:
+            try:
+                write(tree, out)
+            except OSError as e:
+                raise _fail(f"cannot write {out}: {e.strerror or e}") from None
+            print(f"wrote {out}")
     return 0
 
 
@@ -255,45 +445,105 @@ def cmd_profile(args) -> int:
 
     from rose_jax import profile as rprofile
 
+    job = _resolve(args, flags=(("--num-envs", "num_envs", args.num_envs),))
     ok, reason = rprofile.available()
     if not ok:
-        raise SystemExit(f"rose-jax profile: {reason}")
-    env = _make_env(args.env, args.backend)
-    overrides = _parse_overrides(args.set)
-    if args.num_envs:
-        overrides["num_envs"] = args.num_envs
-    import algos
-
-    algo = algos.get(args.algo)
-    config = algos.make_config(args.algo, **overrides)
-    state = algo.init(config, env, jax.random.PRNGKey(0))
-    fn = algo.iteration(config, env)
+        raise _fail(f"profile: {reason}")
+    state = job.algo.init(job.config, job.env, jax.random.PRNGKey(0))
+    fn = job.algo.iteration(job.config, job.env)
     timeline = rprofile.profile(fn, state)
     windows = rprofile.find_windows(timeline)
     print(rprofile.format_windows(windows))
-    out = args.out or f"profile-{args.algo}-{args.env}"
+    out = args.out or f"profile-{job.algo.name}-{job.env_name}"
     timeline.save(out + ".json")
-    rprofile.plot_timeline(timeline, out + ".png", title=f"{args.algo} on {args.env}")
+    rprofile.plot_timeline(timeline, out + ".png", title=job.title)
     print(f"wrote {out}.json and {out}.png")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="rose-jax", description="GPU-resident RL training, traced and overlapped."
-    )
-    sub = p.add_subparsers(dest="command")
+def cmd_envs(args) -> int:
+    import envs
 
-    t = sub.add_parser("train", help="train an agent (the default command)")
-    t.add_argument("--env", help="environment name (see `rose-jax envs`)")
-    t.add_argument("--algo", choices=["ppo", "sac"])
-    t.add_argument("--backend", help="physics backend for Brax envs (mjx, generalized, ...)")
-    t.add_argument("--steps", type=int, help="total environment steps")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a hyperparameter")
-    t.add_argument("--run-dir", help="where metrics.json and learning_curve.png go (default runs/...)")
-    t.add_argument("--checkpoint-every", type=int, help="save a checkpoint every N iterations")
-    t.add_argument("--resume", action="store_true", help="resume from the run dir's latest checkpoint")
+    print("\n".join(envs.names()))
+    print(
+        "# Brax envs take --backend (mjx, generalized, positional, spring); environments whose factory "
+        "needs arguments take them as --env-arg KEY=VALUE, e.g. --env mjcf --env-arg xml=model.xml"
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser
+
+
+def _set_keys_help() -> str:
+    """The valid ``--set`` keys of every algorithm, with their defaults (for ``--help``)."""
+    import algos
+
+    lines = ["--set keys (KEY=VALUE; bools true/false, ints also as 1e5, sequences as 64,64):"]
+    for name in algos.names():
+        algo = algos.get(name)
+        items = ", ".join(f"{k}={_show(v)}" for k, v in algo.defaults().items())
+        lines.append(textwrap.fill(f"{name}: {items}", width=100, initial_indent="  ",
+                                   subsequent_indent="    "))
+    return "\n".join(lines) + "\n"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, and the ``--set`` keys appended to ``--help`` where they apply."""
+
+    set_keys = False
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return text + "\n" + _set_keys_help() if self.set_keys else text
+
+
+def _add_job_args(
+    p: argparse.ArgumentParser, env_help: str, algo_help: str, env_required: bool = False
+) -> None:
+    p.add_argument("--env", help=env_help, required=env_required)
+    p.add_argument("--algo", choices=["ppo", "sac"], help=algo_help)
+    p.add_argument("--backend", help="physics backend of Brax envs: mjx, generalized, positional, spring "
+                                     "(default: the env's own)")
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a keyword of the env's factory, e.g. xml=model.xml for --env mjcf (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a hyperparameter of the algorithm's config (repeatable; keys below)")
+    p.set_keys = True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="rose-jax", description="GPU-resident RL training, traced and overlapped. "
+                                              "With no command: `train` with its defaults.")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+
+    t = sub.add_parser("train", help="train an agent (the default command)",
+                       description="Train an agent; metrics, curve, config and checkpoints go to the run "
+                                   "directory. Ctrl-C stops after the current iteration with a checkpoint.")
+    _add_job_args(t, "environment name, see `rose-jax envs` (default: cartpole on CPU, ant on GPU)",
+                  "algorithm (default: ppo)")
+    t.add_argument("--steps", type=_count, metavar="N",
+                   help="total environment steps, e.g. 400000 or 4e5 (default: 400000 on CPU, 2e7 on GPU)")
+    t.add_argument("--seed", type=_count, help="PRNG seed (default: 0)")
+    t.add_argument("--run-dir", metavar="DIR", help="the run directory (default: runs/<algo>-<env>-<time>)")
+    t.add_argument("--checkpoint-every", type=_count, metavar="K",
+                   help="also checkpoint every K iterations (SAC: epochs); K >= 1 (default: only at the end "
+                        "and on Ctrl-C)")
+    t.add_argument("--keep-checkpoints", type=_count, default=DEFAULT_KEEP, metavar="N",
+                   help="keep the N newest checkpoints plus the best one; 0 keeps all (default: %(default)s)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its latest checkpoint "
+                        "(a finished run is left as is)")
     t.add_argument("--optimize", action="store_true", help="apply (or search for) a rose-jax plan")
     t.set_defaults(func=cmd_train)
 
@@ -301,20 +551,21 @@ def build_parser() -> argparse.ArgumentParser:
         ("inspect", cmd_inspect, "print the traced loop tree of one iteration"),
         ("profile", cmd_profile, "profile one iteration on the GPU"),
     ):
-        s = sub.add_parser(name, help=helptext)
-        s.add_argument("--env", required=True)
-        s.add_argument("--algo", choices=["ppo", "sac"], default="ppo")
-        s.add_argument("--backend")
-        s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+        s = sub.add_parser(name, help=helptext, description=helptext)
+        _add_job_args(s, "environment name, see `rose-jax envs`", "algorithm (default: ppo)",
+                      env_required=True)
         s.set_defaults(func=func)
     sub.choices["inspect"].add_argument("--json", help="write the tree as JSON")
     sub.choices["inspect"].add_argument("--png", help="write the tree as a picture")
-    sub.choices["inspect"].add_argument("--depth", type=int, default=None, help="max depth printed")
-    sub.choices["profile"].add_argument("--num-envs", type=int)
-    sub.choices["profile"].add_argument("--out", help="output prefix for .json/.png")
+    sub.choices["inspect"].add_argument("--depth", type=_count, default=None,
+                                        help="max depth printed (default: all)")
+    sub.choices["profile"].add_argument("--num-envs", type=_count,
+                                        help="environments (default: the config's)")
+    sub.choices["profile"].add_argument("--out", help="output prefix for .json/.png "
+                                                      "(default: profile-<algo>-<env>)")
 
     e = sub.add_parser("envs", help="list the registered environments")
-    e.set_defaults(func=lambda args: print("\n".join(__import__("envs").names())) or 0)
+    e.set_defaults(func=cmd_envs)
     return p
 
 
@@ -324,7 +575,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv or ["train"])
     if args.command is None:
         args = parser.parse_args(["train", *argv])
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        raise SystemExit(f"rose-jax {args.command}: {e}") from None
+    except KeyboardInterrupt:
+        print(f"\nrose-jax {args.command}: stopped at once (Ctrl-C); "
+              "a run continues from its last checkpoint with --resume", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

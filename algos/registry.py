@@ -1,0 +1,270 @@
+"""The algorithm registry: one :class:`Algo` record per algorithm, looked up by name.
+
+    algo = algos.get("ppo")
+    config = algo.make_config(num_envs=64, unroll_length=32)     # a validated PPOConfig
+    state = algo.init(config, env, jax.random.PRNGKey(config.seed))
+    step = jax.jit(algo.iteration(config, env))
+    algo.train(env, config, progress_fn=print)                    # or algo.train(env, num_envs=64)
+
+Everything that differs between algorithms lives in its record (or in its module), so host code
+(the CLI, benchmarks) never branches on the algorithm's name. Typed parsing of ``key=value``
+strings (the CLI's ``--set``) follows the config dataclass's field types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import math
+import typing
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Algo:
+    """One algorithm: its config class and its pure functions, resolved from its module.
+
+    Attributes:
+      name: the registry name (``"ppo"``, ``"sac"``).
+      module: the algorithm's module (``algos.ppo``).
+      Config: the frozen config dataclass (``PPOConfig``).
+      init / iteration / epoch / evaluate: the module's functions of the same names.
+      train: ``train(env, config=None, **overrides)`` (Brax-style keywords work too).
+      train_with_config: ``train_with_config(config, env, ...)``.
+      unit: what one progress report (and one ``checkpoint_every`` count) of ``train`` is:
+        ``"iteration"`` (PPO) or ``"epoch"`` (SAC: a scan of iterations, then an evaluation).
+    """
+
+    name: str
+    module: ModuleType
+    Config: type
+    init: Callable[..., Any]
+    iteration: Callable[..., Any]
+    epoch: Callable[..., Any]
+    evaluate: Callable[..., Any]
+    train: Callable[..., Any]
+    train_with_config: Callable[..., Any]
+    unit: str
+
+    def program(self, config: Any, env: Any, **kwargs: Any) -> Any:
+        """The algorithm's :class:`rose_jax.program.Program` of one iteration (for the optimizer).
+
+        The module's own ``program(config, env)`` when it has one, else the adapter that
+        ``rose_jax.optimize`` provides for it.
+        """
+        own = getattr(self.module, "program", None)
+        if own is not None:
+            return own(config, env, **kwargs)
+        from rose_jax import optimize
+
+        return getattr(optimize, f"{self.name}_program")(config, env, **kwargs)
+
+    def unit_program(self, config: Any, env: Any, **kwargs: Any) -> Any:
+        """What ``train`` runs once per progress report, for the optimizer: PPO's iteration
+        program, SAC's epoch (iterations, then the evaluation that reports ``eval_episode_return``)."""
+        if self.unit == "epoch":
+            return self.epoch(config, env)
+        return self.program(config, env, **kwargs)
+
+    # ------------------------------------------------------------------ progress
+    def num_units(self, config: Any) -> int:
+        """Progress reports (iterations or epochs) of a whole ``train`` run of ``config``."""
+        return config.num_evals if self.unit == "epoch" else config.num_iterations
+
+    def units_done(self, config: Any, state: Any) -> int:
+        """Progress reports a train state has done (its iteration counter, in units)."""
+        done = int(state.iteration)
+        return done // self.module.iterations_per_epoch(config) if self.unit == "epoch" else done
+
+    # ------------------------------------------------------------------ config
+    def keys(self) -> list[str]:
+        """The config's field names, in declaration order (the valid ``--set`` keys)."""
+        return [f.name for f in dataclasses.fields(self.Config)]
+
+    def defaults(self) -> dict[str, Any]:
+        """``{field: default}`` of the config."""
+        return {f.name: f.default for f in dataclasses.fields(self.Config)}
+
+    def make_config(self, config: Any = None, **overrides: Any) -> Any:
+        """``Config(**overrides)`` (or ``config`` with ``overrides`` replaced), validated.
+
+        Unknown keys raise a one-line TypeError listing the valid ones; bad values the config's
+        one-line ValueError.
+        """
+        return config_with(self.Config, config, overrides, self.name)
+
+    def parse_overrides(self, items: Sequence[str]) -> dict[str, Any]:
+        """``["key=value", ...]`` -> ``{key: typed value}`` by the config's field types.
+
+        Unknown keys and values that do not parse raise a one-line ValueError naming the valid
+        keys or the expected type. See :func:`parse_value` for the accepted spellings.
+        """
+        hints = typing.get_type_hints(self.Config)
+        out: dict[str, Any] = {}
+        for item in items:
+            key, sep, raw = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ValueError(
+                    f"--set expects key=value, got {item!r}; valid keys: {', '.join(self.keys())}"
+                )
+            if key not in hints:
+                hint = _did_you_mean(key, self.keys())
+                raise ValueError(
+                    f"{self.name}: unknown key {key!r}{hint}; valid keys: {', '.join(self.keys())}"
+                )
+            try:
+                out[key] = parse_value(hints[key], raw)
+            except ValueError as e:
+                raise ValueError(f"--set {key}={raw}: {e}") from None
+        return out
+
+
+def config_with(cls: type, config: Any, overrides: dict[str, Any], where: str) -> Any:
+    """A validated ``cls`` instance: ``cls(**overrides)``, or ``config`` with ``overrides`` replaced.
+
+    Unknown keys raise a one-line TypeError (like an unexpected keyword argument) that names the
+    valid keys; invalid values raise the config's own one-line ValueError.
+    """
+    if config is not None and not isinstance(config, cls):
+        raise TypeError(f"{where}: config must be a {cls.__name__}, got {type(config).__name__}")
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        hint = _did_you_mean(unknown[0], fields) if len(unknown) == 1 else ""
+        raise TypeError(
+            f"{where}: unknown hyperparameter{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(u) for u in unknown)}{hint}; valid: {', '.join(fields)}"
+        )
+    if config is None:
+        return cls(**overrides)
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
+def _did_you_mean(key: str, valid: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_NONE = ("none", "null")
+
+
+def parse_value(kind: Any, raw: str) -> Any:
+    """Parse ``raw`` as a value of the type annotation ``kind``.
+
+    ``bool``: ``true`` or ``false`` only (any case); ``int``: ``100000``, ``100_000``, ``1e5`` (a
+    whole number); ``float``: any float literal; ``X | None``: ``none`` or an ``X``; sequences of
+    ints: ``64,64``, ``(64, 64)`` or ``[64, 64]``; ``str``: the text (quotes optional).
+    Raises a one-line ValueError saying what was expected.
+    """
+    text = raw.strip()
+    origin = typing.get_origin(kind)
+    args = typing.get_args(kind)
+    if args and type(None) in args:  # Optional
+        inner = [a for a in args if a is not type(None)]
+        if text.lower() in _NONE:
+            return None
+        if len(inner) == 1:
+            try:
+                return parse_value(inner[0], text)
+            except ValueError as e:
+                raise ValueError(f"{e} or none") from None
+        raise ValueError(f"cannot parse a value of type {kind}")
+    if kind is bool:
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise ValueError(f"expected true or false, got {text!r}")
+    if kind is int:
+        return parse_int(text)
+    if kind is float:
+        try:
+            value = float(text.replace("_", ""))
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+        return value
+    if kind is str:
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            text = text[1:-1]
+        return text
+    if origin in (tuple, list, Sequence) or origin is getattr(typing, "Sequence", None) or (
+        origin is not None and isinstance(origin, type) and issubclass(origin, Sequence)
+    ):
+        body = text
+        if body[:1] in "([" and body[-1:] in ")]":
+            body = body[1:-1]
+        parts = [p for p in (s.strip() for s in body.split(",")) if p]
+        try:
+            return tuple(parse_int(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"expected comma-separated ints such as 64,64, got {text!r}") from None
+    raise ValueError(f"cannot parse a value of type {kind}")
+
+
+def parse_int(text: str) -> int:
+    """``'100000'``, ``'100_000'``, ``'1e5'`` -> 100000; anything else a one-line ValueError."""
+    t = text.strip().replace("_", "")
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        value = float(t)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {text!r}") from None
+    if not math.isfinite(value) or value != int(value):
+        raise ValueError(f"expected an integer, got {text!r}")
+    return int(value)
+
+
+# name -> (module, config class, unit)
+_ALGOS = {
+    "ppo": ("algos.ppo", "PPOConfig", "iteration"),
+    "sac": ("algos.sac", "SACConfig", "epoch"),
+}
+_RECORDS: dict[str, Algo] = {}
+
+
+def names() -> list[str]:
+    """The registered algorithm names, sorted."""
+    return sorted(_ALGOS)
+
+
+def get(name: str) -> Algo:
+    """The :class:`Algo` registered as ``name``; an unknown name is a one-line ValueError."""
+    if name not in _ALGOS:
+        raise ValueError(f"unknown algo {name!r}; known algos: {', '.join(names())}")
+    if name not in _RECORDS:
+        module_name, config_name, unit = _ALGOS[name]
+        module = importlib.import_module(module_name)
+        _RECORDS[name] = Algo(
+            name=name,
+            module=module,
+            Config=getattr(module, config_name),
+            init=module.init,
+            iteration=module.iteration,
+            epoch=module.epoch,
+            evaluate=module.evaluate,
+            train=module.train,
+            train_with_config=module.train_with_config,
+            unit=unit,
+        )
+    return _RECORDS[name]
+
+
+def register(name: str, module: str, config: str, unit: str = "iteration") -> None:
+    """Register an algorithm living in ``module`` (it must provide ``init``, ``iteration``,
+    ``epoch``, ``evaluate``, ``train`` and ``train_with_config``) with config class ``config``."""
+    if unit not in ("iteration", "epoch"):
+        raise ValueError(f"register({name!r}): unit must be 'iteration' or 'epoch', got {unit!r}")
+    _ALGOS[name] = (module, config, unit)
+    _RECORDS.pop(name, None)
+
+
+def make_config(name: str, **overrides: Any) -> Any:
+    """``get(name).make_config(**overrides)``; unknown fields give a one-line error."""
+    return get(name).make_config(**overrides)
+
+
+__all__ = ["Algo", "config_with", "get", "make_config", "names", "parse_int", "parse_value", "register"]
