@@ -65,6 +65,21 @@ class PPOConfig:
       seed: PRNG seed of :func:`train`.
     """
 
+    Brax's keywords (``brax.training.agents.ppo.train``, same names and meaning):
+      batch_size: set -> Brax's data layout and schedule (:mod:`algos.ppo_brax`): one iteration
+        collects ``batch_size * num_minibatches // num_envs`` sequential unrolls of
+        ``unroll_length`` steps of every env and trains on minibatches of ``batch_size``
+        whole unrolls, GAE computed per unroll inside the loss. None: rose-jax's schedule (one
+        unroll of every env per iteration, GAE once, transitions shuffled).
+      num_updates_per_batch: Brax's name for ``num_epochs`` (when set, it is ``num_epochs``).
+      action_repeat: physics steps per agent step (the action is repeated, rewards summed).
+      episode_length: the env's time limit in physics steps; used when ``train`` builds the env
+        (a registry name or a Brax env object); an ``Env`` must already have it.
+      num_evals: evaluations over the run (Brax's: one at step 0 when > 1, then after each of
+        ``max(num_evals - 1, 1)`` epochs); None: no evaluation, a progress report per iteration.
+      num_eval_envs: envs of each evaluation (one episode each).
+      deterministic_eval: evaluate ``tanh(mean)`` instead of sampled actions.
+
     num_timesteps: int = 1_000_000
     num_envs: int = 64
     unroll_length: int = 32
@@ -85,11 +100,35 @@ class PPOConfig:
     activation: str = "tanh"
     seed: int = 0
 
+    batch_size: int | None = None
+    num_updates_per_batch: int | None = None
+    action_repeat: int = 1
+    episode_length: int | None = None
+    num_evals: int | None = None
+    num_eval_envs: int = 128
+    deterministic_eval: bool = False
     def __post_init__(self):
         def fail(name, value, need):
             raise ValueError(f"PPOConfig.{name} must be {need}, got {value!r}")
 
         for name in ("num_timesteps", "num_envs", "unroll_length", "num_minibatches", "num_epochs"):
+        def positive_int(value):
+            return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+        for name in ("batch_size", "num_updates_per_batch", "episode_length"):
+            value = getattr(self, name)
+            if value is not None and not positive_int(value):
+                fail(name, value, "None or a positive int")
+        for name in ("action_repeat", "num_eval_envs"):
+            if not positive_int(getattr(self, name)):
+                fail(name, getattr(self, name), "a positive int")
+        if self.num_evals is not None and not (positive_int(self.num_evals) or self.num_evals == 0):
+            fail("num_evals", self.num_evals, "None or a non-negative int")
+        if not isinstance(self.deterministic_eval, bool):
+            fail("deterministic_eval", self.deterministic_eval, "a bool")
+        if self.num_updates_per_batch is not None:  # Brax's name wins over num_epochs
+            object.__setattr__(self, "num_epochs", self.num_updates_per_batch)
+
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 fail(name, value, "a positive int")
@@ -122,22 +161,52 @@ class PPOConfig:
             object.__setattr__(self, name, sizes)  # tuples keep the config hashable
         if not isinstance(self.activation, str) or not callable(getattr(nn, self.activation, None)):
             fail("activation", self.activation, "a flax.linen activation name such as 'swish' or 'tanh'")
-        batch = self.num_envs * self.unroll_length
-        if batch % self.num_minibatches:
-            raise ValueError(
-                f"PPOConfig: num_envs * unroll_length = {self.num_envs} * {self.unroll_length} = {batch} "
-                f"is not divisible by num_minibatches = {self.num_minibatches}"
-            )
+        if self.batch_size is not None:
+            if (self.batch_size * self.num_minibatches) % self.num_envs:
+                raise ValueError(
+                    f"PPOConfig: batch_size * num_minibatches = {self.batch_size} * {self.num_minibatches} "
+                    f"must be divisible by num_envs = {self.num_envs} (as in Brax's ppo.train)"
+                )
+        else:
+            batch = self.num_envs * self.unroll_length
+            if batch % self.num_minibatches:
+                raise ValueError(
+                    f"PPOConfig: num_envs * unroll_length = {self.num_envs} * {self.unroll_length} = "
+                    f"{batch} is not divisible by num_minibatches = {self.num_minibatches}"
+                )
+
+    @property
+    def brax_layout(self) -> bool:
+        """True when ``batch_size`` is set: Brax's data layout and schedule (:mod:`algos.ppo_brax`)."""
+        return self.batch_size is not None
 
     @property
     def steps_per_iteration(self) -> int:
-        """Environment steps per iteration: ``num_envs * unroll_length``."""
+        """Transitions (agent steps) per iteration: ``num_envs * unroll_length``, or in Brax's
+        layout ``batch_size * num_minibatches * unroll_length``."""
+        if self.batch_size is not None:
+            return self.batch_size * self.num_minibatches * self.unroll_length
         return self.num_envs * self.unroll_length
 
     @property
+    @property
+    def env_steps_per_iteration(self) -> int:
+        """Physics steps per iteration: ``steps_per_iteration * action_repeat`` (Brax's count)."""
+        return self.steps_per_iteration * self.action_repeat
+
+    @property
+    def iterations_per_eval(self) -> int:
+        """Iterations between two evaluations when ``num_evals`` is set (Brax's rounding):
+        ``ceil(num_timesteps / (max(num_evals - 1, 1) * env_steps_per_iteration))``."""
+        evals = max((self.num_evals or 0) - 1, 1)
+        return math.ceil(self.num_timesteps / (evals * self.env_steps_per_iteration))
+
     def num_iterations(self) -> int:
-        """Iterations of :func:`train`: ``ceil(num_timesteps / steps_per_iteration)``."""
-        return math.ceil(self.num_timesteps / self.steps_per_iteration)
+        """Iterations of :func:`train`: ``ceil(num_timesteps / env_steps_per_iteration)``, or with
+        ``num_evals`` Brax's ``max(num_evals - 1, 1) * iterations_per_eval``."""
+        if self.num_evals is not None:
+            return max(self.num_evals - 1, 1) * self.iterations_per_eval
+        return math.ceil(self.num_timesteps / self.env_steps_per_iteration)
 
     def validate(self, env: Env) -> None:
         """Raise a one-line ValueError if ``env`` cannot be trained with this config."""
@@ -571,7 +640,7 @@ def learn(
         nets, config, state.params, state.opt_state, batch, update_key
     )
 
-    env_steps = state.env_steps + config.steps_per_iteration
+    env_steps = state.env_steps + config.env_steps_per_iteration
     episode_return = mean_finished_return(env_state)
     metrics = Metrics(
         env_steps=env_steps,
@@ -595,7 +664,14 @@ def learn(
 
 
 def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
-    """One PPO iteration ``state -> (state, metrics)``: pure and jittable (jit it once, donate the state)."""
+    """One PPO iteration ``state -> (state, metrics)``: pure and jittable (jit it once, donate the state).
+
+    With ``config.batch_size`` set it is Brax's training step (:func:`algos.ppo_brax.iteration`).
+    """
+    if config.brax_layout:
+        from algos import ppo_brax
+
+        return ppo_brax.iteration(config, env)
     config.validate(env)
     nets = make_networks(config, env)
 

@@ -1,0 +1,359 @@
+"""PPO in Brax's layout (algos.ppo_brax) against brax 0.14.2's own code on the same data.
+
+GAE and the loss are compared with ``brax.training.agents.ppo.losses`` on random data and fixed
+parameters; the update pass with Brax's ``sgd_step`` logic (permutation, minibatch keys) driving
+Brax's loss; the schedule (env steps at every progress report) with Brax's ``ppo.train`` on a
+tiny Brax env.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import envs
+from algos import normalize, ppo, ppo_brax
+
+brax_losses = pytest.importorskip("brax.training.agents.ppo.losses")
+from brax.training import types as brax_types  # noqa: E402
+from brax.training.acme import running_statistics  # noqa: E402
+from brax.training.agents.ppo import networks as brax_ppo_networks  # noqa: E402
+
+OBS, ACT, T, B = 5, 3, 6, 8
+
+
+def _random_episode_flags(key, shape):
+    k1, k2 = jax.random.split(key)
+    done = (jax.random.uniform(k1, shape) < 0.2).astype(jnp.float32)
+    truncated = done * (jax.random.uniform(k2, shape) < 0.5).astype(jnp.float32)
+    return done, truncated
+
+
+def test_gae_equals_brax_compute_gae():
+    keys = jax.random.split(jax.random.PRNGKey(3), 4)
+    done, truncated = _random_episode_flags(keys[0], (T, B))
+    termination = done * (1 - truncated)
+    rewards = jax.random.normal(keys[1], (T, B))
+    values = jax.random.normal(keys[2], (T, B))
+    bootstrap = jax.random.normal(keys[3], (B,))
+    want = brax_losses.compute_gae(truncated, termination, rewards, values, bootstrap, 0.9, 0.97)
+    got = ppo_brax.compute_gae(truncated, termination, rewards, values, bootstrap, 0.9, 0.97)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+    # Brax's advantage is not vs - v when lambda < 1: the test data must show the difference
+    assert not np.allclose(got[1], got[0] - values, atol=1e-3)
+
+
+def _config(**kw):
+    base = dict(
+        num_envs=4,
+        unroll_length=T,
+        batch_size=4,
+        num_minibatches=2,
+        num_updates_per_batch=2,
+        policy_hidden_sizes=(16, 16),
+        value_hidden_sizes=(16,),
+        activation="swish",
+        reward_scaling=3.0,
+        discounting=0.97,
+        gae_lambda=0.9,
+        clipping_epsilon=0.3,
+        entropy_cost=0.01,
+        value_cost=0.5,
+        max_grad_norm=None,
+    )
+    return ppo.PPOConfig(**{**base, **kw})
+
+
+def _brax_setup(config):
+    """Brax's PPO networks with the same sizes, their params, and ours converted from them."""
+    nets = brax_ppo_networks.make_ppo_networks(
+        OBS,
+        ACT,
+        preprocess_observations_fn=running_statistics.normalize,
+        policy_hidden_layer_sizes=config.policy_hidden_sizes,
+        value_hidden_layer_sizes=config.value_hidden_sizes,
+        activation=jax.nn.swish,
+    )
+    kp, kv = jax.random.split(jax.random.PRNGKey(7))
+    brax_params = brax_losses.PPONetworkParams(policy=nets.policy_network.init(kp), value=nets.value_network.init(kv))
+
+    def convert(p):
+        layers = p["params"]
+        names = sorted(layers, key=lambda n: int(n.split("_")[1]))
+        out = {f"hidden_{i}": layers[n] for i, n in enumerate(names[:-1])}
+        out["out"] = layers[names[-1]]
+        return {"params": out}
+
+    ours = ppo.PPOParams(policy=convert(brax_params.policy), value=convert(brax_params.value))
+    return nets, brax_params, ours
+
+
+def _random_segments(key, n_seg, normalizer):
+    """Raw data for ``n_seg`` segments in Brax's Transition layout and ours."""
+    ks = jax.random.split(key, 6)
+    obs = jax.random.normal(ks[0], (n_seg, T + 1, OBS)) * 2 + 1
+    raw = jax.random.normal(ks[1], (n_seg, T, ACT))
+    logp = jax.random.normal(ks[2], (n_seg, T)) - 2
+    reward = jax.random.normal(ks[3], (n_seg, T))
+    done, truncated = _random_episode_flags(ks[4], (n_seg, T))
+    brax_data = brax_types.Transition(
+        observation=obs[:, :-1],
+        action=jnp.tanh(raw),
+        reward=reward,
+        discount=1 - done,
+        next_observation=obs[:, 1:],
+        extras={
+            "policy_extras": {
+                "raw_action": raw,
+                "log_prob": logp,
+                "distribution_params": jax.random.normal(ks[5], (n_seg, T, 2 * ACT)),
+            },
+            "state_extras": {"truncation": truncated},
+        },
+    )
+    seg = ppo_brax.Segments(
+        obs=normalize.apply(normalizer, obs[:, :-1]),
+        raw_action=raw,
+        log_prob=logp,
+        reward=reward,
+        done=done,
+        truncated=truncated,
+        next_obs=normalize.apply(normalizer, obs[:, -1]),
+    )
+    return brax_data, seg
+
+
+def _normalizers():
+    norm = normalize.update(normalize.init(OBS), jax.random.normal(jax.random.PRNGKey(1), (64, OBS)) * 2 + 1)
+    return norm, running_statistics.NestedMeanStd(mean=norm.mean, std=norm.std)
+
+
+def _brax_loss_fn(config, nets):
+    return functools.partial(
+        brax_losses.compute_ppo_loss,
+        ppo_network=nets,
+        entropy_cost=config.entropy_cost,
+        discounting=config.discounting,
+        reward_scaling=config.reward_scaling,
+        gae_lambda=config.gae_lambda,
+        clipping_epsilon=config.clipping_epsilon,
+        normalize_advantage=config.normalize_advantage,
+        vf_coefficient=config.value_cost,
+    )
+
+
+@pytest.mark.parametrize("normalize_advantage", [True, False])
+def test_loss_and_gradients_equal_brax_compute_ppo_loss(normalize_advantage):
+    config = _config(normalize_advantage=normalize_advantage)
+    nets, brax_params, ours = _brax_setup(config)
+    norm, brax_norm = _normalizers()
+    brax_data, seg = _random_segments(jax.random.PRNGKey(11), B, norm)
+    key = jax.random.PRNGKey(5)
+
+    brax_fn = _brax_loss_fn(config, nets)
+    (want, want_m), want_g = jax.value_and_grad(brax_fn, has_aux=True)(brax_params, brax_norm, brax_data, key)
+    our_nets = ppo.make_networks(config, envs.core.Env("x", OBS, ACT, 10, None, None))
+    loss = functools.partial(ppo_brax.segment_loss, our_nets, config)
+    (got, got_m), got_g = jax.value_and_grad(loss, has_aux=True)(ours, seg, key)
+
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_m.policy_loss, want_m["policy_loss"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_m.value_loss, want_m["v_loss"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_m.entropy_loss, want_m["entropy_loss"], rtol=1e-6, atol=1e-6)
+    _, _, want_ours = _convert_grads(config, nets, want_g)
+    for w, g in zip(jax.tree.leaves(want_ours), jax.tree.leaves(got_g)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def _convert_grads(config, nets, brax_tree):
+    del nets
+
+    def convert(p):
+        layers = p["params"]
+        names = sorted(layers, key=lambda n: int(n.split("_")[1]))
+        out = {f"hidden_{i}": layers[n] for i, n in enumerate(names[:-1])}
+        out["out"] = layers[names[-1]]
+        return {"params": out}
+
+    return None, None, ppo.PPOParams(policy=convert(brax_tree.policy), value=convert(brax_tree.value))
+
+
+def test_update_equals_brax_sgd_steps():
+    """num_updates_per_batch passes of Brax's sgd_step (its code, with its loss) give our params."""
+    config = _config()
+    nets, brax_params, ours = _brax_setup(config)
+    norm, brax_norm = _normalizers()
+    n_seg = config.batch_size * config.num_minibatches
+    brax_data, seg = _random_segments(jax.random.PRNGKey(12), n_seg, norm)
+    key = jax.random.PRNGKey(9)
+    optimizer = optax.adam(config.learning_rate)
+    loss_and_grad = jax.value_and_grad(_brax_loss_fn(config, nets), has_aux=True)
+
+    # Brax 0.14.2 train.py's sgd_step / minibatch_step, single device, no pixels, no adaptive KL
+    def minibatch_step(carry, data):
+        opt_state, params, key = carry
+        key, key_loss = jax.random.split(key)
+        (_, _), grads = loss_and_grad(params, brax_norm, data, key_loss)
+        updates, opt_state = optimizer.update(grads, opt_state)
+        return (opt_state, optax.apply_updates(params, updates), key), None
+
+    def sgd_step(carry, _):
+        opt_state, params, key = carry
+        key, key_perm, key_grad = jax.random.split(key, 3)
+
+        def convert_data(x):
+            x = jax.random.permutation(key_perm, x)
+            return jnp.reshape(x, (config.num_minibatches, -1) + x.shape[1:])
+
+        shuffled = jax.tree.map(convert_data, brax_data)
+        (opt_state, params, _), _ = jax.lax.scan(minibatch_step, (opt_state, params, key_grad), shuffled)
+        return (opt_state, params, key), None
+
+    (_, want_params, _), _ = jax.lax.scan(
+        sgd_step, (optimizer.init(brax_params), brax_params, key), None, length=config.num_epochs
+    )
+    our_nets = ppo.make_networks(config, envs.core.Env("x", OBS, ACT, 10, None, None))
+    got_params, _, _, _ = ppo_brax.update(our_nets, config, ours, ppo.make_optimizer(config).init(ours), seg, key)
+    _, _, want_ours = _convert_grads(config, nets, want_params)
+    moved = False
+    for w, g, start in zip(jax.tree.leaves(want_ours), jax.tree.leaves(got_params), jax.tree.leaves(ours)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        moved |= not np.allclose(g, start)
+    assert moved
+
+
+def test_segments_layout_is_brax_swap_and_reshape():
+    """Rollout data (U, T, N) becomes segments s = u * N + n of T consecutive steps of env n."""
+    config = _config(num_envs=4, batch_size=6, num_minibatches=2, normalize_observations=False)
+    U, N = ppo_brax.unrolls_per_iteration(config), config.num_envs
+    assert U == 3
+    u, t, n = np.meshgrid(np.arange(U), np.arange(T), np.arange(N), indexing="ij")
+    code = (u * 1000 + t * 10 + n).astype(np.float32)
+    data = ppo.Transition(*(jnp.asarray(code) for _ in range(6)))
+    data = data._replace(obs=jnp.asarray(code)[..., None], raw_action=jnp.asarray(code)[..., None])
+    next_obs = jnp.asarray((np.arange(U)[:, None] * 1000 + np.arange(N)[None]).astype(np.float32))[..., None]
+    seg = ppo_brax.to_segments(config, normalize.init(1), data, next_obs)
+    assert seg.reward.shape == (U * N, T) and seg.obs.shape == (U * N, T, 1) and seg.next_obs.shape == (U * N, 1)
+    for s in range(U * N):
+        uu, nn = divmod(s, N)
+        np.testing.assert_array_equal(seg.reward[s], uu * 1000 + np.arange(T) * 10 + nn)
+        assert seg.next_obs[s, 0] == uu * 1000 + nn
+
+
+def test_iteration_shapes_and_env_steps():
+    config = _config(num_envs=4, batch_size=6, num_minibatches=2, unroll_length=5)
+    env = envs.make("pendulum")
+    state = ppo.init(config, env, jax.random.PRNGKey(0))
+    step = jax.jit(ppo.iteration(config, env))
+    state, metrics = step(state)
+    assert config.steps_per_iteration == 6 * 2 * 5 and int(state.env_steps) == 60
+    assert int(metrics.iteration) == 1 and np.isfinite(float(metrics.total_loss))
+    # rose-jax's layout is untouched when batch_size is not given
+    assert not ppo.PPOConfig().brax_layout
+
+
+def test_brax_keyword_errors_are_one_line():
+    with pytest.raises(ValueError, match="divisible by num_envs") as e:
+        ppo.PPOConfig(num_envs=8, batch_size=3, num_minibatches=2)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="action_repeat"):
+        ppo.PPOConfig(action_repeat=0)
+    assert ppo.PPOConfig(num_updates_per_batch=7).num_epochs == 7
+
+
+def test_action_repeat_sums_rewards_and_counts_physics_steps():
+    env = envs.make("pendulum", episode_length=10)
+    rep = ppo_brax.with_action_repeat(env, 3)
+    assert rep.episode_length == 4
+    s0 = env.reset(jax.random.PRNGKey(0))
+    a = jnp.array([0.3])
+    s, total = s0, 0.0
+    for _ in range(3):
+        s = env.step(s, a)
+        total += float(s.reward)
+    r = rep.step(s0, a)
+    np.testing.assert_allclose(float(r.reward), total, rtol=1e-6)
+    np.testing.assert_allclose(r.obs, s.obs)
+    config = _config(num_envs=4, batch_size=4, num_minibatches=2, action_repeat=3)
+    assert config.env_steps_per_iteration == 3 * config.steps_per_iteration
+
+
+# ------------------------------------------------------------------------------------------
+# Schedule: Brax's ppo.train and ours report progress at the same env steps
+
+
+def _tiny_brax_env():
+    """A Brax env whose state is a 2-vector (cheap to compile)."""
+    from brax.envs.base import Env as BraxEnv
+    from brax.envs.base import State
+
+    class Tiny(BraxEnv):
+        def reset(self, rng):
+            obs = jax.random.uniform(rng, (2,), minval=-1, maxval=1)
+            zero = jnp.zeros(())
+            return State(pipeline_state=obs, obs=obs, reward=zero, done=zero, metrics={}, info={})
+
+        def step(self, state, action):
+            obs = state.obs + 0.1 * jnp.concatenate([action, -action])
+            reward = -jnp.sum(jnp.square(obs))
+            return state.replace(pipeline_state=obs, obs=obs, reward=reward, done=jnp.zeros(()))
+
+        @property
+        def observation_size(self):
+            return 2
+
+        @property
+        def action_size(self):
+            return 1
+
+        @property
+        def backend(self):
+            return "none"
+
+    return Tiny()
+
+
+def test_schedule_equals_brax_ppo_train(monkeypatch):
+    if not hasattr(jax, "device_put_replicated"):  # removed from JAX; Brax 0.14.2 still calls it
+        def device_put_replicated(x, devices):  # its old meaning: a leading axis, one copy per device
+            return jax.tree.map(lambda a: jnp.broadcast_to(jnp.asarray(a)[None], (len(devices),) + jnp.shape(a)), x)
+
+        monkeypatch.setattr(jax, "device_put_replicated", device_put_replicated, raising=False)
+    from brax.training.agents.ppo import train as brax_ppo
+
+    kw = dict(
+        num_timesteps=1000,
+        num_evals=3,
+        episode_length=20,
+        num_envs=4,
+        batch_size=2,
+        num_minibatches=4,
+        unroll_length=5,
+        num_updates_per_batch=1,
+        num_eval_envs=2,
+    )
+    brax_steps = []
+    brax_ppo.train(
+        _tiny_brax_env(),
+        **kw,
+        network_factory=functools.partial(
+            brax_ppo_networks.make_ppo_networks, policy_hidden_layer_sizes=(4,), value_hidden_layer_sizes=(4,)
+        ),
+        progress_fn=lambda step, m: brax_steps.append(step),
+    )
+    ours = []
+    ppo.train(
+        _tiny_brax_env(),
+        **kw,
+        policy_hidden_sizes=(4,),
+        value_hidden_sizes=(4,),
+        progress_fn=lambda step, m: ours.append((step, m)),
+    )
+    assert [s for s, _ in ours] == brax_steps == [0, 520, 1040]
+    assert all(np.isfinite(m["eval/episode_reward"]) for _, m in ours)
