@@ -32,10 +32,23 @@ _REGISTRY: dict[str, str] = {
     "mjx_swimmer": "envs.mjcf:make_mjx_swimmer",
 }
 
+# "prefix:name" -> factory(name, **kw): other packages' envs (optional extras; see each module)
+_PREFIXES: dict[str, str] = {
+    "playground": "envs.playground:make_playground",
+    "gymnax": "envs.gymnax_envs:make_gymnax",
+}
+
 
 def names() -> list[str]:
     """All registered environment names, sorted."""
     return sorted(_REGISTRY)
+
+
+def external_names() -> list[str]:
+    """``playground:<Name>`` / ``gymnax:<id>`` names of the installed optional packages, sorted."""
+    from envs import gymnax_envs, playground
+
+    return playground.names() + gymnax_envs.names()
 
 
 def register(name: str, target: str) -> None:
@@ -46,7 +59,18 @@ def register(name: str, target: str) -> None:
 
 
 def make(name: str, /, **kwargs) -> Env:
-    """Build the environment registered as ``name``; keyword arguments go to its factory."""
+    """Build the environment registered as ``name``; keyword arguments go to its factory.
+
+    ``"playground:<Name>"`` and ``"gymnax:<id>"`` build MuJoCo Playground / gymnax envs.
+    """
+    prefix, sep, rest = name.partition(":")
+    if sep and prefix in _PREFIXES and name not in _REGISTRY:
+        module_name, factory_name = _PREFIXES[prefix].split(":")
+        factory = getattr(importlib.import_module(module_name), factory_name)
+        try:
+            return factory(rest, **kwargs)
+        except TypeError as e:
+            raise ValueError(f"env {name!r}: bad arguments {sorted(kwargs)}: {e}") from None
     if name not in _REGISTRY:
         raise ValueError(f"unknown env {name!r}; known envs: {', '.join(names())}")
     module_name, factory_name = _REGISTRY[name].split(":")
@@ -57,4 +81,4 @@ def make(name: str, /, **kwargs) -> Env:
         raise ValueError(f"env {name!r}: bad arguments {sorted(kwargs)}: {e}") from None
 
 
-__all__ = ["Dynamics", "Env", "EnvState", "build", "make", "names", "register"]
+__all__ = ["Dynamics", "Env", "EnvState", "build", "external_names", "make", "names", "register"]
