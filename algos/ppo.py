@@ -810,65 +810,34 @@ def evaluate(
 
 def train(
     env: Env | str,
+    config: PPOConfig | None = None,
     *,
-    num_timesteps: int = PPOConfig.num_timesteps,
-    num_envs: int = PPOConfig.num_envs,
-    unroll_length: int = PPOConfig.unroll_length,
-    num_minibatches: int = PPOConfig.num_minibatches,
-    num_epochs: int = PPOConfig.num_epochs,
-    learning_rate: float = PPOConfig.learning_rate,
-    discounting: float = PPOConfig.discounting,
-    gae_lambda: float = PPOConfig.gae_lambda,
-    clipping_epsilon: float = PPOConfig.clipping_epsilon,
-    entropy_cost: float = PPOConfig.entropy_cost,
-    value_cost: float = PPOConfig.value_cost,
-    max_grad_norm: float | None = PPOConfig.max_grad_norm,
-    reward_scaling: float = PPOConfig.reward_scaling,
-    normalize_observations: bool = PPOConfig.normalize_observations,
-    normalize_advantage: bool = PPOConfig.normalize_advantage,
-    policy_hidden_sizes: Sequence[int] = PPOConfig.policy_hidden_sizes,
-    value_hidden_sizes: Sequence[int] = PPOConfig.value_hidden_sizes,
-    activation: str = PPOConfig.activation,
-    seed: int = PPOConfig.seed,
     progress_fn: driver.ProgressFn | None = None,
     checkpoint_dir: str | None = None,
     checkpoint_every: int | None = None,
-    keep_checkpoints: int | None = None,
+    keep_checkpoints: int | None = driver.DEFAULT_KEEP,
     resume: bool = False,
+    **overrides: Any,
 ) -> tuple[TrainState, list[dict[str, float]]]:
     """Train PPO on ``env`` for ``ceil(num_timesteps / (num_envs * unroll_length))`` iterations.
 
-    ``env`` is an :class:`envs.core.Env` or a registry name for ``envs.make``.
-    Hyperparameters are :class:`PPOConfig`'s. ``progress_fn(env_steps, metrics)`` is called
-    after every iteration with that iteration's :class:`Metrics` as a dict of floats. With
-    ``checkpoint_dir``, the state is saved (atomically, named by env steps) every
-    ``checkpoint_every`` iterations and at the end; ``resume=True`` continues from the latest
-    checkpoint there, to bitwise the same result as an uninterrupted run.
+    ``env`` is an :class:`envs.core.Env` or a registry name for ``envs.make``. Hyperparameters
+    are ``config`` (a :class:`PPOConfig`, default ``PPOConfig()``) with ``overrides`` (its field
+    names as keywords, Brax-style: ``train(env, num_timesteps=..., num_envs=...)``); an unknown
+    keyword is a one-line TypeError listing the valid ones. ``progress_fn(env_steps, metrics)``
+    is called after every iteration with that iteration's :class:`Metrics` as a dict of floats
+    (it may raise ``algos.driver.StopTraining`` to stop after the iteration in flight, with a
+    checkpoint). With ``checkpoint_dir``, the state is saved (atomically, named by env steps)
+    every ``checkpoint_every`` iterations and at the end, keeping the ``keep_checkpoints`` newest
+    and the best (None: all); ``resume=True`` continues from the latest checkpoint there, to
+    bitwise the same result as an uninterrupted run.
 
     Returns:
       ``(final_state, metrics)``: metrics of the iterations run by this call, in order.
     """
-    config = PPOConfig(
-        num_timesteps=num_timesteps,
-        num_envs=num_envs,
-        unroll_length=unroll_length,
-        num_minibatches=num_minibatches,
-        num_epochs=num_epochs,
-        learning_rate=learning_rate,
-        discounting=discounting,
-        gae_lambda=gae_lambda,
-        clipping_epsilon=clipping_epsilon,
-        entropy_cost=entropy_cost,
-        value_cost=value_cost,
-        max_grad_norm=max_grad_norm,
-        reward_scaling=reward_scaling,
-        normalize_observations=normalize_observations,
-        normalize_advantage=normalize_advantage,
-        policy_hidden_sizes=policy_hidden_sizes,
-        value_hidden_sizes=value_hidden_sizes,
-        activation=activation,
-        seed=seed,
-    )
+    from algos import registry
+
+    config = registry.config_with(PPOConfig, config, overrides, "ppo.train")
     return train_with_config(
         config,
         env,
@@ -887,19 +856,36 @@ def train_with_config(
     progress_fn: driver.ProgressFn | None = None,
     checkpoint_dir: str | None = None,
     checkpoint_every: int | None = None,
-    keep_checkpoints: int | None = None,
+    keep_checkpoints: int | None = driver.DEFAULT_KEEP,
     resume: bool = False,
+    make_step: Callable[[TrainState], Callable[[TrainState], tuple[TrainState, Any]]] | None = None,
 ) -> tuple[TrainState, list[dict[str, float]]]:
-    """:func:`train` with the hyperparameters as one :class:`PPOConfig`."""
-    if isinstance(env, str):
-        import envs  # the registry; only needed for a name
+    """:func:`train` with the hyperparameters as one :class:`PPOConfig`.
 
-        env = envs.make(env)
+    ``make_step(state)``, if given, returns the step the loop runs instead of the jitted
+    iteration (e.g. a ``rose_jax.optimize`` plan of :func:`program` searched on that state); it
+    must compute the same ``state -> (state, metrics)``.
+    """
+    from algos import ppo_brax
+
+    env = ppo_brax.resolve_env(config, env)  # a name, a Brax env; episode_length, action_repeat
+    if config.num_evals is not None:
+        if make_step is not None:
+            raise ValueError("ppo.train_with_config: make_step is not supported with num_evals set")
+        return ppo_brax.train_with_evals(
+            config,
+            env,
+            progress_fn=progress_fn,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            keep_checkpoints=keep_checkpoints,
+            resume=resume,
+        )
     config.validate(env)
     driver.check_loop_args(checkpoint_dir, checkpoint_every)
     state = init(config, env, jax.random.PRNGKey(config.seed))
     state, _ = driver.maybe_resume(checkpoint_dir, state, resume)
-    step_fn = jitted_iteration(config, env)
+    step_fn = jitted_iteration(config, env) if make_step is None else make_step(state)
     return driver.run(
         step_fn,
         state,

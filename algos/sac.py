@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -133,6 +133,10 @@ class SACConfig:
             bad("min_replay_size", f"must be < num_timesteps={self.num_timesteps} (no training would happen)")
         if self.min_replay_size > self.replay_capacity:
             bad("min_replay_size", f"must be <= the replay capacity {self.replay_capacity}")
+        if self.replay_capacity < self.num_envs:
+            field = "max_replay_size" if self.max_replay_size is not None else "num_timesteps"
+            bad(field, f"(the replay capacity) must be >= num_envs={self.num_envs}: one env step of all "
+                "envs is inserted at once")
 
     @property
     def replay_capacity(self) -> int:
@@ -788,74 +792,36 @@ def jitted_epoch(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[Tr
 
 def train(
     env: Env | str,
+    config: SACConfig | None = None,
     *,
-    num_timesteps: int = SACConfig.num_timesteps,
-    num_envs: int = SACConfig.num_envs,
-    learning_rate: float = SACConfig.learning_rate,
-    critic_learning_rate: float | None = SACConfig.critic_learning_rate,
-    alpha_learning_rate: float = SACConfig.alpha_learning_rate,
-    discounting: float = SACConfig.discounting,
-    tau: float = SACConfig.tau,
-    batch_size: int = SACConfig.batch_size,
-    grad_updates_per_step: int = SACConfig.grad_updates_per_step,
-    steps_per_iteration: int = SACConfig.steps_per_iteration,
-    min_replay_size: int = SACConfig.min_replay_size,
-    max_replay_size: int | None = SACConfig.max_replay_size,
-    reward_scaling: float = SACConfig.reward_scaling,
-    normalize_observations: bool = SACConfig.normalize_observations,
-    policy_hidden_sizes: Sequence[int] = SACConfig.policy_hidden_sizes,
-    q_hidden_sizes: Sequence[int] = SACConfig.q_hidden_sizes,
-    activation: str = SACConfig.activation,
-    init_alpha: float = SACConfig.init_alpha,
-    target_entropy: float | None = SACConfig.target_entropy,
-    seed: int = SACConfig.seed,
-    num_evals: int = SACConfig.num_evals,
-    num_eval_envs: int = SACConfig.num_eval_envs,
-    deterministic_eval: bool = SACConfig.deterministic_eval,
     progress_fn: Callable[[int, dict], None] | None = None,
     checkpoint_dir: str | None = None,
     checkpoint_every: int | None = None,
-    keep_checkpoints: int | None = None,
+    keep_checkpoints: int | None = 3,  # algos.driver.DEFAULT_KEEP
     resume: bool = False,
+    **overrides: Any,
 ) -> tuple[TrainState, list[dict[str, float]]]:
-    """Train SAC on ``env`` (an Env or a registered name); hyperparameters are :class:`SACConfig`'s.
+    """Train SAC on ``env`` (an Env or a registered name).
 
+    Hyperparameters are ``config`` (a :class:`SACConfig`, default ``SACConfig()``) with
+    ``overrides`` (its field names as keywords, Brax-style: ``train(env, num_timesteps=...)``);
+    an unknown keyword is a one-line TypeError listing the valid ones.
     The run is ``num_evals`` epochs, each one jitted :func:`epoch` (``lax.scan`` over
     :func:`iterations_per_epoch` iterations, no host sync inside, state donated), so the total is
     at least ``num_timesteps`` env steps. ``progress_fn(env_steps, metrics)`` is called after each
-    epoch with its metrics as floats. With ``checkpoint_dir``, the whole TrainState (replay buffer
-    and env states included) is saved every ``checkpoint_every`` epochs and after the last one,
-    named by env steps; ``resume=True`` continues from the latest checkpoint there, to bitwise
-    the same final state as an uninterrupted run.
+    epoch with its metrics as floats (it may raise ``algos.driver.StopTraining`` to stop after
+    the epoch in flight, with a checkpoint). With ``checkpoint_dir``, the whole TrainState
+    (replay buffer and env states included) is saved every ``checkpoint_every`` epochs and after
+    the last one, named by env steps, keeping the ``keep_checkpoints`` newest and the best (None:
+    all); ``resume=True`` continues from the latest checkpoint there, to bitwise the same final
+    state as an uninterrupted run.
 
     Returns:
       ``(final TrainState, [metrics dict per epoch run by this call])``.
     """
-    config = SACConfig(
-        num_timesteps=num_timesteps,
-        num_envs=num_envs,
-        learning_rate=learning_rate,
-        critic_learning_rate=critic_learning_rate,
-        alpha_learning_rate=alpha_learning_rate,
-        discounting=discounting,
-        tau=tau,
-        batch_size=batch_size,
-        grad_updates_per_step=grad_updates_per_step,
-        steps_per_iteration=steps_per_iteration,
-        min_replay_size=min_replay_size,
-        max_replay_size=max_replay_size,
-        reward_scaling=reward_scaling,
-        normalize_observations=normalize_observations,
-        policy_hidden_sizes=policy_hidden_sizes,
-        q_hidden_sizes=q_hidden_sizes,
-        activation=activation,
-        init_alpha=init_alpha,
-        target_entropy=target_entropy,
-        seed=seed,
-        num_evals=num_evals,
-        num_eval_envs=num_eval_envs,
-        deterministic_eval=deterministic_eval,
-    )
+    from algos import registry
+
+    config = registry.config_with(SACConfig, config, overrides, "sac.train")
     return train_with_config(
         config,
         env,
@@ -874,10 +840,16 @@ def train_with_config(
     progress_fn: Callable[[int, dict], None] | None = None,
     checkpoint_dir: str | None = None,
     checkpoint_every: int | None = None,
-    keep_checkpoints: int | None = None,
+    keep_checkpoints: int | None = 3,  # algos.driver.DEFAULT_KEEP
     resume: bool = False,
+    make_step: Callable[[TrainState], Callable[[TrainState], tuple[TrainState, Any]]] | None = None,
 ) -> tuple[TrainState, list[dict[str, float]]]:
-    """:func:`train` with the hyperparameters as one :class:`SACConfig`."""
+    """:func:`train` with the hyperparameters as one :class:`SACConfig`.
+
+    ``make_step(state)``, if given, returns the step the loop runs instead of the jitted
+    :func:`epoch` (e.g. a ``rose_jax.optimize`` plan of it searched on that state); it must
+    compute the same ``state -> (state, metrics)``.
+    """
     from algos import driver  # host layer (imports orbax lazily through algos.checkpoint)
 
     if isinstance(env, str):
@@ -900,7 +872,7 @@ def train_with_config(
         state = _jitted_init(_cache_key(config), env, True)(key)
     iters = iterations_per_epoch(config)
     return driver.run(
-        jitted_epoch(config, env),
+        jitted_epoch(config, env) if make_step is None else make_step(state),
         state,
         num_iterations=config.num_evals,
         iteration_of=lambda s: s.iteration // iters,

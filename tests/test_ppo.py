@@ -300,7 +300,7 @@ def test_inference_fn_and_registry():
     assert not np.allclose(s1, s2)
     with pytest.raises(ValueError, match="needs a PRNG key"):
         act(state.params, state.normalizer, obs, deterministic=False)
-    assert algos.get("ppo") is ppo
+    assert algos.get("ppo").module is ppo and algos.get("ppo").iteration is ppo.iteration
     with pytest.raises(ValueError, match="unknown algo 'nope'"):
         algos.get("nope")
 
