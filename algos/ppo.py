@@ -34,6 +34,7 @@ from flax import struct
 
 import rose_jax
 from algos import driver, normalize, networks
+from rose_jax.program import Program, ProgramSpec, RolloutParts, attr_lens
 from envs.core import Env, EnvState, mean_finished_return
 
 # ----------------------------------------------------------------------------------------------
@@ -63,7 +64,6 @@ class PPOConfig:
       policy_hidden_sizes / value_hidden_sizes: MLP widths.
       activation: a ``flax.linen`` activation name (``"swish"``, ``"tanh"``, ``"relu"``, ...).
       seed: PRNG seed of :func:`train`.
-    """
 
     Brax's keywords (``brax.training.agents.ppo.train``, same names and meaning):
       batch_size: set -> Brax's data layout and schedule (:mod:`algos.ppo_brax`): one iteration
@@ -79,6 +79,7 @@ class PPOConfig:
         ``max(num_evals - 1, 1)`` epochs); None: no evaluation, a progress report per iteration.
       num_eval_envs: envs of each evaluation (one episode each).
       deterministic_eval: evaluate ``tanh(mean)`` instead of sampled actions.
+    """
 
     num_timesteps: int = 1_000_000
     num_envs: int = 64
@@ -99,7 +100,6 @@ class PPOConfig:
     value_hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
     seed: int = 0
-
     batch_size: int | None = None
     num_updates_per_batch: int | None = None
     action_repeat: int = 1
@@ -107,11 +107,11 @@ class PPOConfig:
     num_evals: int | None = None
     num_eval_envs: int = 128
     deterministic_eval: bool = False
+
     def __post_init__(self):
         def fail(name, value, need):
             raise ValueError(f"PPOConfig.{name} must be {need}, got {value!r}")
 
-        for name in ("num_timesteps", "num_envs", "unroll_length", "num_minibatches", "num_epochs"):
         def positive_int(value):
             return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -129,6 +129,7 @@ class PPOConfig:
         if self.num_updates_per_batch is not None:  # Brax's name wins over num_epochs
             object.__setattr__(self, "num_epochs", self.num_updates_per_batch)
 
+        for name in ("num_timesteps", "num_envs", "unroll_length", "num_minibatches", "num_epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 fail(name, value, "a positive int")
@@ -189,7 +190,6 @@ class PPOConfig:
         return self.num_envs * self.unroll_length
 
     @property
-    @property
     def env_steps_per_iteration(self) -> int:
         """Physics steps per iteration: ``steps_per_iteration * action_repeat`` (Brax's count)."""
         return self.steps_per_iteration * self.action_repeat
@@ -201,6 +201,7 @@ class PPOConfig:
         evals = max((self.num_evals or 0) - 1, 1)
         return math.ceil(self.num_timesteps / (evals * self.env_steps_per_iteration))
 
+    @property
     def num_iterations(self) -> int:
         """Iterations of :func:`train`: ``ceil(num_timesteps / env_steps_per_iteration)``, or with
         ``num_evals`` Brax's ``max(num_evals - 1, 1) * iterations_per_eval``."""
@@ -602,6 +603,16 @@ def _check_state(config: PPOConfig, env: Env, state: TrainState) -> None:
             )
 
 
+def split_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """PPO's key schedule: ``state.key -> (rollout_key, update_key, next_key)`` for one iteration.
+
+    The one place it is written: :func:`iteration`, :func:`learn`, :func:`program` and the
+    baselines all call it, so a change here reaches all of them.
+    """
+    rollout_key, update_key, next_key = jax.random.split(key, 3)
+    return rollout_key, update_key, next_key
+
+
 def learn(
     nets: "Networks", config: PPOConfig, state: TrainState, env_state: EnvState, data: Transition
 ) -> tuple[TrainState, Metrics]:
@@ -611,7 +622,7 @@ def learn(
     :func:`rollout`'s outputs. ``iteration`` is ``rollout`` then ``learn``; other schedules of the
     rollout (e.g. env groups in several processes) reuse this unchanged.
     """
-    _, update_key, key = jax.random.split(state.key, 3)
+    _, update_key, key = split_keys(state.key)
     normalizer = state.normalizer
     if config.normalize_observations:
         with rose_jax.component("normalizer"):
@@ -677,13 +688,96 @@ def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[Train
 
     def iterate(state: TrainState) -> tuple[TrainState, Metrics]:
         _check_state(config, env, state)
-        rollout_key, _, _ = jax.random.split(state.key, 3)
+        rollout_key, _, _ = split_keys(state.key)
         env_state, data = rollout(
             nets, config, env, state.params.policy, state.normalizer, state.env_state, rollout_key
         )
         return learn(nets, config, state, env_state, data)
 
     return iterate
+
+
+def program(config: PPOConfig, env: Env | None = None, *, env_name: str | None = None,
+            env_kwargs: tuple = ()) -> Program:
+    """The iteration as a :class:`rose_jax.program.Program` (equal to ``iteration(config, env)``).
+
+    ``collect`` is :func:`rollout`, ``learn`` is :func:`learn`; ``rollout`` parts let the optimizer
+    step env groups inside one loop (each group draws the full batch's noise, sliced to its envs).
+    ``env`` is an ``envs.Env``, or give ``env_name`` (and ``env_kwargs`` as ``((key, value), ...)``)
+    so that worker processes can rebuild it from the registry.
+    """
+    if env is None:
+        if env_name is None:
+            raise ValueError("ppo.program: give env or env_name")
+        import envs  # noqa: PLC0415 - the registry, only when rebuilding from a name
+
+        env = envs.make(env_name, **dict(env_kwargs))
+    if config.brax_layout:
+        from algos import ppo_brax
+
+        return ppo_brax.program(config, env)
+    config.validate(env)
+    nets = make_networks(config, env)
+    T, N, A = config.unroll_length, config.num_envs, env.action_size
+    sim_fn = rose_jax.component("sim")(jax.vmap(env.step))
+
+    def start(state):
+        rollout_key, _, _ = split_keys(state.key)
+        return (state.params.policy, state.normalizer), state.env_state, jax.random.split(rollout_key, T)
+
+    def step(consts, env_state, step_key, g, groups):
+        policy_params, normalizer = consts
+        if groups == 1:
+            action, raw, logp = policy_step(nets, config, policy_params, normalizer, env_state.obs, step_key)
+        else:
+            with rose_jax.component("policy"):
+                n = env_state.obs.shape[0]
+                dist = networks.tanh_gaussian(
+                    nets.policy(policy_params, _normalized(config, normalizer, env_state.obs))
+                )
+                # the full batch's noise, sliced: what networks.sample_raw draws for these envs
+                noise = jax.random.normal(step_key, (n * groups, A), dist.loc.dtype)[g * n : (g + 1) * n]
+                raw = dist.loc + dist.scale * noise
+                action, logp = jnp.tanh(raw), networks.log_prob(dist, raw)
+        next_state = sim_fn(env_state, action)
+        return next_state, Transition(
+            env_state.obs, raw, logp, next_state.reward, next_state.done, next_state.truncated
+        )
+
+    def finish(state, env_state, transitions):
+        return state.replace(env_state=env_state), (transitions, env_state)
+
+    def collect(state):
+        rollout_key, _, _ = split_keys(state.key)
+        env_state, transitions = rollout(
+            nets, config, env, state.params.policy, state.normalizer, state.env_state, rollout_key
+        )
+        return finish(state, env_state, transitions)
+
+    def learn_step(state, data):
+        # the env state stays the one collect put into ``state`` (in processes mode a resident-env
+        # marker), not the one carried in ``data``
+        transitions, env_state = data
+        new_state, metrics = learn(nets, config, state, env_state, transitions)
+        return new_state.replace(env_state=state.env_state), metrics
+
+    spec = None
+    if env_name is not None:
+        spec = ProgramSpec(
+            "algos.ppo:program",
+            (("config", config), ("env_name", env_name), ("env_kwargs", tuple(env_kwargs))),
+        )
+    return Program(
+        name="ppo",
+        num_envs=N,
+        collect=collect,
+        learn=learn_step,
+        env=attr_lens("env_state"),
+        data_env_axis=(1, 0),  # transitions (T, N, ...), final env state (N, ...)
+        rollout=RolloutParts(T, start, step, finish),
+        spec=spec,
+        env_name=env.name,
+    )
 
 
 _EVAL_SALT = 0x5E7A1  # eval keys are fold_in(state.key, salt): training never consumes them

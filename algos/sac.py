@@ -39,6 +39,7 @@ from flax import struct
 
 import rose_jax
 from algos import networks, normalize, replay
+from rose_jax.program import Program, ProgramSpec, attr_lens
 from envs.core import Env, EnvState, mean_finished_return
 
 
@@ -79,6 +80,7 @@ class SACConfig:
     num_evals: int = 10  # progress reports (= jitted epochs) over the run
     num_eval_envs: int = 128  # 0: no evaluation episodes at progress reports
     deterministic_eval: bool = True
+    prefill_with_policy: bool = False  # True: prefill the replay with the initial policy (Brax's)
 
     def __post_init__(self):
         def bad(field, why):
@@ -124,7 +126,7 @@ class SACConfig:
             if not isinstance(v, (tuple, list)) or not all(is_int(s) and s > 0 for s in v):
                 bad(f, "must be a tuple of positive ints")
             object.__setattr__(self, f, tuple(v))
-        for f in ("normalize_observations", "deterministic_eval"):
+        for f in ("normalize_observations", "deterministic_eval", "prefill_with_policy"):
             if not isinstance(getattr(self, f), bool):
                 bad(f, "must be a bool")
         if not isinstance(self.activation, str) or not callable(getattr(nn, self.activation, None)):
@@ -490,7 +492,7 @@ def target_update(target_params, online_params, tau: float):
 # Loops
 
 
-def _collect(sac: SAC, state: TrainState, key: jax.Array, random_actions: bool) -> tuple[TrainState, dict]:
+def collect(sac: SAC, state: TrainState, key: jax.Array, random_actions: bool) -> tuple[TrainState, dict]:
     """One env step of all envs, stored in the buffer (component ``collect``)."""
     with rose_jax.component("collect"):
         obs = state.env_state.obs
@@ -588,7 +590,7 @@ def _grad_step(sac: SAC, normalizer, learner: Learner, batch: Transition) -> tup
     return learner, metrics
 
 
-def _train_steps(sac: SAC, state: TrainState, key: jax.Array) -> tuple[TrainState, dict]:
+def train_steps(sac: SAC, state: TrainState, key: jax.Array) -> tuple[TrainState, dict]:
     """``grad_updates_per_step`` gradient steps as one ``lax.scan`` (component ``train_steps``)."""
     with rose_jax.component("train_steps"):
         sample_key, scan_key = jax.random.split(key)
@@ -599,11 +601,20 @@ def _train_steps(sac: SAC, state: TrainState, key: jax.Array) -> tuple[TrainStat
     return learner.into(state), metrics
 
 
+def split_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """SAC's key schedule of one env step: ``state.key -> (next_key, collect_key, train_key)``.
+
+    The one place it is written: :func:`iteration`, :func:`program` and the baselines call it.
+    """
+    next_key, collect_key, train_key = jax.random.split(key, 3)
+    return next_key, collect_key, train_key
+
+
 def _env_and_train_step(sac: SAC, state: TrainState, _=None) -> tuple[TrainState, dict]:
-    key, collect_key, train_key = jax.random.split(state.key, 3)
+    key, collect_key, train_key = split_keys(state.key)
     state = state.replace(key=key)
-    state, collect_metrics = _collect(sac, state, collect_key, random_actions=False)
-    state, train_metrics = _train_steps(sac, state, train_key)
+    state, collect_metrics = collect(sac, state, collect_key, random_actions=False)
+    state, train_metrics = train_steps(sac, state, train_key)
     return state, {**collect_metrics, **train_metrics}
 
 
@@ -642,13 +653,76 @@ def iteration(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[Train
     return sac_iteration
 
 
+def program(config: SACConfig, env: Env | None = None, *, env_name: str | None = None,
+            env_kwargs: tuple = ()) -> Program:
+    """The iteration (``steps_per_iteration == 1``) as a :class:`rose_jax.program.Program`.
+
+    ``collect`` is :func:`collect` and ``learn`` :func:`train_steps` plus the iteration's metrics,
+    so it equals ``iteration(config, env)``. SAC's collect folds each step's observations into the
+    normalizer and inserts them into the replay buffer (shared state, not per env): the optimizer's
+    env-group rollouts are rejected for it, a real collect that reduces over envs. ``env`` is an
+    ``envs.Env``, or give ``env_name`` (and ``env_kwargs``) to rebuild it from the registry.
+    """
+    if env is None:
+        if env_name is None:
+            raise ValueError("sac.program: give env or env_name")
+        import envs  # noqa: PLC0415 - the registry, only when rebuilding from a name
+
+        env = envs.make(env_name, **dict(env_kwargs))
+    if config.steps_per_iteration != 1:
+        raise ValueError(f"sac.program: needs steps_per_iteration == 1, got {config.steps_per_iteration}")
+    sac = make(config, env)
+
+    def collect_step(state):
+        _, collect_key, _ = split_keys(state.key)
+        state, _ = collect(sac, state, collect_key, random_actions=False)
+        return state, state.env_state
+
+    def learn(state, env_state):
+        key, _, train_key = split_keys(state.key)
+        state, train_metrics = train_steps(sac, state.replace(key=key), train_key)
+        state = state.replace(iteration=state.iteration + 1)
+        metrics = Metrics(
+            env_steps=state.env_steps,
+            iteration=state.iteration,
+            grad_steps=state.grad_steps,
+            buffer_size=state.replay.size,
+            reward=jnp.mean(env_state.reward),
+            episode_return=mean_finished_return(state.env_state),
+            episodes=jnp.sum(env_state.done.astype(jnp.int32)),
+            critic_loss=train_metrics["critic_loss"],
+            actor_loss=train_metrics["actor_loss"],
+            alpha_loss=train_metrics["alpha_loss"],
+            alpha=train_metrics["alpha"],
+        )
+        return state, metrics
+
+    spec = None
+    if env_name is not None:
+        spec = ProgramSpec(
+            "algos.sac:program",
+            (("config", config), ("env_name", env_name), ("env_kwargs", tuple(env_kwargs))),
+        )
+    return Program(
+        name="sac",
+        num_envs=config.num_envs,
+        collect=collect_step,
+        learn=learn,
+        env=attr_lens("env_state"),
+        data_env_axis=0,
+        spec=spec,
+        env_name=env.name,
+    )
+
+
 def prefill_fn(config: SACConfig, env: Env) -> Callable[[TrainState], TrainState]:
     """Pure ``TrainState -> TrainState``: ``config.prefill_steps`` random-action steps into the buffer."""
     sac = make(config, env)
 
     def body(state: TrainState, _):
         key, collect_key = jax.random.split(state.key)
-        state, _ = _collect(sac, state.replace(key=key), collect_key, random_actions=True)
+        random_actions = not config.prefill_with_policy
+        state, _ = collect(sac, state.replace(key=key), collect_key, random_actions=random_actions)
         return state, None
 
     def prefill(state: TrainState) -> TrainState:

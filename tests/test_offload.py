@@ -17,7 +17,8 @@ import rose_jax
 from algos import driver, ppo, sac
 from rose_jax import optimize as O
 from rose_jax import trace as rtrace
-from rose_jax.optimize import measure, offload, search
+from rose_jax.jaxpr import compat, cut
+from rose_jax.optimize import base, measure, offload, search
 
 # ------------------------------------------------------------------------ synthetic epochs
 
@@ -49,7 +50,7 @@ def random_state(key):
 
 def _split(fn, state, component="evaluate"):
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(state)
-    return offload.split_component(closed, component, offload.state_output_count(out_shape)), out_shape
+    return cut.split_component(closed, component, offload.state_output_count(out_shape)), out_shape
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -57,9 +58,9 @@ def test_split_halves_compose_to_the_same_function(seed):
     state = random_state(jax.random.PRNGKey(seed))
     split, out_shape = _split(epoch, state)
     assert split.positions == (len(jax.tree.leaves(out_shape)) - 1,) or len(split.positions) == 1
-    kept = jax.jit(rtrace.compat.as_fun(split.kept))(*jax.tree.leaves(state))
+    kept = jax.jit(compat.as_fun(split.kept))(*jax.tree.leaves(state))
     n_kept = split.n_outputs - len(split.positions)
-    part = jax.jit(rtrace.compat.as_fun(split.part))(*kept[n_kept:])
+    part = jax.jit(compat.as_fun(split.part))(*kept[n_kept:])
     flat, it = [], iter(kept[:n_kept])
     for k in range(split.n_outputs):
         flat.append(part[split.positions.index(k)] if k in split.positions else next(it))
@@ -190,7 +191,7 @@ def test_search_measures_the_offload_candidate_and_checks_equality():
         s, m = step(state)
         assert np.isfinite(float(m["eval_episode_return"]))
     finally:
-        search._close(step)
+        base.close(step)
 
 
 @pytest.mark.gpu

@@ -13,12 +13,14 @@ import pytest
 from jax.experimental import io_callback
 
 import rose_jax
+import toy_program as toy
 from rose_jax import optimize as O
 from rose_jax import trace as rtrace
-from rose_jax.optimize import _compat as C
+from rose_jax.jaxpr import compat as C
+from rose_jax.optimize import base as T
+from rose_jax.optimize import candidates, measure, process_worker, processes, search
+from rose_jax.optimize import report as plan_report
 from rose_jax.optimize import interpret as I
-from rose_jax.optimize import measure, processes, search, toy
-from rose_jax.optimize import transforms as T
 
 # ------------------------------------------------------------------------ synthetic programs
 
@@ -346,7 +348,7 @@ def test_resident_falls_back_when_learn_reads_the_env_part(toy_setup):
 
 def test_resident_plan_of_ppo_sends_only_what_the_rollout_reads(ppo_setup):
     ppo, config, env, state, _ = ppo_setup
-    program = O.ppo_program(config, env, env_name="pendulum")
+    program = ppo.program(config, env, env_name="pendulum")
     plan = processes.plan_resident(program, state, 2)
     assert plan.resident, plan.reason
     sent = {plan.paths[i] for i in plan.layout.sent}
@@ -404,7 +406,7 @@ def ppo16():
         policy_hidden_sizes=(8,),
         value_hidden_sizes=(8,),
     )
-    program = O.ppo_program(config, env, env_name="pendulum")
+    program = ppo.program(config, env, env_name="pendulum")
     state = ppo.init(config, env, jax.random.PRNGKey(0))
     moved = state.replace(env_state=ppo.init(config, env, jax.random.PRNGKey(1)).env_state)
     iterate = jax.jit(program.iteration())
@@ -471,7 +473,7 @@ def test_resident_worker_killed_mid_iteration(toy_setup):
         t0 = time.monotonic()
         while time.monotonic() - t0 < 120:
             pool = pc.executor.pool
-            if pool is not None and any(fn == processes.WORKER_ROLLOUT for _, fn in pool.in_flight()):
+            if pool is not None and any(fn == process_worker.WORKER_ROLLOUT for _, fn in pool.in_flight()):
                 killed["pid"] = pool.pids["group1"]
                 os.kill(killed["pid"], signal.SIGKILL)
                 return
@@ -485,7 +487,7 @@ def test_resident_worker_killed_mid_iteration(toy_setup):
         killer.join(10)
         e = ei.value
         assert e.name == "group1" and e.pid == killed["pid"] and e.signal == signal.SIGKILL
-        assert processes.WORKER_ROLLOUT in str(e)
+        assert process_worker.WORKER_ROLLOUT in str(e)
         assert _children() == children and _our_segments() == segments
         with pytest.raises(ValueError, match="no longer hold"):
             pc.sync_state(program.env.set(state, processes.ResidentEnv(np.int32(2), pc.owner)))
@@ -636,7 +638,7 @@ def test_generated_candidates_cover_the_loops_and_groups():
     program = toy.toy_program(8, 5)
     state = toy.init(8)
     tree = rtrace.trace(program.iteration(), state, arg_names=["state"])
-    cands = search.generate_candidates(tree, program, 1e-3, platform="cpu")
+    cands = candidates.generate_candidates(tree, program, 1e-3, platform="cpu")
     labels = [c.transform.label for c in cands]
     assert any(x.startswith("unroll_scans(factor=2") for x in labels)
     assert any(x.startswith("group_rollout(groups=2, mode='interleaved'") for x in labels)
@@ -760,7 +762,7 @@ def test_search_equality_modes_on_a_chaotic_iteration(equality):
 
     data = json.loads(json.dumps(report.to_json()))
     assert data["equality"] == equality and data["candidates"][0]["equality"] == equality
-    assert search.PlanReport.from_json(data).equality == equality
+    assert plan_report.PlanReport.from_json(data).equality == equality
 
 
 def test_search_rejects_an_unknown_equality_mode():
@@ -814,7 +816,7 @@ def ppo_setup():
 @pytest.mark.slow
 def test_ppo_program_equals_ppo_iteration(ppo_setup):
     ppo, config, env, state, ref_state = ppo_setup
-    program = O.ppo_program(config, env)
+    program = ppo.program(config, env)
     out = _run(jax.jit(program.iteration()), state, 2)
     cmp = measure.compare_trees(out, ref_state)
     assert cmp.equal and cmp.max_abs == 0.0, cmp.reason  # bitwise: the adapter is ppo's own code
@@ -836,7 +838,7 @@ def test_ppo_fn_transforms_equal_after_iterations(ppo_setup, make):
 @pytest.mark.slow
 def test_ppo_group_rollout_interleaved_equal(ppo_setup):
     ppo, config, env, state, ref_state = ppo_setup
-    program = O.ppo_program(config, env)
+    program = ppo.program(config, env)
     t = O.group_rollout(2, "interleaved")
     ok, why = t.legal(O.trace_program(program, state))
     assert ok, why
@@ -879,7 +881,7 @@ def test_sac_unroll_equal_and_group_rollout_illegal():
     out = _run(jax.jit(t.apply(sac.iteration(config, env))), state, 2)
     cmp = measure.compare_trees(out, ref_state, t.tolerance.rtol, t.tolerance.atol)
     assert cmp.equal, cmp.reason
-    program = O.sac_program(config, env)
+    program = sac.program(config, env)
     ok, why = O.group_rollout(2).legal(O.trace_program(program, state))
     assert not ok and "reduces over envs" in why and "normalizer" in why
 

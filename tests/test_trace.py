@@ -18,6 +18,7 @@ import pytest
 
 import rose_jax
 from rose_jax import trace as rt
+from rose_jax.jaxpr import compat
 from rose_jax.trace import Cost, LoopTree, Node, dependency, find, format_tree, independent, trace
 
 
@@ -524,4 +525,4 @@ def test_transposed_scopes_stay_in_one_component():
     tree = trace(f, jnp.ones((3, 3)), jnp.ones((2, 3)))
     assert shape(tree.root) == ("root", "f", 1, (), None, (("component", "upd", 1, ("upd",), None, ()),))
     assert tree.output_paths == ("out",) and tree.root.writes == frozenset()  # a bare array: no match
-    assert rt.compat.collapse_repeats(["a", "a", "b", "a", "b", "c"]) == ("a", "b", "c")
+    assert compat.collapse_repeats(["a", "a", "b", "a", "b", "c"]) == ("a", "b", "c")

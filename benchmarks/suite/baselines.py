@@ -153,7 +153,7 @@ def ppo_pipelined_iteration(config, env, groups: int = GROUPS) -> Callable:
         return _concat(state_a, state_b), _concat(tr_a, tr_b, axis=1)  # (N, ...), (T, N, ...)
 
     def iterate(state):
-        rollout_key, _, _ = jax.random.split(state.key, 3)
+        rollout_key, _, _ = ppo.split_keys(state.key)
         env_state, data = rollout(state.params.policy, state.normalizer, state.env_state, rollout_key)
         return ppo.learn(nets, config, state, env_state, data)  # ppo.iteration's own second half
 
@@ -169,7 +169,7 @@ def sac_pipelined_iteration(config, env, groups: int = GROUPS) -> Callable:
     One SAC env step is ``policy -> sim`` for all envs, followed by gradient steps that change the
     actor, so the stagger lives inside the step: ``policy_A``; ``sim_A | policy_B``; ``sim_B``.
     The normalizer update, replay insert and gradient steps then see the merged batch, as in
-    ``algos.sac`` (whose gradient-step loop ``_train_steps`` is reused as is); the iteration's
+    ``algos.sac`` (whose gradient-step loop ``train_steps`` is reused as is); the iteration's
     counters and metrics follow ``sac.iteration`` line for line (the tests compare the two).
     """
     from algos import sac
@@ -177,7 +177,6 @@ def sac_pipelined_iteration(config, env, groups: int = GROUPS) -> Callable:
     built = sac.make(config, env)
     N = config.num_envs
     n = _check_groups(N, groups)
-    train_steps = getattr(sac, "train_steps", None) or sac._train_steps  # public name if it gets one
 
     def policy(actor_params, normalizer, obs, key, group) -> jax.Array:
         with rose_jax.component("policy"):
@@ -215,10 +214,10 @@ def sac_pipelined_iteration(config, env, groups: int = GROUPS) -> Callable:
         }
 
     def env_and_train_step(state, _=None):
-        key, collect_key, train_key = jax.random.split(state.key, 3)
+        key, collect_key, train_key = sac.split_keys(state.key)
         state = state.replace(key=key)
         state, collect_metrics = collect(state, collect_key)
-        state, train_metrics = train_steps(built, state, train_key)
+        state, train_metrics = sac.train_steps(built, state, train_key)
         return state, {**collect_metrics, **train_metrics}
 
     def iterate(state):

@@ -381,10 +381,10 @@ def prepare_hand_pipelined(row: Row, ctx: Context) -> Prepared:
 
 
 def _program(row: Row):
-    from rose_jax import optimize as ro
+    import algos
 
     w = row.w
-    make = ro.ppo_program if w.algo == "ppo" else ro.sac_program
+    make = algos.get(w.algo).program
     if w.env.startswith("brax:"):  # not in the registry: workers could not rebuild it
         return make(row.config, row.env)
     kwargs = (("episode_length", w.episode_length),) + ((("backend", w.backend),) if w.backend else ())

@@ -1,66 +1,48 @@
 """rose_jax.optimize: window-guided, result-preserving transformations of an RL iteration.
 
+    from algos import ppo
     from rose_jax import optimize
-    program = optimize.ppo_program(config, env)              # or any state -> (state, metrics)
+    program = ppo.program(config, env)                       # or any state -> (state, metrics)
     step, report = optimize.optimize(program, state, windows=windows, cache_dir="plans/")
     print(optimize.format_report(report))
 
-Transformations (``Transform``: ``legal(tree)``, ``apply(fn)``, ``tolerance``):
-``unroll_scans``, ``hoist_invariants``, ``overlap_independent``, ``group_rollout`` and
-``offload_component`` (a metrics-only component, e.g. the evaluation, in a worker process
-behind the next call).
+The contract is :mod:`rose_jax.optimize.base` (``Transform``: ``legal(tree)``, ``apply(fn)``,
+``tolerance``; ``HostStep``); one module per transformation family: :mod:`~.scans`
+(``unroll_scans``, ``hoist_invariants``), :mod:`~.fuse` (``overlap_independent``),
+:mod:`~.group_rollout` (env groups, in one process or in worker processes via
+:mod:`~.processes`), :mod:`~.offload` (``offload_component``: a metrics-only component, e.g.
+the evaluation, in a worker process behind the next call). :mod:`~.registry` names them for
+cached plans and workers; :mod:`~.search` measures candidates (:mod:`~.candidates`) and logs
+them (:mod:`~.report`).
 """
 
+from rose_jax.optimize.base import EXACT, FUSION_TOLERANCE, HostStep, Tolerance, Transform, compose
+from rose_jax.optimize.fuse import overlap_independent
+from rose_jax.optimize.group_rollout import ProgramTree, check_collect, group_rollout, trace_program
 from rose_jax.optimize.measure import Comparison, compare_trees
-from rose_jax.optimize.offload import Deferred, OffloadedStep, offload_component, resolve, split_component
-from rose_jax.optimize.program import (
-    Lens,
-    Program,
-    ProgramSpec,
-    ProgramTree,
-    RolloutParts,
-    attr_lens,
-    check_collect,
-    group_rollout,
-    known_transforms,
-    ppo_program,
-    register_transform,
-    sac_program,
-    trace_program,
-    transform_by_name,
-)
-from rose_jax.optimize.search import CandidateRecord, PlanReport, apply_plan, format_report, optimize
-from rose_jax.optimize.transforms import (
-    EXACT,
-    FUSION_TOLERANCE,
-    Tolerance,
-    Transform,
-    compose,
-    hoist_invariants,
-    invariant_eqns,
-    overlap_independent,
-    unroll_scans,
-)
+from rose_jax.optimize.offload import Deferred, OffloadedStep, offload_component, resolve
+from rose_jax.optimize.registry import known_transforms, register_transform, transform_by_name
+from rose_jax.optimize.report import CandidateRecord, PlanReport, format_report
+from rose_jax.optimize.scans import hoist_invariants, invariant_eqns, unroll_scans
+from rose_jax.optimize.search import OptimizeOptions, apply_plan, compile_step, optimize
 
 __all__ = [
     "EXACT",
     "FUSION_TOLERANCE",
     "CandidateRecord",
-    "Deferred",
-    "OffloadedStep",
     "Comparison",
-    "Lens",
+    "Deferred",
+    "HostStep",
+    "OffloadedStep",
+    "OptimizeOptions",
     "PlanReport",
-    "Program",
-    "ProgramSpec",
     "ProgramTree",
-    "RolloutParts",
     "Tolerance",
     "Transform",
     "apply_plan",
-    "attr_lens",
     "check_collect",
     "compare_trees",
+    "compile_step",
     "compose",
     "format_report",
     "group_rollout",
@@ -70,11 +52,8 @@ __all__ = [
     "offload_component",
     "optimize",
     "overlap_independent",
-    "ppo_program",
     "register_transform",
     "resolve",
-    "sac_program",
-    "split_component",
     "trace_program",
     "transform_by_name",
     "unroll_scans",

@@ -26,8 +26,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 
+from rose_jax.jaxpr import compat as C
 from rose_jax.program import COMPONENT_PREFIX
-from rose_jax.optimize import _compat as C
 
 
 class Site(NamedTuple):
@@ -56,20 +56,28 @@ class Site(NamedTuple):
         return f"Site({self.primitive} {self.path_str()!r} x{self.length} depth={self.loop_depth})"
 
 
-class _Ctx(NamedTuple):
+def body_name(jaxpr: Any, default: str) -> str:
+    """The Python function a (sub-)jaxpr was traced from (e.g. ``'minibatch_step'``), else
+    ``default`` (also for ``<lambda>``: a rebuilt loop body keeps a meaningful name)."""
+    return C.func_name(jaxpr, default, lambda_is_anonymous=True)
+
+
+class Ctx(NamedTuple):
+    """Where the interpreter is: the structural address, enclosing components, scopes and loops."""
+
     address: tuple[tuple[int, int], ...]
     component_path: tuple[str, ...]
     scope_path: tuple[str, ...]
     loop_depth: int
 
 
-ROOT = _Ctx((), (), (), 0)
+ROOT = Ctx((), (), (), 0)
 
 
-def _child_ctx(ctx: _Ctx, eqn_index: int, sub: int, eqn: Any, loop: bool) -> _Ctx:
+def _child_ctx(ctx: Ctx, eqn_index: int, sub: int, eqn: Any, loop: bool) -> Ctx:
     scopes = tuple(C.scope_names(eqn))
     comps = tuple(s[len(COMPONENT_PREFIX) :] for s in scopes if s.startswith(COMPONENT_PREFIX))
-    return _Ctx(
+    return Ctx(
         ctx.address + ((eqn_index, sub),),
         ctx.component_path + comps,
         ctx.scope_path + scopes,
@@ -77,19 +85,19 @@ def _child_ctx(ctx: _Ctx, eqn_index: int, sub: int, eqn: Any, loop: bool) -> _Ct
     )
 
 
-def _site(ctx: _Ctx, eqn_index: int, eqn: Any) -> Site:
+def site_of(ctx: Ctx, eqn_index: int, eqn: Any) -> Site:
     c = _child_ctx(ctx, eqn_index, 0, eqn, loop=True)
     if eqn.primitive.name == C.SCAN:
         scan = C.scan_params(eqn.params)
-        length, name = scan.length, C.func_name(scan.body, C.SCAN)
+        length, name = scan.length, body_name(scan.body, C.SCAN)
     else:
-        length, name = None, C.func_name(C.while_params(eqn.params).body, eqn.primitive.name)
+        length, name = None, body_name(C.while_params(eqn.params).body, eqn.primitive.name)
     return Site(
         c.address, eqn.primitive.name, c.component_path, c.scope_path, ctx.loop_depth, length, eqn, c, name
     )
 
 
-def _subs_with_ctx(ctx: _Ctx, i: int, eqn: Any) -> list[tuple[Any, _Ctx]]:
+def subs_with_ctx(ctx: Ctx, i: int, eqn: Any) -> list[tuple[Any, Ctx]]:
     """Sub-jaxprs the interpreter can enter, each with its context."""
     name = eqn.primitive.name
     if name == C.SCAN:
@@ -101,7 +109,7 @@ def _subs_with_ctx(ctx: _Ctx, i: int, eqn: Any) -> list[tuple[Any, _Ctx]]:
         return [
             (b, _child_ctx(ctx, i, k, eqn, False)) for k, (b, _) in enumerate(C.cond_branches(eqn.params))
         ]
-    if name in C.CALL_PRIMITIVES:
+    if name in C.PLAIN_CALL_PRIMITIVES:
         return [(C.call_jaxpr(eqn.params)[0], _child_ctx(ctx, i, 0, eqn, False))]
     return []
 
@@ -113,8 +121,8 @@ def sites(jaxpr: Any, kinds: Sequence[str] = (C.SCAN, C.WHILE)) -> list[Site]:
     def walk(jx, ctx):
         for i, eqn in enumerate(jx.eqns):
             if eqn.primitive.name in kinds:
-                out.append(_site(ctx, i, eqn))
-            for sub, sub_ctx in _subs_with_ctx(ctx, i, eqn):
+                out.append(site_of(ctx, i, eqn))
+            for sub, sub_ctx in subs_with_ctx(ctx, i, eqn):
                 walk(sub, sub_ctx)
 
     walk(C.open_and_consts(jaxpr)[0], ROOT)
@@ -124,24 +132,68 @@ def sites(jaxpr: Any, kinds: Sequence[str] = (C.SCAN, C.WHILE)) -> list[Site]:
 ScanRule = Callable[[Site, C.ScanParams, list, "Interpreter"], list]
 
 
+class WhileParts(NamedTuple):
+    """A while equation as functions of its carry (a list of arrays), for ``on_while`` rules.
+
+    ``cond(carry)`` is the predicate, of shape ``pred_shape``: ``()``, or (a while vmapped with a
+    batched predicate) a prefix of every carry leaf's shape, each element its own loop, which
+    the ``while`` primitive runs as ``carry = select(pred, body(carry), carry)`` while any
+    element holds (see :func:`guarded`). ``body(carry)`` is the next carry; ``init`` the first.
+    """
+
+    cond: Callable[[list], Any]
+    body: Callable[[list], list]
+    init: list
+    pred_shape: tuple[int, ...]
+
+
+WhileRule = Callable[[Site, WhileParts, "Interpreter"], list]
+
+
+def select_carry(pred: Any, new: Sequence[Any], old: Sequence[Any]) -> list:
+    """``new`` where ``pred`` holds, else ``old``, leaf by leaf (``pred``: scalar or a prefix of
+    every leaf's shape, broadcast over the trailing dimensions)."""
+    out = []
+    for n, o in zip(new, old, strict=True):
+        p = pred
+        if jax.numpy.ndim(pred) and jax.numpy.shape(pred) != jax.numpy.shape(o):
+            p = jax.lax.broadcast_in_dim(pred, jax.numpy.shape(o), tuple(range(jax.numpy.ndim(pred))))
+        out.append(jax.lax.select(p, n, o))
+    return out
+
+
+def guarded(parts: WhileParts) -> Callable[[list], list]:
+    """One iteration of the ``while`` primitive as it runs: for a batched predicate, the body's
+    result only where the predicate holds (the primitive's own rule); else the body."""
+    if not parts.pred_shape:
+        return parts.body
+
+    def step(carry):
+        return select_carry(parts.cond(carry), parts.body(carry), carry)
+
+    return named(step, getattr(parts.body, "__name__", C.WHILE))
+
+
 class Interpreter:
     """Evaluates a jaxpr, handing chosen scans to ``on_scan``; see the module docstring."""
 
-    def __init__(self, select: Callable[[Site], bool], on_scan: ScanRule):
+    def __init__(self, select: Callable[[Site], bool], on_scan: ScanRule, on_while: WhileRule | None = None):
         self.select = select
         self.on_scan = on_scan
+        self.on_while = on_while  # when given, ``select`` also sees while sites
+        self._targets = (C.SCAN,) if on_while is None else (C.SCAN, C.WHILE)
         self._contains: dict[tuple[int, tuple], bool] = {}
 
     # -- structure ----------------------------------------------------------------------------
-    def contains_target(self, jaxpr: Any, ctx: _Ctx) -> bool:
+    def contains_target(self, jaxpr: Any, ctx: Ctx) -> bool:
         key = (id(jaxpr), ctx.address)
         if key not in self._contains:
             found = False
             for i, eqn in enumerate(jaxpr.eqns):
-                if eqn.primitive.name == C.SCAN and self.select(_site(ctx, i, eqn)):
+                if eqn.primitive.name in self._targets and self.select(site_of(ctx, i, eqn)):
                     found = True
                     break
-                if any(self.contains_target(s, c) for s, c in _subs_with_ctx(ctx, i, eqn)):
+                if any(self.contains_target(s, c) for s, c in subs_with_ctx(ctx, i, eqn)):
                     found = True
                     break
             self._contains[key] = found
@@ -153,7 +205,7 @@ class Interpreter:
         jaxpr: Any,
         consts: Sequence[Any],
         args: Sequence[Any],
-        ctx: _Ctx = ROOT,
+        ctx: Ctx = ROOT,
         known: dict | None = None,
         skip: frozenset = frozenset(),
     ) -> list:
@@ -167,32 +219,43 @@ class Interpreter:
             )
         env.update(zip(constvars, consts, strict=True))
         env.update(zip(invars, args, strict=True))
-        for i, eqn in enumerate(jaxpr.eqns):
-            if i in skip:
-                continue
-            invals = [C.read_atom(env, a) for a in eqn.invars]
-            outs = self.eval_eqn(i, eqn, invals, ctx)
-            for var, val in zip(eqn.outvars, outs, strict=True):
-                if not C.is_dropvar(var):
-                    env[var] = val
+        self.run(jaxpr, [item for item in self.schedule(jaxpr, ctx) if item not in skip], env, ctx)
         return [C.read_atom(env, a) for a in jaxpr.outvars]
 
-    def eval_eqn(self, i: int, eqn: Any, invals: list, ctx: _Ctx) -> list:
+    def schedule(self, jaxpr: Any, ctx: Ctx) -> Sequence[Any]:
+        """The order in which :meth:`eval` runs the equations: their indices, in program order."""
+        return range(len(jaxpr.eqns))
+
+    def run(self, jaxpr: Any, order: Sequence[Any], env: dict, ctx: Ctx) -> None:
+        """Evaluate the items of ``order`` (equation indices of ``jaxpr``) into ``env``."""
+        for item in order:
+            self.eval_item(jaxpr, item, env, ctx)
+
+    def eval_item(self, jaxpr: Any, item: Any, env: dict, ctx: Ctx) -> None:
+        """Evaluate one item of a :meth:`schedule` (here: one equation index) into ``env``."""
+        eqn = jaxpr.eqns[item]
+        outs = self.eval_eqn(item, eqn, [C.read_atom(env, a) for a in eqn.invars], ctx)
+        bind_results(env, eqn.outvars, outs)
+
+    def eval_eqn(self, i: int, eqn: Any, invals: list, ctx: Ctx) -> list:
         with scopes_of(eqn), C.eqn_context(eqn):
             name = eqn.primitive.name
             if name == C.SCAN:
-                site = _site(ctx, i, eqn)
+                site = site_of(ctx, i, eqn)
                 scan = C.scan_params(eqn.params)
                 if self.select(site):
                     return self.on_scan(site, scan, invals, self)
                 if self.contains_target(scan.body, site.body_ctx):
                     return self.rebuild_scan(scan, invals, site.body_ctx)
-            elif name == C.WHILE and any(self.contains_target(s, c) for s, c in _subs_with_ctx(ctx, i, eqn)):
-                return self._rebuild_while(i, eqn, invals, ctx)
-            elif name == C.COND and any(self.contains_target(s, c) for s, c in _subs_with_ctx(ctx, i, eqn)):
+            elif name == C.WHILE:
+                if self.on_while is not None and self.select(site := site_of(ctx, i, eqn)):
+                    return self.on_while(site, self.while_parts(i, eqn, invals, ctx), self)
+                if any(self.contains_target(s, c) for s, c in subs_with_ctx(ctx, i, eqn)):
+                    return self._rebuild_while(i, eqn, invals, ctx)
+            elif name == C.COND and any(self.contains_target(s, c) for s, c in subs_with_ctx(ctx, i, eqn)):
                 return self._rebuild_cond(i, eqn, invals, ctx)
-            elif name in C.CALL_PRIMITIVES:
-                sub, sub_ctx = _subs_with_ctx(ctx, i, eqn)[0]
+            elif name in C.PLAIN_CALL_PRIMITIVES:
+                sub, sub_ctx = subs_with_ctx(ctx, i, eqn)[0]
                 if self.contains_target(sub, sub_ctx):
                     jx, consts = C.call_jaxpr(eqn.params)
                     return self.eval(jx, consts, invals, sub_ctx)  # inlined: the outer jit compiles it
@@ -202,7 +265,7 @@ class Interpreter:
         self,
         scan: C.ScanParams,
         invals: list,
-        body_ctx: _Ctx,
+        body_ctx: Ctx,
         *,
         unroll: int | bool | None = None,
         hoisted: dict | None = None,
@@ -223,7 +286,7 @@ class Interpreter:
             outs = self.eval(scan.body, scan.body_consts, [*consts, *carry, *x], body_ctx, hoisted, skip)
             return outs[: scan.num_carry], outs[scan.num_carry :]
 
-        named(step, C.func_name(scan.body, C.SCAN))  # the name Site.name reads back
+        named(step, body_name(scan.body, C.SCAN))  # the name Site.name reads back
 
         carry, ys = jax.lax.scan(
             step,
@@ -235,7 +298,9 @@ class Interpreter:
         )
         return [*carry, *ys]
 
-    def _rebuild_while(self, i, eqn, invals, ctx):
+    def while_parts(self, i: int, eqn: Any, invals: list, ctx: Ctx) -> WhileParts:
+        """The while equation ``i`` of the level at ``ctx`` as :class:`WhileParts`; its cond and
+        body are evaluated by this interpreter (targets inside them are rewritten too)."""
         w = C.while_params(eqn.params)
         cond_ctx = _child_ctx(ctx, i, 0, eqn, True)
         body_ctx = _child_ctx(ctx, i, 1, eqn, True)
@@ -249,10 +314,19 @@ class Interpreter:
         def body_fn(carry):
             return self.eval(w.body, w.body_consts, [*bconsts, *carry], body_ctx)
 
-        named(cond_fn, C.func_name(w.cond, "cond_fn"))
-        named(body_fn, C.func_name(w.body, C.WHILE))
+        named(cond_fn, body_name(w.cond, "cond_fn"))
+        named(body_fn, body_name(w.body, C.WHILE))
+        pred_shape = tuple(getattr(getattr(w.cond.outvars[0], "aval", None), "shape", ()))
+        return WhileParts(cond_fn, body_fn, list(init), pred_shape)
 
-        return list(jax.lax.while_loop(cond_fn, body_fn, list(init)))
+    def _rebuild_while(self, i, eqn, invals, ctx):
+        parts = self.while_parts(i, eqn, invals, ctx)
+        cond = parts.cond
+        if parts.pred_shape:
+            def cond(carry):
+                return jax.numpy.any(parts.cond(carry))
+
+        return list(jax.lax.while_loop(cond, guarded(parts), parts.init))
 
     def _rebuild_cond(self, i, eqn, invals, ctx):
         branches = C.cond_branches(eqn.params)
@@ -264,10 +338,15 @@ class Interpreter:
             def branch(*a):
                 return self.eval(jx, consts, list(a), bctx)
 
-            return named(branch, C.func_name(jx, f"branch{k}"))
+            return named(branch, body_name(jx, f"branch{k}"))
 
         fns = [make(k, jx, consts) for k, (jx, consts) in enumerate(branches)]
         return list(jax.lax.switch(index, fns, *ops))
+
+
+def bind_results(env: dict, outvars: Sequence[Any], outs: Sequence[Any]) -> None:
+    """Record an equation's results in ``env`` (dropped results are not kept)."""
+    env.update((v, o) for v, o in zip(outvars, outs, strict=True) if not C.is_dropvar(v))
 
 
 def named(fn: Callable, name: str) -> Callable:
@@ -289,8 +368,8 @@ def trace(fn: Callable, *args, **kwargs):
     return jax.make_jaxpr(fn, return_shape=True)(*args, **kwargs)
 
 
-def rewrite(fn: Callable, select: Callable[[Site], bool], on_scan: ScanRule) -> Callable:
-    """``fn`` with the chosen scans evaluated by ``on_scan`` (see the module docstring).
+def rewriting(fn: Callable, make_interpreter: Callable[[], "Interpreter"], check: Callable | None = None):
+    """``fn`` evaluated by a fresh ``make_interpreter()`` at every call (``check(interp)`` after).
 
     ``fn`` takes and returns pytrees of arrays. The result traces ``fn`` anew at every call
     (cheap under ``jax.jit``, where tracing happens once per input signature).
@@ -299,10 +378,17 @@ def rewrite(fn: Callable, select: Callable[[Site], bool], on_scan: ScanRule) -> 
     def rewritten(*args, **kwargs):
         closed, out_shape = trace(fn, *args, **kwargs)
         jx, consts = C.open_and_consts(closed)
-        flat = jax.tree.leaves((args, kwargs))
-        outs = Interpreter(select, on_scan).eval(jx, consts, flat)
+        interp = make_interpreter()
+        outs = interp.eval(jx, consts, jax.tree.leaves((args, kwargs)))
+        if check is not None:
+            check(interp)
         return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
     rewritten.__name__ = getattr(fn, "__name__", "rewritten")
     rewritten.__wrapped__ = fn
     return rewritten
+
+
+def rewrite(fn: Callable, select: Callable[[Site], bool], on_scan: ScanRule) -> Callable:
+    """``fn`` with the chosen scans evaluated by ``on_scan`` (see the module docstring)."""
+    return rewriting(fn, lambda: Interpreter(select, on_scan))

@@ -8,7 +8,7 @@
 An RL epoch is ``state -> (state, metrics)``. Some of its components produce only metrics: the
 evaluation rollout of Brax's train loop (hundreds of sequential env steps on a few envs, a long
 latency-bound chain of small kernels) reads the policy parameters and writes nothing the next
-epoch reads. :func:`split_component` cuts the epoch's jaxpr in two:
+epoch reads. :func:`rose_jax.jaxpr.cut.split_component` cuts the epoch's jaxpr in two:
 
 * ``kept``: every equation outside the component; outputs: the original outputs the component
   does not produce, plus the values the component reads (its *cut inputs*: e.g. the actor
@@ -23,11 +23,11 @@ inputs to a background thread that sends them to the worker, and returns at once
 here while the worker runs ``part``: on a GPU both processes are clients of one MPS daemon, so
 their kernels run concurrently (without MPS, kernels of different processes are time-sliced).
 Every value is computed by the same equations from the same inputs as in the untransformed
-function: the transform's tolerance is :data:`~rose_jax.optimize.transforms.EXACT` (on a GPU,
+function: the transform's tolerance is :data:`~rose_jax.optimize.base.EXACT` (on a GPU,
 compare under ``xla_gpu_deterministic_ops``: XLA's atomics make the untransformed program itself
 differ from run to run).
 
-Legality (from the jaxpr of the traced function; :func:`split_component` raises ``ValueError``
+Legality (from the jaxpr of the traced function; ``split_component`` raises ``ValueError``
 with the reason): the component's equations sit at the top level of the function (not inside a
 loop or a jit); none has side effects; no equation outside the component reads a value it
 produces; its outputs reach only the metrics, never the carried state (which the next call
@@ -46,10 +46,15 @@ import jax
 import numpy as np
 from jax import export as jax_export
 
-from rose_jax.optimize import _compat as C
-from rose_jax.trace import compat as TC
+from rose_jax import runtime
+from rose_jax.jaxpr import compat
+from rose_jax.jaxpr.cut import Split, split_component
+from rose_jax.mps import plan as mps_plan
+from rose_jax.mps import stop_own, worker_daemon
+from rose_jax.optimize.base import EXACT, HostStep, Transform
+from rose_jax.optimize.process_worker import RUN_EXPORTED
+from rose_jax.program import Program
 
-WORKER_FN = "rose_jax.optimize.offload:run_exported"
 WORKER = "offload"
 _BLOB = "rose.offload."
 
@@ -57,110 +62,11 @@ _BLOB = "rose.offload."
 # ------------------------------------------------------------------------------ the split
 
 
-class Split(NamedTuple):
-    """The two halves of a function cut at one component (see the module docstring).
-
-    ``kept``: flat inputs -> (the outputs the component does not produce, in order) + cut inputs.
-    ``part``: cut inputs -> the component's outputs, which fill flat output ``positions``.
-    """
-
-    kept: Any
-    part: Any
-    positions: tuple[int, ...]
-    n_outputs: int
-    reason: str
-
-
-def component_eqns(jaxpr: Any, component: str) -> list[int]:
-    """Indices of the top-level equations of ``jaxpr`` inside ``rose_jax.component(component)``."""
-    return [i for i, e in enumerate(jaxpr.eqns) if component in TC.component_path(e)]
-
-
-def split_component(closed: Any, component: str, n_state: int) -> Split:
-    """Cut ``closed`` (the jaxpr of ``state -> (state, metrics)``) at ``component``.
-
-    ``n_state``: how many leading flat outputs are the carried state. Raises ``ValueError``
-    saying why the cut is illegal (see the module docstring).
-    """
-    jx, consts = C.open_and_consts(closed)
-    constvars, invars = C.in_vars(jx)
-    eqns = list(jx.eqns)
-    inside = component_eqns(jx, component)
-    if not inside:
-        raise ValueError(
-            f"no top-level equation belongs to component {component!r} (it must be called at the top "
-            "level of the function, not inside a loop or a nested jit)"
-        )
-    in_set = set(inside)
-    effects = sorted({eqns[i].primitive.name for i in inside if C.has_effects(eqns[i])})
-    if effects:
-        raise ValueError(f"component {component!r} has side effects ({', '.join(effects)}): cannot move it")
-    produced = {v for i in inside for v in eqns[i].outvars if TC.is_var(v)}
-    for i, e in enumerate(eqns):
-        if i not in in_set and any(TC.is_var(a) and a in produced for a in e.invars):
-            raise ValueError(
-                f"equation {i} ({e.primitive.name}) outside component {component!r} reads its result: "
-                "the rest of the function depends on it"
-            )
-    positions = tuple(k for k, v in enumerate(jx.outvars) if TC.is_var(v) and v in produced)
-    if not positions:
-        raise ValueError(f"component {component!r} produces no output (dead code): nothing to overlap")
-    carried = [k for k in positions if k < n_state]
-    if carried:
-        raise ValueError(
-            f"component {component!r} writes the carried state (flat outputs {carried}): the next call "
-            "reads it, so it cannot run behind the next call"
-        )
-    const_of = dict(zip(constvars, consts, strict=True))
-    cut, part_constvars, part_consts, seen = [], [], [], set()
-    for i in inside:
-        for a in eqns[i].invars:
-            if not TC.is_var(a) or a in produced or a in seen:
-                continue
-            seen.add(a)
-            if a in const_of:
-                part_constvars.append(a)
-                part_consts.append(const_of[a])
-            else:
-                cut.append(a)
-    pos_set = set(positions)
-    kept_out = [v for k, v in enumerate(jx.outvars) if k not in pos_set] + cut
-    kept = TC.make_closed(
-        invars, kept_out, [e for i, e in enumerate(eqns) if i not in in_set], constvars, consts
-    )
-    part = TC.make_closed(
-        cut, [jx.outvars[k] for k in positions], [eqns[i] for i in inside], part_constvars, part_consts
-    )
-    reason = (
-        f"component {component!r}: {len(inside)} top-level equation(s), pure, read by nothing else, "
-        f"outputs only metrics ({len(positions)} leaf/leaves); {len(cut)} value(s) cross the cut"
-    )
-    return Split(kept, part, positions, len(jx.outvars), reason)
-
-
 def state_output_count(out_shape: Any) -> int:
     """Flat outputs that are the carried state of ``state -> (state, metrics)`` (``out_shape[0]``)."""
     if not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
         raise ValueError("offload_component needs a function returning (state, metrics)")
     return len(jax.tree.leaves(out_shape[0]))
-
-
-# ------------------------------------------------------------------------------ worker side
-
-_LOADED: dict[str, Callable] = {}
-
-
-def run_exported(blob: Any, *args: Any, digest: str, compiler_options: tuple = ()) -> tuple:
-    """In a worker (``jit=False``, ``reads=(blob name,)``): run the serialized ``part`` on ``args``.
-
-    The ``jax.export`` blob is deserialized and jitted once per ``digest``; later calls reuse it.
-    """
-    fn = _LOADED.get(digest)
-    if fn is None:
-        exported = jax_export.deserialize(bytearray(np.asarray(blob, dtype=np.uint8).tobytes()))
-        fn = jax.jit(exported.call, compiler_options=dict(compiler_options) or None)
-        _LOADED[digest] = fn
-    return tuple(fn(*args))
 
 
 # ------------------------------------------------------------------------------ driver side
@@ -212,7 +118,7 @@ class _Prepared(NamedTuple):
     digest: str
 
 
-class OffloadedStep:
+class OffloadedStep(HostStep):
     """``state -> (state, metrics)`` with ``component`` run in a worker process (module docstring).
 
     daemon: an MPS daemon (``rose_jax.mps.MPSDaemon`` or ``rose_jax.mps.inherited_daemon()``) whose
@@ -222,8 +128,6 @@ class OffloadedStep:
     quota: the worker's SM percent under MPS (None: no limit).
     compiler_options: XLA options for both halves (e.g. ``{"xla_gpu_deterministic_ops": True}``).
     """
-
-    host = True
 
     def __init__(
         self,
@@ -319,9 +223,9 @@ class OffloadedStep:
         closed, out_shape = jax.make_jaxpr(self.fn, return_shape=True)(state)
         split = split_component(closed, self.component, state_output_count(out_shape))
         opts = self.compiler_options or None
-        kept = jax.jit(TC.as_fun(split.kept), compiler_options=opts)
+        kept = jax.jit(compat.as_fun(split.kept), compiler_options=opts)
         cut_avals = split.part.in_avals
-        part_fn = jax.jit(TC.as_fun(split.part))
+        part_fn = jax.jit(compat.as_fun(split.part))
         exported = jax_export.export(part_fn)(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in cut_avals])
         blob = bytes(exported.serialize())
         digest = hashlib.sha256(blob).hexdigest()[:16]
@@ -342,7 +246,7 @@ class OffloadedStep:
         t0 = time.perf_counter()
         outs = pool.call(
             WORKER,
-            WORKER_FN,
+            RUN_EXPORTED,
             *host,
             static={"digest": prep.digest, "compiler_options": tuple(sorted(self.compiler_options.items()))},
             jit=False,
@@ -362,10 +266,6 @@ class OffloadedStep:
             self._stop_own_daemon()
         if self._pool is not None:
             return self._pool
-        from rose_jax import runtime  # noqa: PLC0415
-        from rose_jax.mps import plan as mps_plan  # noqa: PLC0415
-        from rose_jax.mps import worker_daemon  # noqa: PLC0415
-
         gpu = jax.default_backend() == "gpu"
         use_mps = gpu if self._use_mps is None else self._use_mps
         daemon = None
@@ -377,8 +277,6 @@ class OffloadedStep:
         return self._pool
 
     def _stop_own_daemon(self) -> None:
-        from rose_jax.mps import stop_own  # noqa: PLC0415
-
         own, self._own_daemon = self._own_daemon, None
         stop_own(own)
 
@@ -396,8 +294,6 @@ class OffloadedStep:
 def offload_component(component: str = "evaluate", quota: int | None = None):
     """Transform: run ``component`` of ``state -> (state, metrics)`` in a worker process,
     overlapped with the caller's next call (see the module docstring). Host level, EXACT."""
-    from rose_jax.optimize import transforms as T  # noqa: PLC0415 - transforms imports program
-
     if not isinstance(component, str) or not component:
         raise ValueError(f"offload_component: component must be a non-empty name, got {component!r}")
 
@@ -412,17 +308,16 @@ def offload_component(component: str = "evaluate", quota: int | None = None):
         return True, split.reason
 
     def apply(fn):
-        if hasattr(fn, "collect") and hasattr(fn, "learn"):
+        if isinstance(fn, Program):
             fn = fn.iteration()
         return OffloadedStep(fn, component, quota=quota)
 
-    return T.Transform(
+    return Transform(
         "offload_component",
         (("component", component), ("quota", quota)),
-        T.EXACT,
+        EXACT,
         "host",
         legal,
         apply,
         summary=f"run component {component!r} in a worker process behind the next call",
     )
-

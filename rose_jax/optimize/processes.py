@@ -1,8 +1,9 @@
 """Host-level execution of a plan in several JAX processes (``rose_jax.runtime`` workers under MPS).
 
 ``ProcessCollect(program, G)`` is a host-level ``collect(state) -> (state, data)``: worker ``g``
-rebuilds the program from its :class:`~rose_jax.optimize.program.ProgramSpec` and runs the
-rollout of env group ``g`` (``program.collect_group``) with the current parameters; the driver
+rebuilds the program from its :class:`~rose_jax.program.ProgramSpec` and runs the
+rollout of env group ``g`` (:func:`rose_jax.optimize.env_groups.collect_group`, in
+:mod:`rose_jax.optimize.process_worker`) with the current parameters; the driver
 gathers the groups' data and runs ``learn`` itself. Each worker is its own process with its own
 compute stream, so the G rollouts really run concurrently on the GPU (under MPS, each with an SM
 quota), unlike G jitted calls in one process.
@@ -53,98 +54,38 @@ import secrets
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-WORKER_COLLECT = "rose_jax.optimize.processes:worker_collect"
-WORKER_ROLLOUT = "rose_jax.optimize.processes:worker_rollout"
-WORKER_RESTORE = "rose_jax.optimize.processes:worker_restore"
-ENV = "rose.env"  # resident name of a worker's env slice
-ORIGIN = "rose.env.origin"  # the env slice as last uploaded (restarts without a transfer)
+from rose_jax import runtime
+from rose_jax.jaxpr import dataflow
+from rose_jax.mps import plan as mps_plan
+from rose_jax.mps import stop_own, worker_daemon
+from rose_jax.optimize.base import HostStep
+from rose_jax.optimize.env_groups import (
+    collect_group,
+    data_axes,
+    env_mask,
+    merge_data,
+    merge_states,
+    split_envs,
+)
+from rose_jax.optimize.process_worker import (
+    ENV,
+    ORIGIN,
+    WORKER_COLLECT,
+    WORKER_RESTORE,
+    WORKER_ROLLOUT,
+    ResidentLayout,
+    worker_collect,
+    worker_rollout,
+)
 
 log = logging.getLogger(__name__)
-
-
-# ------------------------------------------------------------------------------ worker side
-
-
-def worker_collect(state_g: Any, *, spec: Any, g: int, groups: int) -> tuple[Any, Any]:
-    """Run in a worker: the rollout of env group ``g`` of ``groups`` (jit this with static kwargs)."""
-    from rose_jax.optimize import program as P  # noqa: PLC0415
-
-    return P.collect_group(build_program(spec), state_g, g, groups)
-
-
-@dataclasses.dataclass(frozen=True)
-class ResidentLayout:
-    """How a worker rebuilds group ``g``'s state and what it sends back (static: hashable, picklable).
-
-    Positions are indices into the flattened full state (``treedef``) or the flattened data.
-    ``env``: the env-batch leaves (resident); ``sent``: the non-env leaves the rollout reads
-    (sent every iteration, in this order); ``zeros``: ``(position, shape, dtype)`` of the non-env
-    leaves it does not read (zeros in the worker, which XLA removes); ``changed``: the non-env
-    leaves the collect writes (sent back); ``data_used``: the data leaves ``learn`` reads (sent
-    back; the others are never transferred).
-    """
-
-    treedef: Any
-    env: tuple[int, ...]
-    sent: tuple[int, ...]
-    zeros: tuple[tuple[int, tuple[int, ...], str], ...]
-    changed: tuple[int, ...]
-    data_used: tuple[int, ...]
-
-
-def worker_rollout(env_g, sent, *, spec: Any, g: int, groups: int, layout: ResidentLayout):
-    """Run in a worker (jitted, ``reads=writes=(ENV,)``): group ``g``'s rollout on its resident env.
-
-    env_g: tuple of the group's env leaves (each ``(num_envs / groups, ...)``); sent: tuple of
-    the non-env leaves in ``layout.sent``. Returns ``((new env_g,), (changed, data_used))``.
-    """
-    from rose_jax.optimize import program as P  # noqa: PLC0415
-
-    leaves: list[Any] = [None] * layout.treedef.num_leaves
-    for i, x in zip(layout.sent, sent, strict=True):
-        leaves[i] = x
-    for i, shape, dtype in layout.zeros:
-        leaves[i] = jnp.zeros(shape, dtype)
-    for i, x in zip(layout.env, env_g, strict=True):
-        leaves[i] = x
-    state_g = jax.tree_util.tree_unflatten(layout.treedef, leaves)
-    out_state, data = P.collect_group(_build(spec), state_g, g, groups)
-    out_leaves, data_leaves = jax.tree.leaves(out_state), jax.tree.leaves(data)
-    new_env = tuple(out_leaves[i] for i in layout.env)
-    return (new_env,), (
-        tuple(out_leaves[i] for i in layout.changed),
-        tuple(data_leaves[i] for i in layout.data_used),
-    )
-
-
-def worker_restore(origin):
-    """Run in a worker (``jit=False``, ``reads=(ORIGIN,)``, ``writes=(ENV,)``): ENV := ORIGIN, no copy."""
-    return (origin,), None
-
-
-def build_program(spec: Any) -> Any:
-    """The program a :class:`rose_jax.program.ProgramSpec` names, with its fn-level transforms."""
-    import importlib  # noqa: PLC0415
-
-    from rose_jax.optimize import program as P  # noqa: PLC0415
-
-    module, name = spec.factory.split(":")
-    program = getattr(importlib.import_module(module), name)(**dict(spec.kwargs))
-    for t_name, t_params in spec.transforms:
-        program = P.transform_by_name(t_name, dict(t_params)).apply(program)
-    return program
-
-
-@functools.lru_cache(maxsize=8)
-def _build(spec):
-    return build_program(spec)
 
 
 # ------------------------------------------------------------------------------ the marker
@@ -209,23 +150,6 @@ def _nbytes(x) -> int:
     return int(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)))
 
 
-def live_inputs(closed: Any, roots: Sequence[int]) -> list[bool]:
-    """Which inputs of ``closed`` (a ClosedJaxpr) the outputs at positions ``roots`` depend on.
-
-    A backward walk: an equation is live if one of its outputs is live or it has effects; then
-    all its operands are (conservative for calls and loops: their whole operand list). An output
-    that is an input directly makes that input live.
-    """
-    from rose_jax.optimize import _compat as C  # noqa: PLC0415
-
-    jx, _ = C.open_and_consts(closed)
-    live = {jx.outvars[i] for i in roots if not C.is_literal(jx.outvars[i])}
-    for eqn in reversed(jx.eqns):
-        if C.has_effects(eqn) or any((not C.is_dropvar(v)) and v in live for v in eqn.outvars):
-            live.update(a for a in eqn.invars if not C.is_literal(a))
-    return [v in live for v in jx.invars]
-
-
 def plan_resident(program: Any, state: Any, groups: int, owner: str = "plan") -> ResidentPlan:
     """Derive what a resident iteration sends and receives (tracing only, nothing runs).
 
@@ -238,11 +162,10 @@ def plan_resident(program: Any, state: Any, groups: int, owner: str = "plan") ->
        iteration; the others become zeros in the worker.
     3. ``learn`` must trace on the driver's form (marker env part, ``None`` for unread data).
     """
-    from rose_jax.optimize import program as P  # noqa: PLC0415
 
     leaves, treedef = jax.tree_util.tree_flatten(state)
     paths = tuple(jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0])
-    mask = jax.tree.leaves(P.env_mask(program, state))
+    mask = jax.tree.leaves(env_mask(program, state))
     env_pos = tuple(i for i, m in enumerate(mask) if m)
     other = tuple(i for i, m in enumerate(mask) if not m)
     n = len(leaves)
@@ -270,25 +193,25 @@ def plan_resident(program: Any, state: Any, groups: int, owner: str = "plan") ->
     written = [i for i in env_pos if jl.outvars[i] is not jl.invars[i]]
     if written:
         return no(f"learn writes the env state ({paths[written[0]]}): it must pass it through")
-    live_l = live_inputs(closed_l, [i for i in range(len(jl.outvars)) if i not in set(env_pos)])
+    live_l = dataflow.live_inputs(closed_l, [i for i in range(len(jl.outvars)) if i not in set(env_pos)])
     read = [i for i in env_pos if live_l[i]]
     if read:
         return no(f"learn reads the state's env part ({paths[read[0]]}): read it from the data instead")
     data_leaves, data_treedef = jax.tree_util.tree_flatten(data)
     data_used = tuple(j for j in range(len(data_leaves)) if live_l[n + j])
-    all_axes = P.data_axes(program, data)
-    data_axes = tuple(all_axes[j] for j in data_used)
+    all_axes = data_axes(program, data)
+    used_axes = tuple(all_axes[j] for j in data_used)
 
     # 2. the group's collect
-    state_g = jax.eval_shape(lambda s: P.split_envs(program, s, groups)[0], state)
-    closed_c, (out_g, _) = jax.make_jaxpr(
-        lambda s: P.collect_group(program, s, 0, groups), return_shape=True
-    )(state_g)
+    state_g = jax.eval_shape(lambda s: split_envs(program, s, groups)[0], state)
+    closed_c, (out_g, _) = jax.make_jaxpr(lambda s: collect_group(program, s, 0, groups), return_shape=True)(
+        state_g
+    )
     if jax.tree.structure(out_g) != treedef:
         return no("the group's collect changes the state's structure")
     jc = closed_c.jaxpr
     changed = tuple(i for i in other if jc.outvars[i] is not jc.invars[i])
-    live_c = live_inputs(closed_c, list(env_pos) + list(changed) + [n + j for j in data_used])
+    live_c = dataflow.live_inputs(closed_c, list(env_pos) + list(changed) + [n + j for j in data_used])
     sent = tuple(i for i in other if live_c[i])
     zeros = tuple(
         (i, tuple(np.shape(leaves[i])), str(jnp.result_type(leaves[i]))) for i in other if not live_c[i]
@@ -317,7 +240,7 @@ def plan_resident(program: Any, state: Any, groups: int, owner: str = "plan") ->
         layout,
         env_treedef=jax.tree.structure(program.env.get(state)),
         data_treedef=data_treedef,
-        data_axes=data_axes,
+        data_axes=used_axes,
         sent_bytes_per_worker=sent_bytes,
         **common,
     )
@@ -390,11 +313,7 @@ class InlineExecutor:
 
 
 def available() -> tuple[bool, str]:
-    """Whether worker processes can be started (``rose_jax.runtime`` importable)."""
-    try:
-        from rose_jax import runtime  # noqa: F401, PLC0415
-    except ImportError as e:  # pragma: no cover - the runtime ships with rose_jax
-        return False, f"rose_jax.runtime unavailable: {e}"
+    """Whether worker processes can be started (the ``rose_jax.runtime`` pool is part of the package)."""
     return True, "rose_jax.runtime worker pool available"
 
 
@@ -439,10 +358,6 @@ class RuntimeExecutor:
             self._stop_daemon()
         if self._pool is not None:
             return self._pool
-        from rose_jax import runtime  # noqa: PLC0415
-        from rose_jax.mps import plan as mps_plan  # noqa: PLC0415
-        from rose_jax.mps import worker_daemon  # noqa: PLC0415
-
         gpu = jax.default_backend() == "gpu"
         if gpu and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() not in ("false", "0"):
             warnings.warn(
@@ -509,8 +424,6 @@ class RuntimeExecutor:
         self._stop_daemon()
 
     def _stop_daemon(self):
-        from rose_jax.mps import stop_own  # noqa: PLC0415
-
         own, self._own_daemon = self._own_daemon, None
         stop_own(own)
 
@@ -522,11 +435,11 @@ def _tree_bytes(tree) -> int:
     return sum(_nbytes(x) for x in jax.tree.leaves(tree) if hasattr(x, "dtype") and hasattr(x, "shape"))
 
 
-class ProcessCollect:
+class ProcessCollect(HostStep):
     """A host-level collect that runs env groups in worker processes (see the module docstring).
 
     Args:
-      program: the single-process :class:`~rose_jax.optimize.program.Program` (with a spec).
+      program: the single-process :class:`~rose_jax.program.Program` (with a spec).
       groups: number of env groups = worker processes.
       quotas: SM percent per worker (MPS), for the default :class:`RuntimeExecutor`.
       executor: where the groups run (default: a :class:`RuntimeExecutor`).
@@ -547,7 +460,6 @@ class ProcessCollect:
         resident: bool = True,
         keep_origin: bool = True,
     ):
-        from rose_jax.optimize import program as P  # noqa: PLC0415
 
         if program.spec is None:
             raise ValueError(f"program {program.name!r} has no ProgramSpec: workers cannot rebuild it")
@@ -555,11 +467,11 @@ class ProcessCollect:
         self.resident, self.keep_origin = bool(resident), bool(keep_origin)
         self.executor = executor if executor is not None else RuntimeExecutor(groups, quotas)
         self.owner = f"pc{os.getpid()}-{secrets.token_hex(4)}"
-        self._split = jax.jit(lambda s: P.split_envs(program, s, groups))
+        self._split = jax.jit(lambda s: split_envs(program, s, groups))
         self._merge = jax.jit(
             lambda outs: (
-                P.merge_states(program, [o[0] for o in outs]),
-                P.merge_data(program, [o[1] for o in outs]),
+                merge_states(program, [o[0] for o in outs]),
+                merge_data(program, [o[1] for o in outs]),
             )
         )
         self._plans: dict[Any, tuple[ResidentPlan, dict]] = {}
@@ -863,18 +775,3 @@ def _weakrefs(xs) -> list | None:
         return [weakref.ref(x) for x in xs]
     except TypeError:  # a leaf type without weak references (e.g. a numpy scalar): no restart
         return None
-
-
-def overlap_in_processes(fn: Callable, a: Any, b: Any) -> Callable:
-    """Run node ``b`` of ``fn`` in a worker while ``a`` runs here: NOT IMPLEMENTED.
-
-    It needs ``fn`` cut at the two nodes (the equations ``b`` depends on, ``b`` itself, the
-    equations independent of ``b`` (``a`` among them), the rest) with ``b``'s part shipped to the
-    worker. Shipping a compiled cut needs ``jax.export`` serialization (the ``flatbuffers``
-    package, absent from this environment) or a worker that re-traces ``fn`` from an import path.
-    The multi-process transformation that exists is env-group rollouts (:class:`ProcessCollect`).
-    """
-    raise ValueError(
-        "overlap_independent(mode='processes') is not implemented (legality is): use mode='fused', "
-        "or group_rollout(G, 'processes') for multi-process rollouts"
-    )

@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rose_jax.profile import _jaxpr as J
+from rose_jax.jaxpr import compat, dataflow
+from rose_jax.jaxpr import cut as J
 from rose_jax.profile.timeline import ActivitySeries, Phase, Timeline
-from rose_jax.trace import compat
 
 GLUE = "(glue)"
 ITERATION = "(iteration)"
@@ -104,12 +104,8 @@ def _split(eqns: list, context: tuple[str, ...], glue_max_eqns: int) -> list[_Se
 
 def _wire(segs: list, final_outvars: list) -> None:
     """Set each segment's live inputs and the outputs later segments (or the result) need."""
-    live = {v for v in final_outvars if compat.is_var(v)}
-    for s in reversed(segs):
-        defined = J.defined_vars(s.eqns)
-        s.out_vars = [v for v in defined if v in live]
-        s.in_vars = J.read_set(s.eqns)
-        live = (live - set(defined)) | set(s.in_vars)
+    for s, (reads, outs) in zip(segs, dataflow.liveness([s.eqns for s in segs], final_outvars), strict=True):
+        s.in_vars, s.out_vars = reads, outs
 
 
 def _read(env: dict, atom):
@@ -245,21 +241,21 @@ class _Block:
                 pos = i + 1
         if eqns[pos:]:
             items.append(_Segment((), eqns[pos:]))
-        live = {v for v in outs_needed if compat.is_var(v)}
+        segment = [isinstance(it, _Segment) for it in items]
+        wiring = dataflow.liveness(
+            [it.eqns if seg else [it.eqn] for it, seg in zip(items, segment, strict=True)],
+            outs_needed,
+            droppable=segment,  # a segment nothing needs is dead for our purpose
+        )
         self.items = []
-        for it in reversed(items):
-            it_eqns = it.eqns if isinstance(it, _Segment) else [it.eqn]
-            defined = J.defined_vars(it_eqns)
-            outs = [v for v in defined if v in live]
-            if isinstance(it, _Segment):
-                if not outs:
-                    continue  # dead for our purpose
-                it.out_vars, it.in_vars = outs, J.read_set(it_eqns)
+        for it, seg, io in zip(items, segment, wiring, strict=True):
+            if io is None:
+                continue
+            if seg:
+                it.in_vars, it.out_vars = io
             else:
-                it.need_outputs = bool(outs)
-            live = (live - set(defined)) | set(J.read_set(it_eqns))
+                it.need_outputs = bool(io[1])
             self.items.append(it)
-        self.items.reverse()
 
     def compile_jobs(self):
         for it in self.items:

@@ -46,8 +46,8 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 
 from rose_jax.program import COMPONENT_PREFIX
-from rose_jax.profile._jaxpr import _lcp
-from rose_jax.trace.compat import collapse_repeats
+from rose_jax.jaxpr.compat import collapse_repeats
+from rose_jax.jaxpr.cut import lcp
 
 _ROSE_RE = re.compile(re.escape(COMPONENT_PREFIX) + r"([^/():\"]+)")
 UNKNOWN = "(unknown)"
@@ -146,7 +146,7 @@ def _scopes(op_name: str) -> tuple:
     reads ``rose:a/transpose(rose:a)/...``); XLA joins the names of merged ops with ';', which
     gives their longest common path."""
     parts = [collapse_repeats(_ROSE_RE.findall(p)) for p in op_name.split(";") if p.strip()]
-    return _lcp(parts) if parts else ()
+    return lcp(parts) if parts else ()
 
 
 def _resolve_paths(
@@ -164,7 +164,7 @@ def _resolve_paths(
             inner = [path_of(m, depth + 1) for comp in calls[name] for m in comp_members.get(comp, [])]
             inner = [p for p in inner if p]
             if inner:
-                memo[name] = _lcp(inner)
+                memo[name] = lcp(inner)
         return memo[name]
 
     return {name: "/".join(path_of(name)) for name in own}
@@ -425,7 +425,7 @@ def events_from_profile(
     for r in rows:
         if r[4] and r[7] is not None:
             members.setdefault(r[7], []).append(tuple(r[4].split("/")))
-    group_path = {g: "/".join(_lcp(ps)) for g, ps in members.items()}
+    group_path = {g: "/".join(lcp(ps)) for g, ps in members.items()}
     out: list[KernelEvent] = []
     for name, start, dur, lname, path, hlo_op, kind, group in rows:
         if path is None:

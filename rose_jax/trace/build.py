@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from rose_jax.trace import compat
+from rose_jax.jaxpr import compat
 from rose_jax.trace.tree import ZERO_COST, Cost, Level, LoopTree, Node
 
 # ------------------------------------------------------------------------------ plain costs

@@ -12,33 +12,8 @@ in turn (dependent). A node and its descendant are never independent.
 
 from __future__ import annotations
 
-from rose_jax.trace import compat
+from rose_jax.jaxpr import dataflow
 from rose_jax.trace.tree import LoopTree, Node
-
-
-def _forward(level, start_vars, start: int, skip: frozenset) -> set:
-    """Vars at ``level`` reachable from ``start_vars`` through equations ``start..``, ``skip``
-    equation indices excluded."""
-    reached = set(start_vars)
-    eqns = level.eqns
-    for j in range(start, len(eqns)):
-        if j in skip:
-            continue
-        eqn = eqns[j]
-        if any(not compat.is_literal(v) and v in reached for v in eqn.invars):
-            reached.update(eqn.outvars)
-    return reached
-
-
-def _backward(level, end_vars, stop: int) -> set:
-    """Vars at ``level`` that ``end_vars`` depend on through equations before index ``stop``."""
-    needed = set(end_vars)
-    eqns = level.eqns
-    for j in range(min(stop, len(eqns)) - 1, -1, -1):
-        eqn = eqns[j]
-        if any(v in needed for v in eqn.outvars):
-            needed.update(v for v in eqn.invars if not compat.is_literal(v))
-    return needed
 
 
 def _same_level(a: Node, b: Node) -> list[str]:
@@ -47,8 +22,8 @@ def _same_level(a: Node, b: Node) -> list[str]:
     a_eqns, b_eqns = frozenset(a.eqn_indices), frozenset(b.eqn_indices)
     a_first = min(a.eqn_indices, default=0)
     b_first = min(b.eqn_indices, default=0)
-    reach_a = _forward(level, a.out_vars, a_first, b_eqns)
-    reach_b = _forward(level, b.out_vars, b_first, a_eqns)
+    reach_a = dataflow.forward(level.eqns, a.out_vars, a_first, b_eqns)
+    reach_b = dataflow.forward(level.eqns, b.out_vars, b_first, a_eqns)
     if reach_a & b.in_vars:
         reasons.append(f"dataflow: {a.label()} produces values {b.label()} consumes")
     if reach_b & a.in_vars:
@@ -60,8 +35,8 @@ def _same_level(a: Node, b: Node) -> list[str]:
     if ba:
         reasons.append(f"{b.label()} writes {_few(ba)} that {a.label()} reads or writes")
     if level.carry:
-        needs_a = _backward(level, a.in_vars, max(a.eqn_indices, default=0) + 1)
-        needs_b = _backward(level, b.in_vars, max(b.eqn_indices, default=0) + 1)
+        needs_a = dataflow.backward(level.eqns, a.in_vars, max(a.eqn_indices, default=0) + 1)
+        needs_b = dataflow.backward(level.eqns, b.in_vars, max(b.eqn_indices, default=0) + 1)
         for x, y, reach_x, needs_y in ((a, b, reach_a, needs_b), (b, a, reach_b, needs_a)):
             slots = [k for k, (cin, cout) in enumerate(level.carry) if cout in reach_x and cin in needs_y]
             if slots:

@@ -1,4 +1,4 @@
-"""A tiny RL-shaped :class:`~rose_jax.optimize.program.Program` for tests and the ``--tiny`` benchmark.
+"""A tiny RL-shaped :class:`~rose_jax.program.Program` for the optimizer's tests.
 
 Each env is a 3-vector ``x`` with linear-tanh dynamics; the policy is ``tanh(x @ W) + noise``;
 learn takes one gradient step on ``W``. It has the pieces the optimizer cares about: a rollout
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import struct
 
 import rose_jax
-from rose_jax.optimize import program as P
+from rose_jax.program import Program, ProgramSpec, RolloutParts, attr_lens
 
 OBS = 3
 
@@ -43,7 +43,7 @@ def init(num_envs: int, seed: int = 0) -> ToyState:
     )
 
 
-def toy_program(num_envs: int = 8, unroll_length: int = 5, variant: str = "ok") -> P.Program:
+def toy_program(num_envs: int = 8, unroll_length: int = 5, variant: str = "ok") -> Program:
     """The toy program (see the module docstring).
 
     ``variant``: ``"ok"`` | ``"normalizer_in_collect"`` | ``"mixing"``."""
@@ -108,18 +108,20 @@ def toy_program(num_envs: int = 8, unroll_length: int = 5, variant: str = "ok") 
         with rose_jax.component("rollout"):
             return collect(state)
 
-    spec = P.ProgramSpec(
-        "rose_jax.optimize.toy:toy_program",
+    # workers import this module by name: pytest puts tests/ on sys.path and spawned workers
+    # inherit the driver's sys.path
+    spec = ProgramSpec(
+        "toy_program:toy_program",
         (("num_envs", num_envs), ("unroll_length", unroll_length), ("variant", variant)),
     )
-    return P.Program(
+    return Program(
         name=f"toy_{variant}",
         num_envs=num_envs,
         collect=rollout_collect,
         learn=learn,
-        env=P.attr_lens("x"),
+        env=attr_lens("x"),
         data_env_axis=1,  # obs and action are (T, N, OBS)
-        rollout=None if shared_mean else P.RolloutParts(T, start, step, finish),
+        rollout=None if shared_mean else RolloutParts(T, start, step, finish),
         spec=spec,
         env_name="toy",
     )

@@ -1,7 +1,8 @@
 """Every read of ``eqn.params`` and of jaxpr internals lives here, so a JAX upgrade touches one file.
 
 The tracer (``rose_jax.trace``), the phase timer (``rose_jax.profile``) and the optimizer
-(``rose_jax.optimize``) all see jaxprs through this module: higher-order equations only
+(``rose_jax.optimize``) all see jaxprs through this module (and :mod:`rose_jax.jaxpr.dataflow`,
+:mod:`rose_jax.jaxpr.cut`, which build on it): higher-order equations only
 through the records below (:class:`ScanParams`, :class:`WhileParams`, :class:`CondInfo`,
 :class:`CallInfo`), which say which sub-jaxprs an equation runs and how its operands and
 results map onto each sub-jaxpr's inputs and outputs.

@@ -1,0 +1,187 @@
+"""Candidate transformations for a traced iteration, each with a predicted gain and its model.
+
+For every low-activity window (without windows: every scan of the LoopTree, most expensive
+first): unrolling and hoisting per scan, fusion of equal-length sibling scans, offloading a
+metrics-only top-level component, and env-group rollouts of a Program. Predictions are models
+(stated in each candidate), not measurements: the search measures every candidate it keeps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from rose_jax.jaxpr import compat as C
+from rose_jax.optimize.base import Transform
+from rose_jax.optimize.fuse import overlap_independent
+from rose_jax.optimize.group_rollout import group_rollout
+from rose_jax.optimize.offload import offload_component
+from rose_jax.optimize.scans import hoist_invariants, invariant_eqns, unroll_scans
+from rose_jax.program import Program
+
+# Per-iteration cost of a compiled loop (s) used to predict unrolling gains: on GPU a while loop
+# copies its predicate to the host every iteration (~10 us with the launch gaps around it);
+# on CPU it is a branch and a few buffer assignments. A model, not a measurement.
+LOOP_OVERHEAD_S = {"gpu": 10e-6, "cpu": 1e-6}
+# Assumed idle SM share of a phase when no profiler window says otherwise.
+ASSUMED_IDLE_SHARE = 0.5
+# top-level components that produce only metrics by convention (candidates for offload_component)
+OFFLOAD_COMPONENTS = ("evaluate",)
+
+
+def where_of(node) -> str:
+    """A LoopTree node as a where spec: its component path and name, ``"rollout/step"``."""
+    return "/".join(tuple(node.component_path) + (node.name,))
+
+
+def outer_trips(tree, node) -> int:
+    """How often ``node`` runs per iteration because of the loops around it."""
+    trips = 1
+    for anc in tree.ancestors(node):
+        if anc.is_loop and anc.trip_count:
+            trips *= anc.trip_count
+    return trips
+
+
+def time_share(tree, node) -> float:
+    """A node's share of the iteration's work (flops + bytes/4, a crude roofline-free weight)."""
+
+    def w(n):
+        return float(n.cost.flops) + float(n.cost.bytes) / 4.0
+
+    total = w(tree.root)
+    return 0.0 if total <= 0 else min(1.0, w(node) * outer_trips(tree, node) / total)
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A transformation to try, the window it targets and its predicted gain (s/iter) with the model."""
+
+    transform: Transform
+    window: str
+    predicted: float | None
+    model: str
+
+
+def _windows_by_path(windows) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for w in windows or ():
+        path = w.path if isinstance(w.path, str) else "/".join(w.path)
+        out[path] = out.get(path, 0.0) + float(w.idle_sm_seconds_per_iteration)
+    return out
+
+
+def _idle_for(node, windows: dict[str, float]) -> float | None:
+    """Idle SM-seconds per iteration of the windows that lie in ``node`` (None: no window)."""
+    comps = set(node.component_path) | {node.name}
+    found = [v for path, v in windows.items() if set(path.split("/")) & comps]
+    return sum(found) if found else None
+
+
+def generate_candidates(
+    tree: Any,
+    program: Program | None,
+    baseline_s: float,
+    windows=None,
+    platform: str = "cpu",
+    unroll_factors: Sequence[int] = (2, 4, 8),
+    group_sizes: Sequence[int] = (2, 4),
+    group_modes: Sequence[str] = ("interleaved", "processes"),
+) -> list[Candidate]:
+    """Candidates for the windows (or, without windows, every scan by cost), with predicted gains.
+
+    Prediction models (seconds per iteration, stated in each record): unrolling saves
+    ``trips * (1 - 1/f) * LOOP_OVERHEAD_S``; hoisting saves the invariant share of the loop's
+    time; env groups in processes reclaim ``(1 - 1/G)`` of the rollout window's idle SM-seconds
+    (interleaving in one process: a tenth of that, one stream only changes scheduling).
+    """
+    by_path = _windows_by_path(windows)
+    overhead = LOOP_OVERHEAD_S.get(platform, LOOP_OVERHEAD_S["gpu"])
+    scans = [n for n in tree.walk() if n.kind == "scan" and (n.trip_count or 0) >= 2]
+    if by_path:
+        scans = [n for n in scans if _idle_for(n, by_path) is not None] or scans
+    scans.sort(key=lambda n: -time_share(tree, n))
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    for node in scans:
+        where = where_of(node)
+        if where in seen:
+            continue
+        seen.add(where)
+        trips = node.trip_count * outer_trips(tree, node)
+        for f in unroll_factors:
+            if f >= 2 and f <= node.trip_count:
+                gain = trips * (1.0 - 1.0 / f) * overhead
+                out.append(
+                    Candidate(
+                        unroll_scans(f, where),
+                        where,
+                        gain,
+                        f"{trips} loop iterations x (1-1/{f}) x {overhead * 1e6:.0f}us loop overhead",
+                    )
+                )
+        eqns = node.eqns()
+        if len(eqns) == 1 and eqns[0].primitive.name == "scan":
+            scan = C.scan_params(eqns[0].params)
+            n_inv = len(invariant_eqns(scan))
+            if n_inv:
+                share = n_inv / max(len(scan.body.eqns), 1)
+                gain = baseline_s * time_share(tree, node) * share * (1.0 - 1.0 / node.trip_count)
+                out.append(
+                    Candidate(
+                        hoist_invariants(where),
+                        where,
+                        gain,
+                        f"{n_inv}/{len(scan.body.eqns)} body equations invariant x loop time",
+                    )
+                )
+    # scans of equal length at the same jaxpr level (legality then checks independence): fuse
+    by_level: dict[int, list] = {}
+    for n in tree.walk():
+        if n.kind == "scan" and n.level is not None and (n.trip_count or 0) >= 2:
+            by_level.setdefault(id(n.level), []).append(n)
+    for kids in by_level.values():
+        for i, a in enumerate(kids):
+            for b in kids[i + 1 :]:
+                if a.trip_count == b.trip_count and where_of(a) != where_of(b):
+                    gain = a.trip_count * outer_trips(tree, a) * overhead
+                    label = f"{where_of(a)}+{where_of(b)}"
+                    fuse = overlap_independent(where_of(a), where_of(b))
+                    out.append(Candidate(fuse, label, gain, "one loop's overhead per iteration"))
+    # components whose results reach only the metrics (e.g. an evaluation): run them in a worker
+    # behind the next call; the whole component's time is the predicted gain (it leaves the path)
+    for node in tree.root.children:
+        if node.kind == "component" and node.name in OFFLOAD_COMPONENTS:
+            share = time_share(tree, node)
+            out.append(
+                Candidate(
+                    offload_component(node.name),
+                    node.name,
+                    baseline_s * share,
+                    f"{node.name}'s share of the work ({share:.0%}) leaves the critical path",
+                )
+            )
+    if program is not None and program.groups == 1:
+        rollout = [n for n in tree.walk() if n.kind == "component" and n.name in ("rollout", "collect")]
+        if rollout:
+            node = rollout[0]
+            idle = _idle_for(node, by_path)
+            rollout_s = baseline_s * time_share(tree, node)
+            assumed = idle is None
+            idle = rollout_s * ASSUMED_IDLE_SHARE if idle is None else idle
+            src = f"assumed {ASSUMED_IDLE_SHARE:.0%} idle SMs" if assumed else "profiled idle SM-seconds"
+            for g in group_sizes:
+                if program.num_envs % g:
+                    continue
+                for mode in group_modes:
+                    factor = (1.0 - 1.0 / g) * (1.0 if mode == "processes" else 0.1)
+                    out.append(
+                        Candidate(
+                            group_rollout(g, mode),
+                            node.name,
+                            idle * factor,
+                            f"{src} of {node.name} x {factor:.2f}",
+                        )
+                    )
+    out.sort(key=lambda c: -(c.predicted or 0.0))
+    return out

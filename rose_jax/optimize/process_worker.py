@@ -1,0 +1,115 @@
+"""Worker entry points: the functions ``rose_jax.runtime`` workers run, named by import path.
+
+A worker process imports this module (the pool resolves ``"rose_jax.optimize.process_worker:<fn>"``)
+and runs one of:
+
+* :func:`worker_collect` / :func:`worker_rollout`: env group ``g``'s rollout of a program the
+  worker rebuilds from its :class:`rose_jax.program.ProgramSpec` (:func:`build_program`), whole
+  states or on the env slice resident in the worker (:class:`ResidentLayout`);
+* :func:`worker_restore`: the resident env slice back to its last upload;
+* :func:`run_exported`: a ``jax.export``-serialized computation (an offloaded component).
+
+The driver side is :mod:`rose_jax.optimize.processes` and :mod:`rose_jax.optimize.offload`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import export as jax_export
+
+from rose_jax.optimize.env_groups import collect_group
+from rose_jax.optimize.registry import transform_by_name
+
+WORKER_COLLECT = "rose_jax.optimize.process_worker:worker_collect"
+WORKER_ROLLOUT = "rose_jax.optimize.process_worker:worker_rollout"
+WORKER_RESTORE = "rose_jax.optimize.process_worker:worker_restore"
+RUN_EXPORTED = "rose_jax.optimize.process_worker:run_exported"
+ENV = "rose.env"  # resident name of a worker's env slice
+ORIGIN = "rose.env.origin"  # the env slice as last uploaded (restarts without a transfer)
+
+
+@functools.lru_cache(maxsize=8)
+def build_program(spec: Any) -> Any:
+    """The program a :class:`rose_jax.program.ProgramSpec` names, with its fn-level transforms
+    (cached per spec: a worker rebuilds each program once)."""
+    module, name = spec.factory.split(":")
+    program = getattr(importlib.import_module(module), name)(**dict(spec.kwargs))
+    for t_name, t_params in spec.transforms:
+        program = transform_by_name(t_name, dict(t_params)).apply(program)
+    return program
+
+
+def worker_collect(state_g: Any, *, spec: Any, g: int, groups: int) -> tuple[Any, Any]:
+    """Run in a worker: the rollout of env group ``g`` of ``groups`` (jit this with static kwargs)."""
+    return collect_group(build_program(spec), state_g, g, groups)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidentLayout:
+    """How a worker rebuilds group ``g``'s state and what it sends back (static: hashable, picklable).
+
+    Positions are indices into the flattened full state (``treedef``) or the flattened data.
+    ``env``: the env-batch leaves (resident); ``sent``: the non-env leaves the rollout reads
+    (sent every iteration, in this order); ``zeros``: ``(position, shape, dtype)`` of the non-env
+    leaves it does not read (zeros in the worker, which XLA removes); ``changed``: the non-env
+    leaves the collect writes (sent back); ``data_used``: the data leaves ``learn`` reads (sent
+    back; the others are never transferred).
+    """
+
+    treedef: Any
+    env: tuple[int, ...]
+    sent: tuple[int, ...]
+    zeros: tuple[tuple[int, tuple[int, ...], str], ...]
+    changed: tuple[int, ...]
+    data_used: tuple[int, ...]
+
+
+def worker_rollout(env_g, sent, *, spec: Any, g: int, groups: int, layout: ResidentLayout):
+    """Run in a worker (jitted, ``reads=writes=(ENV,)``): group ``g``'s rollout on its resident env.
+
+    env_g: tuple of the group's env leaves (each ``(num_envs / groups, ...)``); sent: tuple of
+    the non-env leaves in ``layout.sent``. Returns ``((new env_g,), (changed, data_used))``.
+    """
+    leaves: list[Any] = [None] * layout.treedef.num_leaves
+    for i, x in zip(layout.sent, sent, strict=True):
+        leaves[i] = x
+    for i, shape, dtype in layout.zeros:
+        leaves[i] = jnp.zeros(shape, dtype)
+    for i, x in zip(layout.env, env_g, strict=True):
+        leaves[i] = x
+    state_g = jax.tree_util.tree_unflatten(layout.treedef, leaves)
+    out_state, data = collect_group(build_program(spec), state_g, g, groups)
+    out_leaves, data_leaves = jax.tree.leaves(out_state), jax.tree.leaves(data)
+    new_env = tuple(out_leaves[i] for i in layout.env)
+    return (new_env,), (
+        tuple(out_leaves[i] for i in layout.changed),
+        tuple(data_leaves[i] for i in layout.data_used),
+    )
+
+
+def worker_restore(origin):
+    """Run in a worker (``jit=False``, ``reads=(ORIGIN,)``, ``writes=(ENV,)``): ENV := ORIGIN, no copy."""
+    return (origin,), None
+
+
+_LOADED: dict[str, Callable] = {}
+
+
+def run_exported(blob: Any, *args: Any, digest: str, compiler_options: tuple = ()) -> tuple:
+    """In a worker (``jit=False``, ``reads=(blob name,)``): run the serialized ``part`` on ``args``.
+
+    The ``jax.export`` blob is deserialized and jitted once per ``digest``; later calls reuse it.
+    """
+    fn = _LOADED.get(digest)
+    if fn is None:
+        exported = jax_export.deserialize(bytearray(np.asarray(blob, dtype=np.uint8).tobytes()))
+        fn = jax.jit(exported.call, compiler_options=dict(compiler_options) or None)
+        _LOADED[digest] = fn
+    return tuple(fn(*args))
