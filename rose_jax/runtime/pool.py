@@ -35,8 +35,11 @@ unlinks every shared-memory segment it named, and leaves no child process behind
 ``relaunch`` starts a fresh group. Workers also die with the driver (PR_SET_PDEATHSIG, so create
 the pool from a long-lived thread) and exit when the driver's pipe closes.
 
-Spawn re-imports the driver's ``__main__`` module in every worker: keep its top level import-safe
-(``if __name__ == "__main__":``) and free of side effects on the CUDA/XLA environment.
+Workers do not re-import the driver's ``__main__`` (multiprocessing's spawn would, re-running a
+script without an ``if __name__ == "__main__":`` guard in every worker): the worker entry point
+lives in this package and every call names its function by import path, so a script needs no
+guard. The price: pytree classes defined in the script itself cannot travel to a worker (define
+them in a module).
 """
 
 from __future__ import annotations
@@ -188,6 +191,9 @@ class _EnvPopen(popen_spawn_posix.Popen):
         tracker_fd = resource_tracker.getfd()
         self._fds.append(tracker_fd)
         prep_data = spawn.get_preparation_data(process_obj._name)
+        # not the driver's __main__: importing it again in the worker would re-run an unguarded script
+        prep_data.pop("init_main_from_path", None)
+        prep_data.pop("init_main_from_name", None)
         fp = io.BytesIO()
         set_spawning_popen(self)
         try:
