@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from rose_jax.jaxpr import compat
+from rose_jax.jaxpr import bounds, compat
 from rose_jax.trace.tree import ZERO_COST, Cost, Level, LoopTree, Node
 
 # ------------------------------------------------------------------------------ plain costs
@@ -164,6 +164,7 @@ class Tracer:
         self._used: dict[int, tuple] = {}
         self._fwd_jaxpr: dict[int, tuple] = {}
         self._fwd_eqn: dict[int, tuple] = {}
+        self.loop_bounds: dict[int, bounds.LoopBound] = {}  # id(while eqn) -> bound (set by trace)
 
     # -- classification ----------------------------------------------------------------
 
@@ -437,6 +438,7 @@ class Tracer:
             return node, reads, writes, out_writes, node.cost
 
         bodies = []  # (jaxpr, Level, part, labels, outs, slots)
+        bound = None
         if kind in ("call", "custom"):
             body = info.body
             bodies.append((body, Level(body, kind), None,
@@ -473,6 +475,7 @@ class Tracer:
                            _map_in(ops[cn:cn + bn] + carry_ops, body.invars, labels),
                            _map_out(eqn.outvars, body.outvars, outs), body_slots))
             name, trips = compat.func_name(body, "while"), while_trip_count(eqn, info, self)
+            bound = bounds.bound_of(eqn, self.loop_bounds).bound
         else:  # cond
             for b_i, branch in enumerate(info.branches):
                 bodies.append((branch, Level(branch, "cond_branch"), f"branch{b_i}",
@@ -498,7 +501,7 @@ class Tracer:
             out_writes |= sub_stats.out_writes
         node = Node(kind=kind, name=name, trip_count=trips, reads=frozenset(reads),
                     writes=frozenset(writes), out_writes=frozenset(out_writes), children=tuple(children),
-                    bodies=tuple(b[1] for b in bodies), **common)
+                    bodies=tuple(b[1] for b in bodies), bound=bound, **common)
         return node, reads, writes, out_writes, node.cost
 
 
@@ -526,95 +529,13 @@ def _map_out(results, outvars, table: dict) -> dict:
 
 # ----------------------------------------------------------------------- while trip counts
 
-_FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "ne": "ne"}
 
-
-def while_trip_count(eqn, info, tracer: Tracer | None = None) -> int | None:
-    """Iterations of a while loop when derivable from its jaxpr, else None.
-
-    Recognises ``cond: i <op> bound`` (op in lt/le/gt/ge/ne) with ``i`` a carry slot whose
-    initial value is a literal and whose body update is ``i + c`` / ``i - c`` for a literal c,
-    and ``bound`` a literal, a literal cond const, or a loop-invariant carry slot initialised
-    from a literal (the shape of ``fori_loop`` with traced-but-constant bounds).
-    """
-    cond, body = info.cond, info.body
-    cn, bn = info.cond_nconsts, info.body_nconsts
-    ops = list(eqn.invars)
-    carry_ops = ops[cn + bn:]
-    if len(cond.eqns) != 1 or len(cond.outvars) != 1:
-        return None
-    ceqn = cond.eqns[0]
-    op = ceqn.primitive.name
-    if op not in _FLIP or len(ceqn.invars) != 2 or ceqn.outvars[0] is not cond.outvars[0]:
-        return None
-    body_fwd = tracer.jaxpr_forwarding(body) if tracer is not None else None
-    cond_pos = {v: i for i, v in enumerate(cond.invars)}
-
-    def resolve(atom):
-        """('carry', k) | ('const', int) | None"""
-        value = compat.literal_int(atom)
-        if value is not None:
-            return ("const", value)
-        idx = cond_pos.get(atom)
-        if idx is None:
-            return None
-        if idx < cn:
-            v = compat.literal_int(ops[idx])
-            return ("const", v) if v is not None else None
-        return ("carry", idx - cn)
-
-    a, b = resolve(ceqn.invars[0]), resolve(ceqn.invars[1])
-    if a is None or b is None:
-        return None
-    if a[0] != "carry":
-        a, b, op = b, a, _FLIP[op]
-    if a[0] != "carry":
-        return None
-    k = a[1]
-    start = compat.literal_int(carry_ops[k])
-    if start is None:
-        return None
-    if b[0] == "carry":
-        j = b[1]
-        if body_fwd is None or body_fwd[j] != bn + j:
-            return None
-        end = compat.literal_int(carry_ops[j])
-        if end is None:
-            return None
-    else:
-        end = b[1]
-    step = _counter_step(body, bn + k, k)
-    if not step:
-        return None
-    if op == "lt":
-        n = -(-(end - start) // step) if step > 0 else None
-    elif op == "le":
-        n = (end - start) // step + 1 if step > 0 else None
-    elif op == "gt":
-        n = -(-(start - end) // -step) if step < 0 else None
-    elif op == "ge":
-        n = (start - end) // -step + 1 if step < 0 else None
-    else:  # ne
-        n = (end - start) // step if (end - start) % step == 0 and (end - start) * step >= 0 else None
-    return max(int(n), 0) if n is not None else None
-
-
-def _counter_step(body, in_idx: int, out_idx: int) -> int | None:
-    """The literal ``c`` when ``body.outvars[out_idx] = body.invars[in_idx] +/- c``."""
-    target = body.outvars[out_idx]
-    src = body.invars[in_idx]
-    for e in body.eqns:
-        if target in e.outvars:
-            if e.primitive.name not in ("add", "sub") or len(e.invars) != 2:
-                return None
-            x, y = e.invars
-            if x is src and compat.literal_int(y) is not None:
-                c = compat.literal_int(y)
-                return c if e.primitive.name == "add" else -c
-            if y is src and compat.literal_int(x) is not None and e.primitive.name == "add":
-                return compat.literal_int(x)
-            return None
-    return None
+def while_trip_count(eqn, info=None, tracer: Tracer | None = None) -> int | None:
+    """Iterations of a while loop when its condition is a counter test alone (``fori_loop`` with
+    traced bounds), else None; see :mod:`rose_jax.jaxpr.bounds` (also for the static upper bound
+    of data-dependent loops, a while node's ``bound``)."""
+    b = bounds.bound_of(eqn, tracer.loop_bounds if tracer is not None else None)
+    return b.bound if b.exact else None
 
 
 # --------------------------------------------------------------------------------- handlers
@@ -778,6 +699,7 @@ def trace(fn: Callable, *args, arg_names: Sequence[str] | None = None,
     if len(output_paths) != len(jaxpr.outvars) or len(input_paths) != len(jaxpr.invars):
         raise ValueError("trace: jaxpr inputs/outputs do not match the flattened arguments/results")
     tracer = Tracer(keep_trivial_calls=keep_trivial_calls)
+    tracer.loop_bounds = bounds.while_loop_bounds(closed)
     root_name = getattr(fn, "__name__", None) or compat.func_name(jaxpr, "fn")
 
     input_set = frozenset(input_paths)

@@ -89,6 +89,9 @@ class Node:
       primitive: the equation's primitive name (``None`` for component and root nodes).
       part: which sub-jaxpr of the parent the node lives in: ``None`` for the only body,
         ``"cond"`` for a while's condition, ``"branch<i>"`` for cond branch i (0 = false).
+      bound: while loops: a static upper bound on the iterations read from the jaxpr (a counter
+        tested in the condition, :mod:`rose_jax.jaxpr.bounds`), else ``None``; equals
+        ``trip_count`` when the condition is that test alone.
     """
 
     kind: str
@@ -102,6 +105,7 @@ class Node:
     children: tuple["Node", ...] = ()
     primitive: str | None = None
     part: str | None = None
+    bound: int | None = None
     # --- references back into the jaxpr (not compared) ---
     index: tuple[int, ...] = field(default=(), compare=False)
     level: Level | None = field(default=None, compare=False, repr=False)
@@ -133,7 +137,18 @@ class Node:
         trips = ""
         if self.is_loop:
             trips = f" x{self.trip_count}" if self.trip_count is not None else " x?"
+            if self.trip_count is None and self.bound is not None:
+                trips = f" x<={self.bound}"
         return f"{self.kind} {self.name}{trips}"
+
+    def loop_note(self) -> str:
+        """For a while loop whose trip count is not static: ``'data-dependent, bound 4: host round
+        trip per iteration on GPU'`` (XLA copies the predicate to the host every iteration of such
+        a loop); empty otherwise."""
+        if self.kind != "while" or self.trip_count is not None:
+            return ""
+        bound = f"bound {self.bound}" if self.bound is not None else "no static bound"
+        return f"data-dependent, {bound}: host round trip per iteration on GPU"
 
 
 def _matches(node: Node, key: str) -> bool:

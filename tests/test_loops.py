@@ -1,0 +1,349 @@
+"""rose_jax.optimize.loops and rose_jax.jaxpr.bounds: while loops with a static bound become masked
+scans that equal the original bitwise; loops without a bound or with effects are refused with the
+reason; the LoopTree shows the bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+
+from rose_jax import trace as rtrace
+from rose_jax.jaxpr import bounds as B
+from rose_jax.optimize import loops as L
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = [("where", 1), ("cond", 1), ("where", True)]
+
+
+def assert_bitwise(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb, strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        if x.dtype == jax.dtypes.float0:  # tangents of integer leaves carry no values
+            continue
+        nan = np.issubdtype(x.dtype, np.inexact)
+        assert np.array_equal(x, y, equal_nan=nan), f"max abs diff {np.max(np.abs(x.astype(float) - y))}"
+
+
+def primitives(fn, *args) -> set[str]:
+    found = set()
+
+    def walk(jx):
+        for e in jx.eqns:
+            found.add(e.primitive.name)
+            for sub in jax.extend.core.jaxprs_in_params(e.params):
+                walk(sub.jaxpr if hasattr(sub, "jaxpr") else sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+# ------------------------------------------------------------------------ synthetic programs
+
+
+def solver(x):
+    """MJX-solver-shaped: counter < 4 and a data-dependent tolerance exit (one env)."""
+
+    def cond(c):
+        i, v, err = c
+        done = (i >= 4) | (err < 0.3)
+        return ~done
+
+    def body(c):
+        i, v, err = c
+        v = jnp.sin(v) * 1.7 + 0.1 * v[::-1]
+        return i + 1, v, jnp.abs(v).mean() * err * 0.6
+
+    return jax.lax.while_loop(cond, body, (0, x, jnp.float32(1.0)))
+
+
+def plain(x):
+    return jax.lax.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, jnp.cos(c[1]) * 1.1), (0, x))
+
+
+def in_scan(xs):
+    def step(h, x):
+        i, v, err = solver(h + x)
+        return v, err + i
+
+    return jax.lax.scan(step, xs[0], xs[1:])
+
+
+def in_cond(x):
+    return jax.lax.cond(x.sum() > 0, lambda y: solver(y)[1], lambda y: plain(y)[1] * 2.0, x)
+
+
+@jax.jit
+def jitted_solver(x):
+    return solver(x)
+
+
+def in_jit(x):
+    return jitted_solver(x * 2.0)
+
+
+def random_x(seed, shape=(6,)):
+    return jax.random.normal(jax.random.PRNGKey(seed), shape) * 2.0
+
+
+CASES = {
+    "plain": (plain, (6,)),
+    "data_dependent": (solver, (6,)),
+    "vmapped": (jax.vmap(solver), (8, 6)),
+    "in_scan": (in_scan, (5, 6)),
+    "vmapped_in_scan": (jax.vmap(in_scan), (3, 5, 6)),
+    "in_cond": (in_cond, (6,)),
+    "in_jit": (in_jit, (6,)),
+}
+
+
+@pytest.mark.parametrize("variant,unroll", VARIANTS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_masked_scan_equals_the_while_loop_bitwise(case, variant, unroll):
+    fn, shape = CASES[case]
+    t = L.bound_while_loops(variant, unroll=unroll)
+    new = t.apply(fn)
+    x0 = random_x(0, shape)
+    assert "while" in primitives(fn, x0) and "while" not in primitives(new, x0)
+    ref, got = jax.jit(fn), jax.jit(new)
+    for seed in range(3):  # different inputs stop the tolerance exit at different iterations
+        x = random_x(seed, shape)
+        if t.tolerance.exact:
+            assert_bitwise(got(x), ref(x))
+        else:  # XLA may fuse across unrolled steps (an FMA on CPU too): the declared tolerance
+            chex.assert_trees_all_close(got(x), ref(x), rtol=t.tolerance.rtol, atol=1e-6)
+    assert t.tolerance.exact == (unroll is not True)
+
+
+def test_vmap_outside_the_transform_and_forward_mode():
+    new = L.bound_while_loops("cond").apply(solver)
+    x = random_x(1, (8, 6))
+    assert_bitwise(jax.jit(jax.vmap(new))(x), jax.jit(jax.vmap(solver))(x))
+    # jvp composes (and equals the while loop's own jvp)
+    t = jnp.ones(6)
+    assert_bitwise(jax.jvp(new, (x[0],), (t,)), jax.jvp(solver, (x[0],), (t,)))
+    # reverse mode works through the masked scan (a while loop has none)
+    g = jax.grad(lambda y: L.bound_while_loops("where").apply(solver)(y)[1].sum())(x[0])
+    assert g.shape == (6,) and bool(jnp.all(jnp.isfinite(g)))
+
+
+def test_the_tolerance_exit_really_stops_early():
+    """The data-dependent exit fires before the bound for some inputs: the masked steps matter."""
+    xs = [random_x(s) for s in range(6)]
+    trips = {int(solver(x)[0]) for x in xs}
+    assert 4 in trips and min(trips) < 4, trips
+
+
+# ------------------------------------------------------------------------------------ bounds
+
+
+def bound_list(fn, *args):
+    return list(B.while_loop_bounds(jax.make_jaxpr(fn)(*args)).values())
+
+
+def test_bounds_of_counter_loops():
+    def loops(x):
+        a = jax.lax.while_loop(lambda c: c[0] < 10, lambda c: (c[0] + 3, c[1] * 2.0), (0, x))
+        b = jax.lax.while_loop(lambda c: c[0] <= 10, lambda c: (c[0] + 2, c[1] * 2.0), (0, x))
+        c = jax.lax.while_loop(lambda c: c[0] > 0, lambda c: (c[0] - 1, c[1] * 2.0), (7, x))
+        d = jax.lax.while_loop(lambda c: (c[0] < 4) & (c[1].sum() < 9.0), lambda c: (c[0] + 1, c[1] * 2.0), (0, x))
+        e = jax.lax.while_loop(lambda c: (c[1].sum() < 9.0) & (c[0] != 6), lambda c: (c[0] + 2, c[1] * 2.0), (0, x))
+        return a[1] + b[1] + c[1] + d[1] + e[1]
+
+    got = [(b.bound, b.exact) for b in bound_list(loops, jnp.ones(3))]
+    assert got == [(4, True), (6, True), (7, True), (4, False), (3, False)]
+
+
+def test_bounds_of_vmapped_and_traced_starts():
+    (b,) = bound_list(jax.vmap(solver), jnp.ones((5, 6)))
+    assert (b.bound, b.exact, b.batched, b.counter) == (4, False, True, 0)
+    # a fori_loop whose start is a traced constant (jnp.int32) inside jit: the range flows in
+    (b,) = bound_list(jax.jit(lambda x: jax.lax.fori_loop(jnp.int32(2), 6, lambda i, c: c + 1.0, x)), jnp.ones(2))
+    assert (b.bound, b.exact) == (4, True)
+    # a start known only as a range: max(n, 1) with an unknown n, counting up to 8
+    (b,) = bound_list(lambda x, n: jax.lax.while_loop(
+        lambda c: c[0] < 8, lambda c: (c[0] + 1, c[1] + 1.0), (jnp.clip(n, 1, 5), x)), jnp.ones(2), 3)
+    assert (b.bound, b.exact) == (7, False)
+
+
+@pytest.mark.parametrize(
+    "name,loop,why",
+    [
+        ("float test", lambda x: jax.lax.while_loop(lambda c: c.sum() < 9.0, lambda c: c * 2.0, x),
+         "no integer counter test"),
+        ("no constant step", lambda x: jax.lax.while_loop(
+            lambda c: c[0] < 4, lambda c: (c[0] + c[0] % 2, c[1]), (0, x)), "does not add a constant"),
+        ("unknown start", lambda x, n: jax.lax.while_loop(
+            lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1] * 2.0), (n, x)), "initial value is not statically known"),
+        ("counter goes the wrong way", lambda x: jax.lax.while_loop(
+            lambda c: c[0] < 4, lambda c: (c[0] - 1, c[1] * 2.0), (0, x)), "gives no bound"),
+    ],
+)
+def test_loops_without_a_bound_are_refused_with_the_reason(name, loop, why):
+    args = (jnp.ones(3), 2) if name == "unknown start" else (jnp.ones(3),)
+    (b,) = bound_list(loop, *args)
+    assert b.bound is None and why in b.reason, (name, b.reason)
+    t = L.bound_while_loops()
+    ok, reason = t.legal(rtrace.trace(loop, *args))
+    assert not ok and why in reason
+    # apply leaves such a loop as it is
+    assert "while" in primitives(t.apply(loop), *args)
+
+
+@pytest.mark.parametrize("variant", ["where", "cond"])
+def test_effectful_bodies_are_refused(variant):
+    def printing(x):
+        def body(c):
+            jax.debug.print("i={i}", i=c[0])
+            return c[0] + 1, c[1] * 2.0
+
+        return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x))
+
+    def calling_back(x):
+        def body(c):
+            y = io_callback(lambda v: np.asarray(v) * 2.0, jax.ShapeDtypeStruct((3,), jnp.float32), c[1])
+            return c[0] + 1, y
+
+        return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x))
+
+    for fn in (printing, calling_back):
+        ok, why = L.bound_while_loops(variant).legal(rtrace.trace(fn, jnp.ones(3)))
+        assert not ok and "effects" in why, why
+
+
+def test_where_variant_refuses_an_unbounded_inner_loop_cond_takes_it():
+    def nested(x):
+        def body(c):
+            inner = jax.lax.while_loop(lambda v: v.sum() < 50.0, lambda v: v * 2.0, jnp.abs(c[1]) + 1.0)
+            return c[0] + 1, inner * 0.1
+
+        return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, x))
+
+    tree = rtrace.trace(nested, jnp.ones(3))
+    ok, why = L.bound_while_loops("where").legal(tree)
+    assert not ok and "not rewritten" in why and "no static bound" in why
+    ok, why = L.bound_while_loops("cond").legal(tree)
+    assert ok and "1 left as they are" in why
+    x = random_x(3, (3,))
+    assert_bitwise(jax.jit(L.bound_while_loops("cond").apply(nested))(x), jax.jit(nested)(x))
+
+
+def test_max_bound_and_argument_errors():
+    big = lambda x: jax.lax.while_loop(lambda c: c[0] < 5000, lambda c: (c[0] + 1, c[1]), (0, x))  # noqa: E731
+    ok, why = L.bound_while_loops().legal(rtrace.trace(big, jnp.ones(2)))
+    assert not ok and "exceeds max_bound=1024" in why
+    assert L.bound_while_loops(max_bound=5000).legal(rtrace.trace(big, jnp.ones(2)))[0]
+    with pytest.raises(ValueError, match="variant must be one of"):
+        L.bound_while_loops("scan")
+    with pytest.raises(ValueError, match="unroll must be"):
+        L.bound_while_loops(unroll=0)
+
+
+# --------------------------------------------------------------------- Transform API, tree
+
+
+def test_transform_api_where_spec_and_candidates():
+    tree = rtrace.trace(in_scan, random_x(0, (5, 6)))
+    t = L.bound_while_loops("where", where="body")
+    ok, why = t.legal(tree)
+    assert ok and "at most 4 iterations" in why and "masked scan of 4 steps" in why
+    assert L.bound_while_loops(where="no_such_loop").legal(tree) == (False, "no while loop matches the while loops at where='no_such_loop'")
+    assert t.level == "fn" and t.label.startswith("bound_while_loops(variant='where'")
+    assert json.loads(json.dumps(t.to_json()))["params"]["variant"] == "where"
+    cands = L.loop_candidates(tree)
+    assert [(c.params[0][1], c.params[2][1]) for c in cands] == [("where", 1), ("cond", 1), ("where", True)]
+    assert L.loop_candidates(rtrace.trace(lambda x: x * 2.0, jnp.ones(2))) == []
+    try:
+        from rose_jax.optimize import registry
+    except ImportError:
+        return
+    if "bound_while_loops" in registry.known_transforms():
+        again = registry.transform_by_name("bound_while_loops", json.loads(json.dumps(t.to_json()))["params"])
+        assert again == t
+
+
+def test_loop_tree_shows_the_bound_and_the_host_round_trip():
+    tree = rtrace.trace(jax.vmap(solver), jnp.ones((4, 6)))
+    (w,) = [n for n in tree.walk() if n.kind == "while"]
+    assert (w.trip_count, w.bound) == (None, 4)
+    assert w.label() == "while body x<=4"
+    text = rtrace.format_tree(tree)
+    assert "while body x<=4 (data-dependent, bound 4: host round trip per iteration on GPU)" in text
+    assert rtrace.to_json(tree)["root"]["children"][0]["bound"] == 4
+    exact = rtrace.trace(plain, jnp.ones(3))
+    (w,) = [n for n in exact.walk() if n.kind == "while"]
+    assert (w.trip_count, w.bound, w.loop_note()) == (5, 5, "")
+    free = rtrace.trace(lambda x: jax.lax.while_loop(lambda c: c.sum() < 9.0, lambda c: c * 2.0, x), jnp.ones(3))
+    (w,) = [n for n in free.walk() if n.kind == "while"]
+    assert w.loop_note() == "data-dependent, no static bound: host round trip per iteration on GPU"
+
+
+# ------------------------------------------------------------------------- real MJX physics
+
+
+def fast_compile(fn, *args):
+    """Compile without XLA's expensive backend passes (the same for original and rewrite)."""
+    options = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+    return jax.jit(fn).lower(*args).compile(compiler_options=options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_name,variants", [("hopper", ("where", "cond")), ("halfcheetah", ("where",))])
+def test_mjx_env_steps_equal_bitwise(env_name, variants):
+    pytest.importorskip("brax")
+    import envs
+
+    env = envs.make(env_name, backend="mjx")
+    n = 2
+    state = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), n))
+    actions = jax.random.uniform(jax.random.PRNGKey(1), (3, n, env.action_size), minval=-1.0, maxval=1.0)
+    step = jax.vmap(env.step)
+    plans = L.describe_loops(step, state, actions[0])
+    assert plans and all(p.ok for p in plans), [p.reason for p in plans]
+    assert {p.bound.bound for p in plans} == {4}  # opt.iterations = 4 in these models' XML
+
+    def run(compiled):
+        s, out = state, []
+        for a in actions:
+            s = compiled(s, a)
+            out.append(s)
+        return out
+
+    ref = run(fast_compile(step, state, actions[0]))
+    for variant in variants:
+        assert_bitwise(run(fast_compile(L.bound_while_loops(variant).apply(step), state, actions[0])), ref)
+
+
+# ------------------------------------------------------------------------- benchmark smoke
+
+
+@pytest.mark.slow
+def test_benchmark_smoke_mode_writes_results(tmp_path):
+    pytest.importorskip("brax")
+    cmd = [sys.executable, "-m", "benchmarks.experiments.loops", "--smoke", "--out", str(tmp_path),
+           "--only", "physics/hopper"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "results.json").read_text())
+    rows = result["rows"]
+    assert [r["workload"] for r in rows] == ["physics/hopper"]
+    row = rows[0]
+    assert row["error"] is None and row["equal"] is True
+    assert row["baseline_env_steps_per_s"] > 0 and row["rose_env_steps_per_s"] > 0
+    assert set(row["variants"]) == {"where", "cond", "where_unrolled"}
+    assert row["plan"] in ("none", "where", "cond", "where_unrolled")
+    assert {"machine", "versions", "command", "date"} <= set(result)
+    assert (tmp_path / "results.md").read_text().startswith("#")
+    assert (tmp_path / "results.png").stat().st_size > 0
