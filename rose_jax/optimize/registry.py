@@ -20,6 +20,7 @@ _FACTORIES: dict[str, str | Callable[..., Transform]] = {
     "overlap_independent": "rose_jax.optimize.fuse:overlap_independent",
     "group_rollout": "rose_jax.optimize.group_rollout:group_rollout",
     "offload_component": "rose_jax.optimize.offload:offload_component",
+    "bound_while_loops": "rose_jax.optimize.loops:bound_while_loops",
 }
 
 
