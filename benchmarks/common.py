@@ -1,61 +1,83 @@
-"""Shared host-side helpers for benchmark scripts: machine facts, atomic result files, tables, plots."""
+"""Helpers shared by the suite and the experiments: machine facts, tables, plots, algorithm flags.
+
+Result files are written with :mod:`rose_jax.io`'s atomic writers (the whole file or nothing).
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
+import io
+import math
 import os
 import platform
+import socket
 import subprocess
 import sys
-from typing import Any, Sequence
+import tempfile
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Callable, Sequence
 
-from rose_jax.io import atomic_write_bytes, atomic_write_json
+from rose_jax.io import atomic_write_bytes
 
 BENCHMARKS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(BENCHMARKS_DIR)
 RESULTS_DIR = os.path.join(BENCHMARKS_DIR, "results")
+PACKAGES = ("jaxlib", "flax", "optax", "brax", "mujoco", "mujoco_mjx", "numpy", "psutil")
+T0 = time.perf_counter()  # this process's start, near enough: benchmarks.common is imported first
 
 
-def machine_info() -> dict[str, Any]:
-    """Versions and device facts to store beside every result."""
+def elapsed() -> float:
+    """Seconds since this process started (:data:`T0`)."""
+    return time.perf_counter() - T0
+
+
+def log(msg: str) -> None:
+    """A progress line that starts with the seconds elapsed."""
+    print(f"[{elapsed():7.1f}s] {msg}", flush=True)
+
+
+def _stdout(cmd: Sequence[str], timeout_s: float = 10.0) -> str | None:
+    """``cmd``'s stripped stdout, or None when it cannot run or fails."""
+    try:
+        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def machine_info(jax_devices: bool = True) -> dict[str, Any]:
+    """Date, host, versions, GPU, git commit and command line to store beside every result.
+
+    ``jax_devices=False`` leaves out JAX's backend and devices: looking them up creates a CUDA
+    context in this process (the MPS experiment's driver must never hold one).
+    """
     import jax
 
     info: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        "devices": [d.device_kind for d in jax.devices()],
         "command": " ".join(["python", *sys.orig_argv[1:]]),
     }
-    for pkg in ("jaxlib", "flax", "optax", "brax", "mujoco", "mujoco_mjx"):
+    if jax_devices:
+        info["backend"] = jax.default_backend()
+        info["devices"] = [d.device_kind for d in jax.devices()]
+    for pkg in PACKAGES:
         try:
-            from importlib.metadata import version
-
             info[pkg] = version(pkg.replace("_", "-"))
-        except Exception:  # noqa: BLE001 - a missing package is simply not listed
+        except PackageNotFoundError:  # a package that is not installed is simply not listed
             pass
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if out.returncode == 0:
-            info["gpu"] = out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    gpu = _stdout(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    if gpu:
+        info["gpu"] = gpu
+    commit = _stdout(["git", "-C", REPO_DIR, "rev-parse", "HEAD"])
+    if commit:
+        info["git_commit"] = commit
     return info
-
-
-def atomic_write(path: str, text: str | bytes) -> None:
-    """Write a whole result file or nothing (see :mod:`rose_jax.io`)."""
-    atomic_write_bytes(path, text if isinstance(text, bytes) else text.encode())
-
-
-def write_json(path: str, obj: Any) -> None:
-    atomic_write_json(path, obj)
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -70,7 +92,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 
 def config_table(columns: Sequence[tuple[str, str]], rows: Sequence[dict], cells) -> str:
-    """Markdown table of a GPU script's per-config rows.
+    """Markdown table of an experiment's per-config rows.
 
     columns: ``(header, align)`` pairs, align ``"l"`` or ``"r"``; the first column is the row's
     ``name``. cells(row) -> the other columns' texts. A row with a ``"skipped"`` reason is
@@ -88,26 +110,101 @@ def config_table(columns: Sequence[tuple[str, str]], rows: Sequence[dict], cells
     return "\n".join(out)
 
 
+def fmt(x: Any, spec: str = ".1f", none: str = "-") -> str:
+    """``format(x, spec)``, or ``none`` for None and non-finite floats."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return none
+    return format(x, spec)
+
+
 def save_plot(fig, path: str) -> None:
     """Save a matplotlib figure atomically as PNG."""
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    atomic_write(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
 
 
-def enable_compile_cache(path: str) -> None:
-    """Turn on JAX's persistent compilation cache at ``path`` ('' leaves it off)."""
+def enable_compile_cache(path: str, min_compile_time_s: float = 1.0) -> None:
+    """Turn on JAX's persistent compilation cache at ``path`` ('' leaves it off).
+
+    Programs that compile for at least ``min_compile_time_s`` are stored; an identical program
+    compiled again in this run (or a later one) loads instead of compiling.
+    """
     if path:
         import jax
 
+        os.makedirs(path, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", path)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_time_s)
 
 
-def add_algo_args(p) -> None:
-    """The GPU scripts' shared algorithm flags (read by :func:`algo_config`): seed, PPO and SAC shape."""
+# ------------------------------------------------------------------------------ per-config experiments
+
+
+def add_config_args(p, num_envs: Sequence[int], budget_s: float, default_out: str) -> None:
+    """Flags of an experiment over (algorithm, env count) configs: which configs, where, how long."""
+    p.add_argument("--algos", nargs="+", default=["ppo", "sac"], choices=["ppo", "sac"])
+    p.add_argument("--num-envs", nargs="+", type=int, default=list(num_envs))
+    p.add_argument("--env", default="ant")
+    p.add_argument("--backend", default="mjx", help="env backend keyword ('none' for pure-JAX envs)")
+    p.add_argument("--tiny", action="store_true", help="CPU plumbing check: pendulum, 8 envs, tiny configs")
+    p.add_argument("--out", default=None, help=f"output dir (default {default_out}; --tiny: a temp dir)")
+    p.add_argument("--budget-s", type=float, default=budget_s, help="skip configs starting after this")
+    p.add_argument(
+        "--compile-cache",
+        default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
+        help="JAX persistent compilation cache dir ('' to disable)",
+    )
+
+
+def make_tiny(args, ppo_epochs: int = 1) -> None:
+    """``--tiny``: pendulum (pure JAX), 8 envs, tiny algorithm shapes, no time budget."""
+    args.env, args.backend, args.num_envs = "pendulum", "none", [8]
+    if hasattr(args, "hidden"):
+        args.hidden = [16]
+    shrink_algo_args(args, ppo_epochs)
+    args.budget_s = max(args.budget_s, 1e9)
+
+
+def output_dir(args, default: str, tiny_prefix: str) -> str:
+    """``--out``, else a new temp dir for ``--tiny``, else ``default``; created."""
+    out = args.out or (tempfile.mkdtemp(prefix=tiny_prefix) if args.tiny else default)
+    os.makedirs(out, exist_ok=True)
+    return out
+
+
+def run_configs(configs: Sequence[tuple[str, Callable[[], dict]]], budget_s: float,
+                after_each: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """``run()`` of each ``(name, run)`` in turn; returns the rows.
+
+    A config that would start after ``budget_s`` (seconds since :data:`T0`) becomes the row
+    ``{"name", "skipped": "time budget"}``; one that raises, ``{"name", "skipped": "failed: ..."}``
+    (the others still run). ``after_each(rows)`` runs after every config (e.g. to write files).
+    """
+    rows: list[dict] = []
+    for name, run in configs:
+        if elapsed() > budget_s:
+            log(f"{name}: skipped (time budget {budget_s:.0f}s spent)")
+            rows.append({"name": name, "skipped": "time budget"})
+        else:
+            try:
+                rows.append(run())
+            except Exception as e:  # noqa: BLE001 - report and go on with the next config
+                log(f"{name}: FAILED: {type(e).__name__}: {e}")
+                rows.append({"name": name, "skipped": f"failed: {type(e).__name__}: {str(e)[:160]}"})
+        if after_each is not None:
+            after_each(rows)
+    return rows
+
+
+# ------------------------------------------------------------------------------ algorithm flags
+
+
+def add_algo_args(p, hidden: Sequence[int] | None = None) -> None:
+    """The experiments' shared algorithm flags (read by :func:`algo_config`): seed, PPO and SAC shape.
+
+    ``hidden``: also a ``--hidden`` flag (MLP widths of every network) with this default.
+    """
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ppo-unroll", type=int, default=10)
     p.add_argument("--ppo-minibatches", type=int, default=16)
@@ -115,25 +212,56 @@ def add_algo_args(p) -> None:
     p.add_argument("--sac-batch", type=int, default=256)
     p.add_argument("--sac-grad-updates", type=int, default=4)
     p.add_argument("--sac-replay", type=int, default=1 << 20)
+    if hidden is not None:
+        p.add_argument("--hidden", type=int, nargs="+", default=list(hidden))
 
 
-def algo_config(algo: str, num_envs: int, args, **overrides):
-    """PPOConfig / SACConfig from the GPU scripts' shared flags (--ppo-unroll, --sac-batch, ..., --seed).
+def shrink_algo_args(args, ppo_epochs: int = 1) -> None:
+    """Tiny algorithm shapes for a CPU smoke run: PPO unroll 4 x 2 minibatches, SAC batch 16."""
+    args.ppo_unroll, args.ppo_minibatches, args.ppo_epochs = 4, 2, ppo_epochs
+    args.sac_batch, args.sac_grad_updates, args.sac_replay = 16, 2, 1024
 
-    ``overrides`` are extra config fields (e.g. hidden sizes); an unknown ``algo`` is a ValueError.
+
+def algo_config(algo: str, num_envs: int, args, hidden: Sequence[int] | None = None, **overrides):
+    """PPOConfig / SACConfig from the shared flags (--ppo-unroll, --sac-batch, ..., --seed).
+
+    ``hidden``: MLP widths of every network (PPO policy and value, SAC policy and Q), None: the
+    config's defaults. ``overrides`` are extra config fields; an unknown ``algo`` is a ValueError.
     """
     if algo == "ppo":
         from algos import ppo
 
+        if hidden is not None:
+            overrides = dict(policy_hidden_sizes=tuple(hidden), value_hidden_sizes=tuple(hidden), **overrides)
         return ppo.PPOConfig(num_envs=num_envs, unroll_length=args.ppo_unroll,
                              num_minibatches=args.ppo_minibatches, num_epochs=args.ppo_epochs,
                              seed=args.seed, **overrides)
     if algo == "sac":
         from algos import sac
 
+        if hidden is not None:
+            overrides = dict(policy_hidden_sizes=tuple(hidden), q_hidden_sizes=tuple(hidden), **overrides)
         capacity = max(args.sac_replay, 4 * num_envs, 4 * args.sac_batch)
         return sac.SACConfig(num_envs=num_envs, batch_size=args.sac_batch,
                              grad_updates_per_step=args.sac_grad_updates, num_timesteps=10**9,
                              min_replay_size=max(num_envs, args.sac_batch), max_replay_size=capacity,
                              seed=args.seed, **overrides)
     raise ValueError(f"unknown algorithm {algo!r}; use ppo or sac")
+
+
+def make_env(args):
+    """``envs.make(args.env)`` with ``backend=args.backend`` unless that is '' or 'none' (pure-JAX envs)."""
+    import envs
+
+    return envs.make(args.env, **({} if args.backend in ("", "none") else {"backend": args.backend}))
+
+
+def algo_setup(algo: str, num_envs: int, args, hidden: Sequence[int] | None = None, **overrides):
+    """``(env, config, initial state)`` of ``algo`` on ``args.env``, state from ``PRNGKey(args.seed)``."""
+    import jax
+
+    import algos
+
+    env = make_env(args)
+    config = algo_config(algo, num_envs, args, hidden, **overrides)
+    return env, config, algos.get(algo).init(config, env, jax.random.PRNGKey(args.seed))

@@ -16,8 +16,10 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import pytest
 
+ON_GPU = jax.default_backend() == "gpu"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `benchmarks` is a top-level directory, not an installed package
     sys.path.insert(0, ROOT)
@@ -441,6 +443,95 @@ def test_readme_auto_shows_the_iteration_suite_then_the_epoch_suite(tiny_results
     assert report.readme_block("auto", str(root)).startswith("Suite `epoch`")
     with pytest.raises(ValueError, match="quick"):
         report.readme_block("quick", str(root))
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments: their CPU smoke runs (--tiny / --dry-run) end to end
+
+
+@pytest.mark.slow
+def test_activity_profile_runs_tiny_on_cpu(tmp_path):
+    """benchmarks.experiments.activity_profile end to end with --tiny (PPO on pendulum): files and table."""
+    from benchmarks.experiments import activity_profile
+    from rose_jax import profile as rp
+
+    rows = activity_profile.main(["--tiny", "--algos", "ppo", "--out", str(tmp_path), "--compile-cache", ""])
+    (row,) = rows
+    assert row["name"] == "ppo_pendulum_8" and row["outputs_match"] is True, row
+    for suffix in (".timeline.json", ".windows.md", ".windows.json", ".png"):
+        assert os.path.getsize(tmp_path / f"ppo_pendulum_8{suffix}") > 0
+    assert "ppo_pendulum_8" in (tmp_path / "summary.md").read_text()
+    tl = rp.load(tmp_path / "ppo_pendulum_8.timeline.json")
+    assert {"rollout/sim", "rollout/policy", "update/loss"} <= set(tl.paths(level=2))
+    if not ON_GPU:
+        assert row["mean_sm_util"] is None and tl.activity is None
+
+
+def test_sampler_overhead_on_cpu(tmp_path):
+    """sampler_overhead: iterations per block follow --overhead-block-s, files written under --name;
+    on a CPU the sampler reports why it has no numbers (timing off/on is then not compared)."""
+    from benchmarks.experiments import sampler_overhead
+
+    argv = ["--tiny", "--algos", "sac", "--out", str(tmp_path), "--compile-cache", "", "--name", "s1"]
+    (row,) = sampler_overhead.main(argv + ["--overhead-block-s", "0.2", "--overhead-rounds", "1"])
+    assert row["name"] == "sac_pendulum_8" and row["rounds"] == 1
+    # the block-length rule raised the iterations above --tiny's 3 to cover ~0.2 s
+    assert row["iterations_per_block"] > 3
+    assert abs(row["iterations_per_block"] * row["iteration_ms_sampler_off"] * 1e-3 - 0.2) < 0.2
+    assert "sac_pendulum_8" in (tmp_path / "s1.md").read_text()
+    assert json.loads((tmp_path / "s1.json").read_text())["rows"][0]["name"] == "sac_pendulum_8"
+    if not ON_GPU:
+        assert row["sampler_overhead_pct"] is None and "NVML" in row["reason"]
+
+
+@pytest.mark.slow
+def test_optimizer_speedup_runs_tiny_on_cpu(tmp_path):
+    """optimizer_speedup --tiny (SAC on pendulum, one unroll candidate): a row with a plan decision,
+    equal results, and the JSON / Markdown / PNG written."""
+    from benchmarks.experiments import optimizer_speedup
+
+    argv = ["--tiny", "--algos", "sac", "--sac-candidates", "unroll:train_steps:2", "--out", str(tmp_path)]
+    (row,) = optimizer_speedup.main(argv + ["--compile-cache", ""])
+    assert row["name"] == "sac_pendulum_8" and row["equal"] is True, row
+    assert row["baseline_steps_per_s"] > 0 and row["optimized_steps_per_s"] > 0
+    assert row["report"]["candidates"] and isinstance(row["plan"], list)
+    assert json.loads((tmp_path / "optimize.json").read_text())["rows"][0]["name"] == "sac_pendulum_8"
+    assert "sac_pendulum_8" in (tmp_path / "optimize.md").read_text()
+    assert (tmp_path / "optimize.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_iteration_levers_runs_tiny_on_cpu(tmp_path):
+    """iteration_levers --tiny: each variant timed against the baseline, and unrolling the physics
+    scans gives the baseline's state (one iteration, up to float rounding)."""
+    from benchmarks.experiments import iteration_levers
+
+    rows = iteration_levers.main(["--tiny", "--variants", "base", "unroll_sim", "--out", str(tmp_path)])
+    assert [(r["algo"], r["variant"]) for r in rows] == [
+        ("ppo", "base"), ("ppo", "unroll_sim"), ("sac", "base"), ("sac", "unroll_sim")
+    ]
+    assert all(r["env_steps_per_s"] > 0 and r["max_abs_diff"] <= 1e-5 for r in rows), rows
+    assert "unroll_sim" in (tmp_path / "levers.md").read_text()
+
+
+@pytest.mark.slow
+def test_mps_experiment_dry_run_on_cpu(tmp_path):
+    """python -m benchmarks.experiments.mps --dry-run (CPU workers, no MPS): every phase runs and
+    is written; the phases' Markdown sections and the summary are there."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.experiments.mps", "--dry-run", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
+        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "mps_gpu_dry_run.json").read_text())
+    assert res["errors"] == {} and res["dry_run"] and not res["mps"]["used"]
+    assert res["rates"]["tflops"]["q30"] > 0 and res["rates"]["overlap_s"] > 0
+    assert all(v["shm"]["equal"] for v in res["transfer"]["sizes"].values())
+    assert res["search"]["measured_join_s"]["chosen"] > 0 and len(res["search"]["validated_quotas"]) == 2
+    md = (tmp_path / "mps_gpu_dry_run.md").read_text()
+    assert "## Two workers under MPS" in md and "## Round trip" in md and "## Slack-aware" in md
+    assert "summary:" in proc.stdout and "round trip 1 KB shm" in proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------

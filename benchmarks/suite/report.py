@@ -1,7 +1,7 @@
 """Suite results -> Markdown, bar chart and the README's headline table (from the JSON only).
 
-    python -m benchmarks.suite.report --suite quick            # rewrite results.md / results.png from results.json
-    python -m benchmarks.suite.report --readme                 # README: full (all parts) or quick, then epoch
+    python -m benchmarks.suite.report --suite quick    # rewrite results.md / results.png from results.json
+    python -m benchmarks.suite.report --readme         # README: full (all parts) or quick, then epoch
     python -m benchmarks.suite.report --readme --suite tiny --readme-path /tmp/README.md
 
 Files of suite ``S`` live in ``benchmarks/results/suite/S/``: ``results.json`` (every number),
@@ -19,6 +19,8 @@ import math
 import os
 import re
 from typing import Any, Sequence
+
+from rose_jax.io import atomic_write_json, atomic_write_text
 
 from benchmarks import common
 from benchmarks.suite.workloads import BASELINES, LABELS, VARIANTS
@@ -427,8 +429,8 @@ def write_outputs(results: dict, directory: str, stem: str = "results", png: boo
     for row in results.get("rows", []):
         row["summary"] = summarize(row)
     base = os.path.join(directory, stem)
-    common.write_json(base + ".json", results)
-    common.atomic_write(base + ".md", markdown(results))
+    atomic_write_json(base + ".json", results)
+    atomic_write_text(base + ".md", markdown(results))
     paths = [base + ".json", base + ".md"]
     if png:
         plot(results, base + ".png")
@@ -516,7 +518,7 @@ def update_readme(path: str = README, suite: str = "auto", root: str | None = No
     block = readme_block(suite, root)
     new = replace_block(text, block)
     if new != text:
-        common.atomic_write(path, new)
+        atomic_write_text(path, new)
     return block
 
 

@@ -40,6 +40,8 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
+from rose_jax.io import atomic_write_json
+
 from benchmarks import common
 from benchmarks.suite import report
 from benchmarks.suite import workloads as S
@@ -106,15 +108,11 @@ def _enable_compile_cache(directory: str | None) -> tempfile.TemporaryDirectory 
     Identical programs compiled twice in one run (Brax's second epoch, the optimizer's final
     step) then load the first compile instead of compiling again: less device time, same code.
     """
-    import jax
-
     tmp = None
     if directory is None:
         tmp = tempfile.TemporaryDirectory(prefix="rose-jax-xla-cache-")
         directory = tmp.name
-    os.makedirs(directory, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    common.enable_compile_cache(directory, min_compile_time_s=0.5)
     return tmp
 
 
@@ -856,7 +854,7 @@ def select(suite: S.Suite, part: tuple[int, int] | None, only: str | None) -> tu
 def print_plan(
     suite: S.Suite, rows: Sequence[S.Workload], gpu: bool, budget: float | None, workers: int = 1
 ) -> None:
-    """Rows, variants and the estimated seconds of each phase (see :func:`benchmarks.suite.workloads.plan_s`)."""
+    """Rows, variants and estimated seconds of each phase (:func:`benchmarks.suite.workloads.plan_s`)."""
     plan = S.plan_s(tuple(rows), gpu, workers)
     print(f"suite {suite.name}: {suite.description}")
     print(
@@ -1011,7 +1009,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_update(records: list[dict]) -> None:
         results["rows"] = records
         results["elapsed_s"] = ctx.elapsed()
-        common.write_json(os.path.join(directory, stem + ".json"), results)  # partial results survive a kill
+        atomic_write_json(os.path.join(directory, stem + ".json"), results)  # partial results survive a kill
 
     try:
         run_rows(rows, ctx, workers, on_update)

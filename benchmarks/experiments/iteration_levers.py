@@ -15,30 +15,24 @@ leaves must match). Variants:
 Writes ``levers.json`` and ``levers.md`` into --out (default benchmarks/results/levers/) and
 prints a short table last.
 
-    python benchmarks/levers_gpu.py                       # H200, about 4-5 minutes
-    python benchmarks/levers_gpu.py --tiny                # CPU plumbing check (pendulum)
+    python -m benchmarks.experiments.iteration_levers          # H200, about 4-5 minutes
+    python -m benchmarks.experiments.iteration_levers --tiny   # CPU plumbing check (pendulum)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
-import tempfile
 import time
 
+from rose_jax.io import atomic_write_json, atomic_write_text
+
+from benchmarks import common
+from benchmarks.common import log
+
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-T0 = time.perf_counter()
+DEFAULT_OUT = os.path.join(common.RESULTS_DIR, "levers")
 CB_LOOPS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL"
-
-
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
 
 
 def variants(algo: str):
@@ -61,24 +55,13 @@ def variants(algo: str):
 def run_config(algo: str, num_envs: int, args) -> list[dict]:
     import jax
 
-    from algos import ppo, sac
-    from benchmarks.common import algo_config
+    import algos
     from rose_jax.optimize import measure
 
-    import envs
-
-    env = envs.make(args.env, **({} if args.backend == "none" else {"backend": args.backend}))
-    key = jax.random.PRNGKey(0)
-    hidden = tuple(args.hidden)
-    if algo == "ppo":
-        config = algo_config(algo, num_envs, args, policy_hidden_sizes=hidden, value_hidden_sizes=hidden)
-        fn, state = ppo.iteration(config, env), ppo.init(config, env, key)
-        per_iter = config.steps_per_iteration
-    else:
-        config = algo_config(algo, num_envs, args, policy_hidden_sizes=hidden, q_hidden_sizes=hidden,
-                             num_eval_envs=0)
-        fn, state = sac.iteration(config, env), sac.init(config, env, key)
-        per_iter = num_envs * config.steps_per_iteration
+    extra = {"num_eval_envs": 0} if algo == "sac" else {}
+    env, config, state = common.algo_setup(algo, num_envs, args, args.hidden, **extra)
+    fn = algos.get(algo).iteration(config, env)
+    per_iter = config.env_steps_per_iteration
     names = [v for v in variants(algo) if v in args.variants]
     steps = {}
     for v in names:
@@ -127,7 +110,7 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
-def main(argv=None):
+def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", default=["ppo:2048", "ppo:8192", "sac:2048", "sac:8192"])
     p.add_argument("--variants", nargs="+", default=["base", "cb_loops", "cb_loops_min1", "unroll_sim"])
@@ -136,43 +119,38 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--budget-s", type=float, default=300.0)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "levers"))
+    p.add_argument("--out", default=None, help=f"output dir (default {DEFAULT_OUT}; --tiny: a temp dir)")
     p.add_argument("--tiny", action="store_true")
-    p.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
-    from benchmarks.common import add_algo_args  # noqa: PLC0415 - after the sys.path set-up
-
-    add_algo_args(p)
+    common.add_algo_args(p, hidden=(256, 256))
     args = p.parse_args(argv)
     if args.tiny:
         args.env, args.backend, args.configs, args.hidden = "pendulum", "none", ["ppo:8", "sac:8"], [16]
-        args.ppo_unroll, args.ppo_minibatches, args.ppo_epochs = 4, 2, 1
-        args.sac_batch, args.sac_grad_updates, args.sac_replay = 16, 2, 1024
+        common.shrink_algo_args(args)
         args.iters, args.repeats = 2, 2
-        args.out = tempfile.mkdtemp(prefix="rose_levers_")
     import jax
-
-    from benchmarks.common import atomic_write, machine_info, write_json
 
     log(f"jax {jax.__version__} {jax.devices()}")
     rows = []
     for c in args.configs:
         algo, n = c.split(":")
-        if time.perf_counter() - T0 > args.budget_s:
+        if common.elapsed() > args.budget_s:
             log(f"{c}: skipped (budget)")
             continue
         try:
             rows += run_config(algo, int(n), args)
         except Exception as e:  # noqa: BLE001
             log(f"{c}: FAILED {type(e).__name__}: {str(e)[:300]}")
-    os.makedirs(args.out, exist_ok=True)
-    meta = machine_info()
-    write_json(os.path.join(args.out, "levers.json"), {"machine": meta, "rows": rows})
+    meta = common.machine_info()
+    out = common.output_dir(args, DEFAULT_OUT, "rose_levers_")
+    atomic_write_json(os.path.join(out, "levers.json"), {"machine": meta, "rows": rows})
     text = table(rows)
-    atomic_write(os.path.join(args.out, "levers.md"),
-                 f"# levers_gpu\n\n{meta.get('date')} on {meta.get('gpu', meta['devices'])}; "
-                 f"jax {meta['jax']}\n"
-                 f"command: `{meta['command']}`\n\n{text}\n")
+    atomic_write_text(
+        os.path.join(out, "levers.md"),
+        f"# iteration_levers\n\n{meta.get('date')} on {meta.get('gpu', meta['devices'])}; jax {meta['jax']}\n"
+        f"command: `{meta['command']}`\n\n{text}\n",
+    )
     print("\n" + text, flush=True)
+    return rows
 
 
 if __name__ == "__main__":

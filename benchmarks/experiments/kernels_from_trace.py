@@ -1,10 +1,10 @@
 """Kernel busy time per component from an existing ``*.xplane.pb`` trace (no GPU needed).
 
-    python -m benchmarks.kernels_from_trace <xplane.pb> --out <config>.kernels.md \
+    python -m benchmarks.experiments.kernels_from_trace <xplane.pb> --out <config>.kernels.md \
         [--name <config>] [--trace-label <path written in the report>] [--min-gap-us 2]
 
-The report has the format :mod:`benchmarks.profile_gpu` writes (busy table, longest gaps); the
-kernels are mapped to components through the HLO protos stored in the trace
+The report has the format :mod:`benchmarks.experiments.activity_profile` writes (busy table,
+longest gaps); the kernels are mapped to components through the HLO protos stored in the trace
 (:func:`rose_jax.profile.xplane.trace_from_file`). ``--name`` defaults to the trace's config
 directory (``traces/<config>/plugins/profile/<run>/<host>.xplane.pb``).
 """

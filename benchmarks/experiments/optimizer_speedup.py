@@ -20,11 +20,12 @@ process, behind the next epoch's training). ``--mps-client`` runs the whole benc
 of a fresh MPS daemon (needed for the worker's kernels to run concurrently with the driver's).
 
 On the H200 (about 5-6 minutes; most of it compilation, shared through JAX's persistent cache):
-    python benchmarks/optimize_gpu.py
-    python benchmarks/optimize_gpu.py --algos ppo --num-envs 8192 --ppo-candidates group:2:processes
-    python benchmarks/optimize_gpu.py --unit epoch --mps-client
+    python -m benchmarks.experiments.optimizer_speedup
+    python -m benchmarks.experiments.optimizer_speedup --algos ppo --num-envs 8192 \
+        --ppo-candidates group:2:processes
+    python -m benchmarks.experiments.optimizer_speedup --unit epoch --mps-client --num-envs 2048
 Check the plumbing on a CPU (pendulum, tiny sizes; output in a temp dir unless --out):
-    python benchmarks/optimize_gpu.py --tiny
+    python -m benchmarks.experiments.optimizer_speedup --tiny
 """
 
 from __future__ import annotations
@@ -33,61 +34,39 @@ import argparse
 import math
 import os
 import sys
-import tempfile
 import time
 
+from rose_jax.io import atomic_write_json, atomic_write_text
+from rose_jax.program import Program
+
+from benchmarks import common
+from benchmarks.common import fmt, log
+
 # group_rollout(..., "processes") starts worker JAX processes on the same GPU: this driver must not
-# grab 75% of the GPU memory at its first JAX call (set before jax is imported).
+# grab 75% of the GPU memory at its first JAX call (read when JAX starts its GPU backend).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-T0 = time.perf_counter()
 
 DEFAULT_PPO = "group:2:processes,group:2:interleaved,unroll:rollout:4"
 DEFAULT_SAC = "unroll:train_steps:4,hoist:train_steps"
 
 
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
-
-
 def build(algo: str, num_envs: int, args):
-    """(target: Program or iteration/epoch fn, state, env steps per call, config)."""
-    import jax
-
-    import envs
-    from rose_jax import optimize as O
-
-    env_kw = () if args.backend in ("", "none") else (("backend", args.backend),)
-    env = envs.make(args.env, **dict(env_kw))
+    """(target: PPO's Program or SAC's iteration, or an epoch fn; state; env steps per call; config)."""
     from algos import ppo, sac
-    from benchmarks.common import algo_config
 
-    key = jax.random.PRNGKey(args.seed)
-    hidden = tuple(args.hidden)
     epoch = args.unit == "epoch"
-    eval_length = args.eval_length or env.episode_length
+    extra = {} if algo == "ppo" else {"num_eval_envs": args.eval_envs if epoch else 0}
+    env, config, state = common.algo_setup(algo, num_envs, args, args.hidden, **extra)
+    per_iteration = config.env_steps_per_iteration
+    k = max(1, math.ceil(args.epoch_env_steps / per_iteration))
     if algo == "ppo":
-        config = algo_config(algo, num_envs, args, policy_hidden_sizes=hidden, value_hidden_sizes=hidden)
-        state = ppo.init(config, env, key)
         if epoch:
-            k = max(1, math.ceil(args.epoch_env_steps / config.steps_per_iteration))
+            eval_length = args.eval_length or env.episode_length
             fn = ppo.epoch(config, env, k, num_eval_envs=args.eval_envs, eval_length=eval_length)
-            return fn, state, k * config.steps_per_iteration, config
-        program = O.ppo_program(config, env, env_name=args.env, env_kwargs=env_kw)
-        return program, state, config.steps_per_iteration, config
-    config = algo_config(
-        algo, num_envs, args, policy_hidden_sizes=hidden, q_hidden_sizes=hidden,
-        num_eval_envs=args.eval_envs if epoch else 0,
-    )
-    per_iteration = num_envs * config.steps_per_iteration
-    state = sac.init(config, env, key)
+            return fn, state, k * per_iteration, config
+        env_kw = () if args.backend in ("", "none") else (("backend", args.backend),)
+        return ppo.program(config, env, env_name=args.env, env_kwargs=env_kw), state, per_iteration, config
     if epoch:
-        k = max(1, math.ceil(args.epoch_env_steps / per_iteration))
         return sac.epoch(config, env, iterations=k), state, k * per_iteration, config
     return sac.iteration(config, env), state, per_iteration, config
 
@@ -188,7 +167,7 @@ def run_config(algo: str, num_envs: int, args, cands_text: str) -> dict:
         from rose_jax import profile as rp
 
         log(f"{name}: profiling windows (segments compile separately)")
-        fn = target.iteration() if isinstance(target, O.Program) else target
+        fn = target.iteration() if isinstance(target, Program) else target
         tl = rp.profile(jax.jit(fn), state, levels=2, repeats=2)
         windows = rp.find_windows(tl) if tl.activity is not None else None
     candidates = parse_candidates(cands_text)
@@ -320,18 +299,12 @@ def _transfer_summary(stats):
     return {k: v for k, v in stats.items() if k != "per_iteration"}
 
 
-def _f(x, spec=".2f"):
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
-
 def table(rows: list[dict]) -> str:
-    from benchmarks.common import config_table
-
     columns = [("config", "l"), ("baseline steps/s", "r"), ("optimized steps/s", "r"), ("speedup", "r"),
                ("equal", "l"), ("SM % before", "r"), ("SM % after", "r"), ("search s", "r"), ("plan", "l")]
-    return config_table(columns, rows, lambda r: [
+    return common.config_table(columns, rows, lambda r: [
         f"{r['baseline_steps_per_s']:,.0f}", f"{r['optimized_steps_per_s']:,.0f}", f"{r['speedup']:.3f}x",
-        str(r["equal"]), _f(r["sm_activity_before"], ".1f"), _f(r["sm_activity_after"], ".1f"),
+        str(r["equal"]), fmt(r["sm_activity_before"]), fmt(r["sm_activity_after"]),
         f"{r['search_s']:.1f}", ", ".join(r["plan"]) or "-",
     ])
 
@@ -341,8 +314,6 @@ def plot(rows: list[dict], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from benchmarks.common import save_plot
 
     done = [r for r in rows if "skipped" not in r]
     fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(done) + 1), 3.2))
@@ -357,21 +328,15 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_ylabel("env steps / s")
     ax.legend(fontsize=8)
     ax.set_title("baseline vs optimized iteration (same run)", fontsize=9)
-    save_plot(fig, path)
+    common.save_plot(fig, path)
     plt.close(fig)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--algos", nargs="+", default=["ppo", "sac"], choices=["ppo", "sac"])
-    p.add_argument("--num-envs", nargs="+", type=int, default=[2048, 8192])
-    p.add_argument("--env", default="ant")
-    p.add_argument("--backend", default="mjx", help="env backend keyword ('none' for pure-JAX envs)")
-    p.add_argument("--tiny", action="store_true", help="CPU plumbing check: pendulum, 8 envs, tiny configs")
-    p.add_argument(
-        "--out", default=None, help="output dir (default benchmarks/results/optimize; --tiny: temp dir)"
+    common.add_config_args(
+        p, num_envs=(2048, 8192), budget_s=330.0, default_out="benchmarks/results/optimize[_epoch]"
     )
-    p.add_argument("--budget-s", type=float, default=330.0, help="skip configs that would start after this")
     p.add_argument(
         "--iters", type=int, default=3, help="iterations per timed run and before the equality check"
     )
@@ -398,15 +363,7 @@ def parse_args(argv=None):
     p.add_argument("--plan-cache", default="", help="plan cache dir ('' = no cache: always search)")
     p.add_argument("--period-ms", type=float, default=10.0)
     p.add_argument("--window-ms", type=float, default=100.0)
-    p.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
-    from benchmarks.common import add_algo_args  # noqa: PLC0415 - after the sys.path set-up
-
-    add_algo_args(p)
-    p.add_argument(
-        "--compile-cache",
-        default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
-        help="JAX persistent compilation cache dir ('' to disable)",
-    )
+    common.add_algo_args(p, hidden=(256, 256))
     args = p.parse_args(argv)
     epoch_default = "offload:evaluate"
     if args.ppo_candidates is None:
@@ -414,11 +371,8 @@ def parse_args(argv=None):
     if args.sac_candidates is None:
         args.sac_candidates = epoch_default if args.unit == "epoch" else DEFAULT_SAC
     if args.tiny:
-        args.env, args.backend, args.num_envs, args.hidden = "pendulum", "none", [8], [16]
+        common.make_tiny(args)
         args.repeats, args.iters, args.activity_iters = 5, 3, 2
-        args.ppo_unroll, args.ppo_minibatches, args.ppo_epochs = 4, 2, 1
-        args.sac_batch, args.sac_grad_updates, args.sac_replay = 16, 2, 1024
-        args.budget_s = max(args.budget_s, 1e9)
         args.epoch_env_steps, args.eval_envs, args.eval_length = 256, 8, 50
     if args.unit == "epoch" and not args.tiny:
         args.activity_iters = min(args.activity_iters, 2)
@@ -427,8 +381,6 @@ def parse_args(argv=None):
 
 def write_results(rows: list[dict], args, out_dir: str) -> str:
     """JSON + Markdown (+ PNG) of the rows so far, atomically; returns the table."""
-    from benchmarks.common import atomic_write, machine_info, write_json
-
     text = table(rows)
     notes = (
         "steps/s = env steps per second of whole iterations (median over repeats, after compile). "
@@ -445,16 +397,16 @@ def write_results(rows: list[dict], args, out_dir: str) -> str:
             "steps/s counts training env steps over the wall time of whole epochs, evaluation included "
             "(Brax's train loop). Equality: the state after the epoch, under xla_gpu_deterministic_ops."
         )
-    md = [f"# optimize_gpu\n\n{notes}\n\n{text}\n"]
+    md = [f"# optimizer_speedup\n\n{notes}\n\n{text}\n"]
     for r in rows:
         if "report_text" in r:
             md.append(f"## {r['name']}\n\n```\n{r['report_text']}\n```\n")
-    meta = machine_info()
-    write_json(
+    meta = common.machine_info()
+    atomic_write_json(
         os.path.join(out_dir, "optimize.json"),
-        {"machine": meta, "argv": sys.argv[1:], "wall_s": time.perf_counter() - T0, "rows": rows},
+        {"machine": meta, "argv": sys.argv[1:], "wall_s": common.elapsed(), "rows": rows},
     )
-    atomic_write(
+    atomic_write_text(
         os.path.join(out_dir, "optimize.md"), f"command: `{meta.get('command')}`\n\n" + "\n".join(md)
     )
     if any("skipped" not in r for r in rows):
@@ -467,40 +419,35 @@ def main(argv=None) -> list[dict]:
     if args.mps_client and not os.environ.get("ROSE_MPS_CLIENT"):
         from rose_jax.mps import run_as_client
 
-        raise SystemExit(run_as_client([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], log=log))
+        raise SystemExit(run_as_client([sys.executable, "-m", __spec__.name, *sys.argv[1:]], log=log))
     import jax
 
-    from benchmarks.common import enable_compile_cache
-
-    enable_compile_cache(args.compile_cache)
+    common.enable_compile_cache(args.compile_cache)
     if args.compile_cache:  # worker processes (offload, env groups) inherit the cache through the environment
         os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", args.compile_cache)
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 
-    out_dir = args.out or (
-        tempfile.mkdtemp(prefix="rose_optimize_tiny_")
-        if args.tiny
-        else os.path.join(HERE, "results", "optimize_epoch" if args.unit == "epoch" else "optimize")
-    )
-    os.makedirs(out_dir, exist_ok=True)
+    default_out = os.path.join(common.RESULTS_DIR, "optimize_epoch" if args.unit == "epoch" else "optimize")
+    out_dir = common.output_dir(args, default_out, "rose_optimize_tiny_")
     log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; output {out_dir}")
-    rows = []
-    for n in args.num_envs:
-        for algo in args.algos:
-            name = f"{algo}_{args.env}_{n}"
-            if time.perf_counter() - T0 > args.budget_s:
-                log(f"{name}: skipped (time budget {args.budget_s:.0f}s spent)")
-                rows.append({"name": name, "skipped": "time budget"})
-                continue
-            try:
-                rows.append(
-                    run_config(algo, n, args, args.ppo_candidates if algo == "ppo" else args.sac_candidates)
-                )
-            except Exception as e:  # noqa: BLE001 - report and go on with the next config
-                log(f"{name}: FAILED: {type(e).__name__}: {e}")
-                rows.append({"name": name, "skipped": f"failed: {type(e).__name__}: {str(e)[:160]}"})
-            text = write_results(rows, args, out_dir)  # after every config: a cut run keeps its rows
-    log(f"done in {time.perf_counter() - T0:.1f}s; results in {out_dir}")
+    text = ""
+
+    def write(rows):
+        nonlocal text
+        text = write_results(rows, args, out_dir)  # after every config: a cut run keeps its rows
+
+    configs = [
+        (
+            f"{algo}_{args.env}_{n}",
+            lambda algo=algo, n=n: run_config(
+                algo, n, args, args.ppo_candidates if algo == "ppo" else args.sac_candidates
+            ),
+        )
+        for n in args.num_envs
+        for algo in args.algos
+    ]
+    rows = common.run_configs(configs, args.budget_s, after_each=write)
+    log(f"done in {common.elapsed():.1f}s; results in {out_dir}")
     print("\n" + text + "\n", flush=True)
     return rows
 

@@ -1,11 +1,11 @@
 """PPO on MJX ant: 1 GPU vs all local GPUs (data parallel via jax.sharding), same global batch.
 
-    python -m benchmarks.two_gpu --num-envs 8192          # on an nvidia-h200-x2 machine
+    python -m benchmarks.experiments.data_parallel --num-envs 8192     # on a machine with >= 2 GPUs
 
 Prints env-steps/s for the single-device run and the data-parallel run (``rose_jax.distributed``)
-and their ratio, and checks that parameters after a few iterations agree to float tolerance.
-Results: benchmarks/results/two_gpu.{json,md}. (The per-GPU rose-jax plan is applied by running
-``benchmarks.optimize_gpu`` with ``CUDA_VISIBLE_DEVICES`` per GPU; see the note of issue 8.)
+and their ratio, and records whether parameters after a few iterations agree to float tolerance.
+Results: benchmarks/results/data_parallel.{json,md}. (A per-GPU rose-jax plan is found by running
+:mod:`benchmarks.experiments.optimizer_speedup` with ``CUDA_VISIBLE_DEVICES`` set to each GPU.)
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
+
+from rose_jax.io import atomic_write_json, atomic_write_text
 
 from benchmarks import common
 
@@ -35,19 +37,18 @@ def main(argv=None) -> None:
     p.add_argument("--backend", default="mjx")
     p.add_argument("--num-envs", type=int, default=8192)
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--out", default=os.path.join(common.RESULTS_DIR, "two_gpu"))
+    p.add_argument("--out", default=os.path.join(common.RESULTS_DIR, "data_parallel"), help="file stem")
     args = p.parse_args(argv)
 
     import chex
     import jax
 
-    import envs
     from algos import ppo
     from rose_jax import distributed
 
     if jax.device_count() < 2:
-        raise SystemExit(f"two_gpu: needs >= 2 devices, found {jax.devices()}")
-    env = envs.make(args.env, backend=args.backend) if args.backend != "none" else envs.make(args.env)
+        raise SystemExit(f"data_parallel: needs >= 2 devices, found {jax.devices()}")
+    env = common.make_env(args)
     config = ppo.PPOConfig(
         num_envs=args.num_envs,
         unroll_length=10,
@@ -87,8 +88,8 @@ def main(argv=None) -> None:
         ["run", "env-steps/s"],
         [["1 GPU", one_rate], [f"{jax.device_count()} GPUs", dp_rate], ["ratio", dp_rate / one_rate]],
     )
-    common.write_json(args.out + ".json", result)
-    common.atomic_write(
+    atomic_write_json(args.out + ".json", result)
+    atomic_write_text(
         args.out + ".md",
         f"# PPO {args.env}: 1 vs {jax.device_count()} GPUs\n\n"
         f"{info['date']}, {info.get('gpu')}\n\n{table}\n\nparams equal: {equal}\n",
