@@ -1,0 +1,249 @@
+"""algos.sweep: K seeds as one vmapped program, K runs as K processes (CPU).
+
+Tolerance of "vmapped equals solo" on a CPU: every leaf of each seed's TrainState and every
+metric of each step within ``rtol=1e-5, atol=1e-6`` of the solo run's. It is not bitwise: XLA's
+batched matmuls (the vmapped gradients) sum in another order than the unbatched ones, which
+moves parameters by an ulp or so per iteration (measured: <= 3e-8 after one PPO iteration).
+
+The process tests run real child processes (``python -m algos.sweep --child``) on a tiny PPO
+pendulum config; they share one persistent XLA compilation cache so that the program compiles
+once. The MPS daemon there is the MOCK ``nvidia-cuda-mps-control`` of ``tests/test_mps.py``
+(not NVIDIA's program; CPU JAX ignores the client variables): it checks that the quota reaches
+each process's birth environment and that the daemon outlives a killed client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import psutil
+import pytest
+
+import envs
+from algos import checkpoint, driver, ppo, sac, sweep
+
+RTOL, ATOL = 1e-5, 1e-6
+TINY = dict(num_envs=4, unroll_length=4, num_minibatches=1, num_epochs=1,
+            policy_hidden_sizes=(8,), value_hidden_sizes=(8,))
+ENV = envs.make("pendulum", episode_length=20)  # one object: the jitted programs are cached per env
+
+
+def make_broken_env(**_):
+    """An env factory that raises (a user's broken env): the run that uses it fails at start."""
+    raise RuntimeError("broken env factory (test)")
+
+
+@pytest.fixture(scope="module")
+def xla_cache():
+    d = tempfile.mkdtemp(prefix="rose-test-sweep-xla-")
+    yield d
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _assert_close_trees(got, want, what):
+    for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want), strict=True):
+        g, w, where = np.asarray(g), np.asarray(w), f"{what}{jax.tree_util.keystr(path)}"
+        if g.dtype.kind in "fc":
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=where)
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=where)
+
+
+def _assert_close_rows(got, want, what):
+    assert len(got) == len(want), what
+    for g, w in zip(got, want, strict=True):
+        for name, value in w.items():
+            if isinstance(value, float) and math.isnan(value):
+                assert math.isnan(g[name]), (what, name)
+            elif isinstance(value, (int, float)):
+                assert g[name] == pytest.approx(value, rel=RTOL, abs=ATOL), (what, name)
+
+
+def test_vmapped_ppo_seeds_equal_solo_runs_and_checkpoints_are_per_seed(tmp_path):
+    env, config, seeds = ENV, ppo.PPOConfig(num_timesteps=16 * 6, **TINY), (3, 0, 7)
+    dirs = sweep.seed_dirs(tmp_path, seeds)
+    result = sweep.train_many(config, env, seeds, run_dirs=dirs, checkpoint_every=6)
+    assert jax.tree.leaves(result.state)[0].shape[0] == 3
+    for i, seed in enumerate(seeds):
+        solo_state, solo_rows = ppo.train_with_config(dataclasses.replace(config, seed=seed), env)
+        _assert_close_trees(result.seed_state(i), solo_state, f"seed {seed} state")
+        _assert_close_rows(result.metrics[i], solo_rows, f"seed {seed} metrics")
+        # the run directory: its own record, summary and checkpoints (slices of the vmapped state)
+        rows = sweep.read_metrics(dirs[i])
+        assert [r["env_steps"] for r in rows] == [16 * (j + 1) for j in range(6)]
+        _assert_close_rows(rows, solo_rows, f"seed {seed} record")
+        assert sweep.read_summary(dirs[i])["status"] == "finished"
+        assert json.loads(Path(dirs[i], "run.json").read_text())["config"]["seed"] == seed
+        ckpt = os.path.join(dirs[i], "checkpoints")
+        assert checkpoint.all_steps(ckpt) == [96]
+        restored, _ = checkpoint.restore(ckpt, solo_state)
+        _assert_close_trees(restored, solo_state, f"seed {seed} checkpoint")
+    # distinct seeds learn differently (the test would pass trivially if all slices were one seed)
+    p = [jax.tree.leaves(result.seed_state(i).params)[0] for i in range(3)]
+    assert not np.allclose(p[0], p[1])
+
+
+def test_vmapped_resume_continues_every_seed(tmp_path):
+    env, config, seeds = ENV, ppo.PPOConfig(num_timesteps=16 * 6, **TINY), (0, 1, 2)
+    dirs = sweep.seed_dirs(tmp_path, seeds)
+    full = sweep.train_many(config, env, seeds)  # the program of the test above (3 seeds): no compile
+
+    def stop_at_48(env_steps, rows):  # as a Ctrl-C: stop after the step in flight, with checkpoints
+        if env_steps == 48:
+            raise driver.StopTraining
+
+    stopped = sweep.train_many(config, env, seeds, run_dirs=dirs, progress_fn=stop_at_48)
+    assert stopped.stopped and all(sweep.read_summary(d)["status"] == "interrupted" for d in dirs)
+    assert all(checkpoint.latest_step(os.path.join(d, "checkpoints")) == 64 for d in dirs)
+    with pytest.raises(ValueError, match="already holds"):
+        sweep.train_many(config, env, seeds, run_dirs=dirs)
+    resumed = sweep.train_many(config, env, seeds, run_dirs=dirs, resume=True)
+    _assert_close_trees(resumed.state, full.state, "resumed")
+    for d in dirs:  # one record covering the whole run
+        assert [r["env_steps"] for r in sweep.read_metrics(d)] == [16 * (j + 1) for j in range(6)]
+
+
+@pytest.mark.slow
+def test_vmapped_sac_seeds_equal_solo_runs():
+    env = ENV
+    config = sac.SACConfig(num_timesteps=4 * 24, num_envs=4, batch_size=8, policy_hidden_sizes=(8,),
+                           q_hidden_sizes=(8,), num_evals=2, num_eval_envs=0, min_replay_size=8,
+                           max_replay_size=128)
+    result = sweep.train_many(config, env, (0, 1))
+    for i in range(2):
+        solo_state, solo_rows = sac.train_with_config(dataclasses.replace(config, seed=i), env)
+        _assert_close_trees(result.seed_state(i), solo_state, f"sac seed {i}")
+        _assert_close_rows(result.metrics[i], solo_rows, f"sac seed {i} metrics")
+
+
+def test_bad_input_is_one_line():
+    env, config = ENV, ppo.PPOConfig(**TINY)
+    for seeds, match in (((), "non-empty"), ((1, 1), "distinct"), ((-1,), "non-negative")):
+        with pytest.raises(ValueError, match=match):
+            sweep.train_many(config, env, seeds)
+    with pytest.raises(ValueError, match="PPOConfig, SACConfig"):
+        sweep.train_many(object(), env, (0,))
+    with pytest.raises(ValueError, match="2 distinct directories"):
+        sweep.train_many(config, env, (0, 1), run_dirs=["a"])
+    with pytest.raises(ValueError, match="num_minibatches"):
+        sweep.RunSpec("r", "ppo", "pendulum", {**TINY, "num_minibatches": 3})
+    with pytest.raises(ValueError, match="name"):
+        sweep.RunSpec("a b", "ppo", "pendulum")
+    with pytest.raises(ValueError, match="seeds="):
+        sweep.RunSpec("r", "ppo", "pendulum", {"seed": 3})
+    with pytest.raises(ValueError, match="unique"):
+        sweep.ProcessSweep([sweep.RunSpec("r", "ppo", "pendulum")] * 2, "x")
+
+
+def _mock_mps_binary(tmp_path) -> str:
+    from test_mps import FAKE_CONTROL, FAKE_SERVER
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("nvidia-cuda-mps-control", FAKE_CONTROL), ("nvidia-cuda-mps-server", FAKE_SERVER)):
+        (bindir / name).write_text(text.format(python=sys.executable))
+        (bindir / name).chmod(0o755)
+    return str(bindir / "nvidia-cuda-mps-control")
+
+
+def _wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_a_raise_and_a_sigkill_leave_the_daemon_and_the_other_run_going(tmp_path, xla_cache, monkeypatch):
+    """Three processes under one (mock) MPS daemon with quotas: ``broken`` raises (its env factory),
+    ``victim`` is SIGKILLed mid-run, ``survivor`` finishes its whole run after both; both failures
+    are reported; the daemon still answers; no child process or /dev/shm entry is left."""
+    from rose_jax.mps import MPSDaemon
+
+    from test_mps import _mock_processes
+
+    monkeypatch.setenv("FAKE_MPS_MODE", "ok")
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+    shm_before = set(os.listdir("/dev/shm"))
+    n_survivor = 3000
+    runs = [
+        sweep.RunSpec("survivor", "ppo", "pendulum", {**TINY, "num_timesteps": 16 * n_survivor}, (0,)),
+        sweep.RunSpec("victim", "ppo", "pendulum", {**TINY, "num_timesteps": 16 * 10**6}, (1,)),
+        sweep.RunSpec("broken", "ppo", "tests.test_sweep:make_broken_env", TINY, (2,)),
+    ]
+    root = tmp_path / "sweep"
+    mps_dir = tempfile.mkdtemp(prefix="rsw", dir="/tmp")
+    logs: list[str] = []
+    try:
+        with MPSDaemon(os.path.join(mps_dir, "d"), binary=_mock_mps_binary(tmp_path)) as daemon:
+            with sweep.ProcessSweep(runs, root, daemon=daemon, quotas=(40, 30, 30),
+                                    compile_cache_dir=xla_cache, log=logs.append) as s:
+                _wait_for(lambda: all(len(sweep.read_metrics(root / n)) >= 3 for n in ("survivor", "victim")),
+                          150, "survivor and victim to be mid-run")
+                assert sweep.read_summary(root / "survivor") is None, "the survivor ended too early"
+                kill_time = time.time()
+                os.kill(s.pids["victim"], signal.SIGKILL)
+                result = s.wait(timeout=150)
+            assert daemon.healthy(), "the daemon must outlive a killed client"
+            daemon_dir = daemon.run_dir
+        assert not _mock_processes(daemon_dir)
+    finally:
+        import shutil
+
+        shutil.rmtree(mps_dir, ignore_errors=True)
+
+    by = {o.name: o for o in result.outcomes}
+    assert by["survivor"].status == "finished", logs
+    assert by["victim"].status == "killed" and by["victim"].signal == "SIGKILL"
+    assert by["broken"].status == "failed" and "broken env factory" in by["broken"].error
+    assert not result.ok
+    rows = sweep.read_metrics(root / "survivor")
+    assert [r["env_steps"] for r in rows] == [16 * (j + 1) for j in range(n_survivor)]
+    assert rows[-1]["time"] > kill_time  # it kept training after the kill
+    assert sweep.read_summary(root / "victim")["status"] == "killed"
+    assert len(sweep.read_metrics(root / "victim")) >= 3  # its record up to the kill survives
+    assert sweep.read_summary(root / "broken")["status"] == "failed"
+    assert sweep.read_summary(root / "survivor")["status"] == "finished"
+    born = json.loads((root / "survivor" / "process.json").read_text())["birth_env"]
+    assert born == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
+                    "CUDA_MPS_PIPE_DIRECTORY": str(daemon_dir / "pipe")}
+    assert json.loads((root / "sweep.json").read_text())["quotas"] == [40, 30, 30]
+    assert any("broken: failed" in line for line in logs) and any("victim: killed" in line for line in logs)
+    _wait_for(lambda: not ({p.pid for p in me.children(recursive=True)} - children_before), 10,
+              "no child process left")
+    assert not (set(os.listdir("/dev/shm")) - shm_before)
+
+
+def test_cli_rejects_bad_arguments_in_one_line_before_any_directory(tmp_path, capsys):
+    import argparse
+
+    import algos
+
+    p = argparse.ArgumentParser()
+    sweep.add_arguments(p)
+    for argv, match in ((["--seeds", "1,1"], "distinct"), (["--set", "nosuch=1"], "unknown key 'nosuch'"),
+                        (["--steps", "0"], "must be > 0"), (["--quotas", "x"], "--quotas"),
+                        (["--grid", "learning_rate"], "--grid"), (["--env", "nosuch"], "unknown env"),
+                        (["--grid", "num_minibatches=3"], "num_minibatches"),
+                        (["--set", "normalize_observations=maybe"], "true or false")):
+        assert sweep.main_sweep(p.parse_args([*argv, "--run-dir", str(tmp_path / "r")])) == 2, argv
+        err = capsys.readouterr().err
+        assert match in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "r").exists()
+    assert sweep._parse_seeds("3") == (0, 1, 2) and sweep._parse_seeds("5,2") == (5, 2)
+    grid = sweep._parse_grid(algos.get("ppo"), ["learning_rate=1e-3,3e-4", "normalize_observations=false"])
+    assert grid == [{"learning_rate": 1e-3, "normalize_observations": False},
+                    {"learning_rate": 3e-4, "normalize_observations": False}]
