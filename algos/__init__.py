@@ -9,4 +9,12 @@ from __future__ import annotations
 
 from algos.registry import Algo, get, make_config, names, register
 
-__all__ = ["Algo", "get", "make_config", "names", "register"]
+
+def train_many(*args, **kwargs):
+    """K seeds of one config as one vmapped program: :func:`algos.sweep.train_many`."""
+    from algos import sweep
+
+    return sweep.train_many(*args, **kwargs)
+
+
+__all__ = ["Algo", "get", "make_config", "names", "register", "train_many"]
