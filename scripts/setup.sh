@@ -17,4 +17,20 @@ rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e ".[dev]"
+# Optional environments (envs.make("playground:..."), envs.make("gymnax:...")), small and pure Python.
+# --no-deps: Playground requires warp-lang (~150 MB, only for impl="warp") and gymnax pins jax<0.12;
+# their other requirements are listed here.
+"$VENV/bin/python" -m pip install -q --no-deps "playground==0.2.0" "gymnax==1.0.1" ml-collections mediapy \
+  || echo "setup: optional Playground/gymnax envs not installed (their tests will skip)" >&2
+"$VENV/bin/python" -m pip install -q lxml "gymnasium>=1.1,<1.4" seaborn six \
+  || echo "setup: optional env requirements not installed (their tests will skip)" >&2
+# Headless rendering on a CPU (rose-jax play): MuJoCo's OSMesa backend needs libOSMesa.
+if ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libosmesa6; } >/dev/null 2>&1 \
+      || echo "setup: could not install libosmesa6; rendering on a CPU will not work" >&2
+  else
+    echo "setup: libOSMesa not found (install libosmesa6) - needed to render videos on a CPU" >&2
+  fi
+fi
 "$VENV/bin/python" -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|flax|optax|chex|brax|mujoco|mujoco-mjx|orbax-checkpoint) ' || true

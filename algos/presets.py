@@ -1,0 +1,112 @@
+"""Named sets of default hyperparameters: ``preset="brax"`` gives Brax's own defaults.
+
+    config = presets.make_config("ppo", "brax", env, num_timesteps=1_000_000, num_envs=2048)
+
+A preset replaces the config class's defaults; keywords given by the caller still win. Values
+that depend on the environment (SAC's target entropy ``-0.5 * action_size``) are functions of
+the env, resolved by :func:`overrides`.
+
+``"brax"`` is ``brax.training.agents.{ppo,sac}.train``'s defaults (brax 0.14.2) and its default
+networks (``make_ppo_networks``: policy 4 x 32, value 5 x 256, swish; ``make_sac_networks``:
+2 x 256 relu), so that a Brax user's keywords mean what they meant in Brax. The remaining
+differences are listed in ``docs/COMING_FROM_BRAX.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "ppo": {
+        "brax": dict(
+            num_envs=1,
+            episode_length=1000,  # Brax requires it; a Brax user always passes it
+            learning_rate=1e-4,
+            entropy_cost=1e-4,
+            discounting=0.9,
+            unroll_length=10,
+            batch_size=32,
+            num_minibatches=16,
+            num_updates_per_batch=2,
+            normalize_observations=False,
+            reward_scaling=1.0,
+            clipping_epsilon=0.3,
+            gae_lambda=0.95,
+            max_grad_norm=None,
+            normalize_advantage=True,
+            value_cost=0.5,
+            policy_hidden_sizes=(32, 32, 32, 32),
+            value_hidden_sizes=(256, 256, 256, 256, 256),
+            activation="swish",
+            num_evals=1,
+            num_eval_envs=128,
+            deterministic_eval=False,
+            action_repeat=1,
+            seed=0,
+        ),
+    },
+    "sac": {
+        "brax": dict(
+            num_envs=1,
+            learning_rate=1e-4,
+            alpha_learning_rate=3e-4,
+            discounting=0.9,
+            batch_size=256,
+            num_evals=1,
+            num_eval_envs=128,
+            normalize_observations=False,
+            reward_scaling=1.0,
+            tau=0.005,
+            min_replay_size=0,
+            max_replay_size=None,
+            grad_updates_per_step=1,
+            deterministic_eval=False,
+            policy_hidden_sizes=(256, 256),
+            q_hidden_sizes=(256, 256),
+            activation="relu",
+            target_entropy=lambda env: -0.5 * env.action_size,
+            prefill_with_policy=True,
+            seed=0,
+        ),
+    },
+}
+
+
+def names(algo: str) -> list[str]:
+    """The presets of ``algo`` (``'ppo'`` or ``'sac'``)."""
+    return sorted(PRESETS.get(algo, {}))
+
+
+def overrides(algo: str, preset: str | None, env: Any = None) -> dict[str, Any]:
+    """The preset's field values for ``env`` (``{}`` for ``preset=None``).
+
+    Raises a one-line ValueError for an unknown preset, or when a value needs ``env`` and none
+    was given.
+    """
+    if preset is None:
+        return {}
+    table = PRESETS.get(algo, {})
+    if preset not in table:
+        raise ValueError(f"unknown {algo} preset {preset!r}; presets: {', '.join(names(algo)) or 'none'}")
+    out = {}
+    for key, value in table[preset].items():
+        if callable(value):
+            if env is None or isinstance(env, str):
+                raise ValueError(f"{algo} preset {preset!r}: {key} depends on the env; pass an Env object")
+            value = value(env)
+        out[key] = value
+    return out
+
+
+def make_config(algo: str, preset: str | None, env: Any = None, config: Any = None, **given: Any) -> Any:
+    """``algo``'s config: the preset's values (or ``config``'s), then ``given`` on top, validated."""
+    from algos import registry
+
+    record = registry.get(algo)
+    base = {} if config is not None else overrides(algo, preset, env)
+    if config is not None and preset is not None:
+        raise ValueError(f"{algo}: give a config or a preset, not both")
+    return record.make_config(config, **{**base, **given})
+
+
+__all__ = ["PRESETS", "make_config", "names", "overrides"]
