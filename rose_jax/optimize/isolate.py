@@ -88,7 +88,14 @@ def remember(cache_dir: str, fingerprint: str, label: str, reason: str) -> str:
 
 
 def _arg_specs(args: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
-    return [jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", np.asarray(x).dtype)) for x in args]
+    out = []
+    for x in args:
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            out.append(jax.ShapeDtypeStruct(tuple(x.shape), x.dtype))
+        else:
+            a = np.asarray(x)
+            out.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
+    return out
 
 
 def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -826,6 +826,7 @@ class Stage(NamedTuple):
     fn: Callable
     inputs: tuple[int, ...]
     n_outputs: int
+    in_specs: tuple[jax.ShapeDtypeStruct, ...] = ()
 
 
 @dataclasses.dataclass
@@ -844,7 +845,7 @@ def _stage_starts(eqns: Sequence[Any], boundaries: Sequence[str] | None) -> tupl
     for t in tops:
         if t and t[0] not in order:
             order.append(t[0])
-    if boundaries is None:
+    if boundaries is None:  # before the second top-level component
         if len(order) < 2:
             raise ValueError(f"split_compile: the function has {len(order)} top-level component(s); need 2")
         boundaries = (order[1],)
@@ -858,6 +859,8 @@ def _stage_starts(eqns: Sequence[Any], boundaries: Sequence[str] | None) -> tupl
         starts.append(idx[0])
     if starts != sorted(starts) or len(set(starts)) != len(starts):
         raise ValueError(f"split_compile: boundaries {tuple(boundaries)} are not in program order")
+    if starts and starts[0] == 0:
+        raise ValueError(f"split_compile: {boundaries[0]!r} starts the function: no stage before it")
     starts = [0] + starts
     names = []
     for k, s in enumerate(starts):
@@ -890,7 +893,8 @@ def build_chain(fn: Callable, args: Sequence[Any], boundaries: Sequence[str] | N
         if missing:
             raise ValueError(f"split_compile: stage {name!r} reads a value no earlier stage produces")
         closed_stage = C.make_closed(ins, outs, piece, cvars, [const_of[v] for v in cvars])
-        stages.append(Stage(name, C.as_fun(closed_stage), tuple(position[v] for v in ins), len(outs)))
+        specs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (C.aval_of(v) for v in ins))
+        stages.append(Stage(name, C.as_fun(closed_stage), tuple(position[v] for v in ins), len(outs), specs))
         reads_per_stage.append([position[v] for v in ins])
         stage_invars.append(ins)
         for v in outs:
@@ -946,6 +950,7 @@ class ChainedStep(HostStep):
         extra_options: dict | None = None,
         isolate: bool | None = None,
         cache_dir: str | None = None,
+        option_sets: Sequence[str] | None = None,
     ):
         self.fn = fn
         self.boundaries = None if boundaries is None else tuple(boundaries)
@@ -959,6 +964,11 @@ class ChainedStep(HostStep):
         self.donate, self.repeats = donate, repeats
         self.extra_options = dict(extra_options or {})
         self.isolate, self.cache_dir = isolate, cache_dir
+        self.option_sets = tuple(option_sets) if option_sets is not None else tuple(OPTION_SETS)
+        unknown = [o for o in self.option_sets if o not in OPTION_SETS]
+        if unknown or not self.option_sets:
+            raise ValueError(f"ChainedStep: option_sets must name some of {', '.join(OPTION_SETS)}, got {option_sets!r}")
+        self.refusals: dict[str, str] = {}
         self._chain: _Chain | None = None
         self._compiled: list[Callable] | None = None
         self._key = None
@@ -988,6 +998,7 @@ class ChainedStep(HostStep):
             extra_options={**self.extra_options, **dict(compiler_options or {})},
             isolate=self.isolate,
             cache_dir=self.cache_dir,
+            option_sets=self.option_sets,
         )
         return step
 
@@ -998,6 +1009,7 @@ class ChainedStep(HostStep):
             "stages": stages,
             "options": list(self.chosen) if self.chosen else self.options,
             "timings_ms": self.timings,
+            "refused": dict(self.refusals),
         }
 
     # -- preparation --------------------------------------------------------------------------
@@ -1018,25 +1030,41 @@ class ChainedStep(HostStep):
             self.chosen = tuple(self.options)
         self._compiled = [self._jit(k, self.chosen[k], self.donate) for k in range(n)]
 
-    def _measure(self, flat) -> tuple[str, ...]:
+    def isolation_checks(self, stage_sets: Sequence[tuple[int, str]] | None = None, workers: int = 4) -> dict:
+        """``(stage index, option set) -> isolate.Outcome`` of each stage's compile and first call in
+        a child process (all at once, ``workers`` children at a time); built chain needed."""
+        import concurrent.futures  # noqa: PLC0415
         from rose_jax.optimize import isolate as iso  # noqa: PLC0415 - child processes, loaded on use
 
         gpu = _platform() == "gpu"
-        sets = list(OPTION_SETS) if gpu else ["default"]
+        todo = stage_sets or [(k, n) for k in range(len(self._chain.stages)) for n in self.option_sets]
+
+        def one(item):
+            k, name = item
+            stage = self._chain.stages[k]
+            opts = {**(OPTION_SETS[name] if gpu else {}), **self.extra_options}
+            return iso.check(stage.fn, stage.in_specs, compiler_options=opts, label=f"{stage.name}:{name}",
+                             cache_dir=self.cache_dir)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            return dict(zip(todo, pool.map(one, todo)))
+
+    def _measure(self, flat) -> tuple[str, ...]:
+        gpu = _platform() == "gpu"
+        sets = list(self.option_sets) if gpu else ["default"]
         use_child = gpu if self.isolate is None else self.isolate
+        checks = self.isolation_checks([(k, n) for k in range(len(self._chain.stages)) for n in sets]) if use_child else {}
         values = list(flat)
         chosen = []
         for k, stage in enumerate(self._chain.stages):
             stage_args = [values[p] for p in stage.inputs]
             best, best_t, best_run, times = None, float("inf"), None, {}
             for name in sets:
-                if use_child:
-                    opts = {**(OPTION_SETS[name] if gpu else {}), **self.extra_options}
-                    res = iso.check(stage.fn, stage_args, compiler_options=opts, label=f"{stage.name}:{name}",
-                                    cache_dir=self.cache_dir)
-                    if not res.ok:
-                        times[name] = f"refused: {res.reason}"
-                        continue
+                outcome = checks.get((k, name))
+                if outcome is not None and not outcome.ok:
+                    times[name] = f"refused: {outcome.reason}"
+                    self.refusals[f"{stage.name}:{name}"] = outcome.reason
+                    continue
                 run = self._jit(k, name, donate=False)
                 jax.block_until_ready(run(*stage_args))
                 ts = []
@@ -1057,7 +1085,10 @@ class ChainedStep(HostStep):
 
 
 def split_compile(
-    boundaries: Sequence[str] | None = None, options: str | Sequence[str] = "measure", donate: bool = False
+    boundaries: Sequence[str] | None = None,
+    options: str | Sequence[str] = "measure",
+    donate: bool = False,
+    option_sets: Sequence[str] | None = None,
 ) -> Transform:
     """Transform: the iteration as separately compiled stages chained on the device.
 
@@ -1065,10 +1096,13 @@ def split_compile(
     second top-level component, e.g. PPO's rollout | normalizer + advantage + update, SAC's
     collect | train_steps). ``options``: ``"measure"`` (each stage's fastest of
     :data:`OPTION_SETS`, measured on the first call) or one option-set name per stage.
+    ``boundaries=()``: one stage (the whole iteration with its measured options).
+    ``option_sets``: the sets ``"measure"`` tries (default: all of :data:`OPTION_SETS`).
     Legal when the boundaries are top-level components (not inside a loop or a jit).
     """
     bounds = None if boundaries is None else tuple(boundaries)
     opts = options if isinstance(options, str) else tuple(options)
+    sets = None if option_sets is None else tuple(option_sets)
 
     def legal(tree) -> tuple[bool, str]:
         jx, _ = C.open_and_consts(tree.jaxpr)
@@ -1087,12 +1121,12 @@ def split_compile(
             target = target.iteration()
         if isinstance(target, HostStep):
             raise ValueError("split_compile: the step is already host-level")
-        return ChainedStep(target, bounds, opts, donate=donate)
+        return ChainedStep(target, bounds, opts, donate=donate, option_sets=sets)
 
-    where = "the second top-level component" if bounds is None else ", ".join(bounds)
+    where = "the second top-level component" if bounds is None else ", ".join(bounds) or "nothing (one stage)"
     return Transform(
         "split_compile",
-        (("boundaries", bounds), ("options", opts), ("donate", donate)),
+        (("boundaries", bounds), ("options", opts), ("donate", donate), ("option_sets", sets)),
         SPLIT_TOLERANCE,
         "host",
         legal,

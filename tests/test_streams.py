@@ -1,0 +1,361 @@
+"""rose_jax.optimize.streams and .isolate: stream regions, zipped loops, per-component compilation
+and crash isolation. Every transformation is compared with the untransformed function on random
+inputs and on real PPO / SAC iterations (pendulum, tiny sizes); on a CPU the stream annotations
+are inert, so the transformed function must equal the original."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+import rose_jax
+import rose_jax.trace as rtrace
+from algos import ppo, sac
+from rose_jax.optimize import isolate, streams
+from rose_jax.optimize.measure import compare_trees
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _compute_on_streams(fn, *args) -> list[str]:
+    """The compute types of the compute_on equations in fn's jaxpr (any depth)."""
+    found = []
+
+    def walk(j):
+        for e in j.eqns:
+            if e.primitive.name == "compute_on":
+                found.append(e.params["compute_type"])
+            for v in e.params.values():
+                for sub in v if isinstance(v, (tuple, list)) else (v,):
+                    inner = getattr(sub, "jaxpr", None)
+                    if inner is not None and hasattr(inner, "eqns"):
+                        walk(inner)
+                    elif hasattr(sub, "eqns"):
+                        walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return sorted(found)
+
+
+def _assert_same(actual, expected, tol=streams.STREAM_TOLERANCE):
+    cmp = compare_trees(actual, expected, rtol=tol.rtol, atol=tol.atol)
+    assert cmp.equal, cmp
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def env():
+    return envs.make("pendulum")
+
+
+@pytest.fixture(scope="module")
+def sac_setup(env):
+    config = sac.SACConfig(
+        num_envs=4,
+        batch_size=8,
+        grad_updates_per_step=2,
+        num_timesteps=10**6,
+        min_replay_size=8,
+        policy_hidden_sizes=(8,),
+        q_hidden_sizes=(8,),
+    )
+    state = sac.init(config, env, jax.random.PRNGKey(1))
+    fn = sac.iteration(config, env)
+    return fn, state, rtrace.trace(fn, state, arg_names=["state"])
+
+
+@pytest.fixture(scope="module")
+def sac_reference(sac_setup):
+    fn, state, _ = sac_setup
+    return jax.jit(fn)(state)
+
+
+def _ppo(env, max_grad_norm):
+    config = ppo.PPOConfig(
+        num_envs=8,
+        unroll_length=8,
+        num_minibatches=2,
+        num_epochs=1,
+        policy_hidden_sizes=(8,),
+        value_hidden_sizes=(8,),
+        max_grad_norm=max_grad_norm,
+    )
+    state = ppo.init(config, env, jax.random.PRNGKey(2))
+    fn = ppo.iteration(config, env)
+    return fn, state, rtrace.trace(fn, state, arg_names=["state"])
+
+
+@pytest.fixture(scope="module")
+def ppo_clipped(env):
+    return _ppo(env, 1.0)
+
+
+@pytest.fixture(scope="module")
+def ppo_unclipped(env):
+    return _ppo(env, None)
+
+
+def _two_chains(dependent=False):
+    def chains(state):
+        a, b, w1, w2 = state
+        with rose_jax.component("chain_a"):
+            a, _ = jax.lax.scan(lambda x, _: (jnp.tanh(x @ w1), None), a, None, length=6)
+        if dependent:
+            b = b + a
+        with rose_jax.component("chain_b"):
+            b, ys = jax.lax.scan(lambda x, _: (jnp.tanh(x @ w2), x.sum()), b, None, length=6)
+        return (a, b, w1, w2), {"a": a.sum(), "ys": ys}
+
+    return chains
+
+
+def _random_state(seed):
+    k = jax.random.split(jax.random.PRNGKey(seed), 4)
+    return (
+        jax.random.normal(k[0], (16, 8)),
+        jax.random.normal(k[1], (16, 8)),
+        0.4 * jax.random.normal(k[2], (8, 8)),
+        0.4 * jax.random.normal(k[3], (8, 8)),
+    )
+
+
+# ------------------------------------------------------------------------------ compute_on
+
+
+def test_on_stream_is_inert_on_cpu_and_lowers_to_an_annotated_call():
+    x, w = jax.random.normal(jax.random.PRNGKey(0), (4, 3)), jax.random.normal(jax.random.PRNGKey(1), (3, 3))
+
+    def f(x, w):
+        return jnp.tanh(x @ w) * 2.0
+
+    g = streams.on_stream(f, 2)
+    np.testing.assert_array_equal(jax.jit(g)(x, w), jax.jit(f)(x, w))
+    text = jax.jit(g).lower(x, w).as_text()
+    assert '_xla_stream_annotation = "2"' in text and 'inlineable = "false"' in text
+    with pytest.raises(ValueError, match="stream must be an int >= 1"):
+        streams.on_stream(f, 0)
+
+
+# ------------------------------------------------------------------------------ components
+
+
+def test_sac_gradient_step_components_on_three_streams_equal(sac_setup, sac_reference):
+    fn, state, tree = sac_setup
+    t = streams.stream_overlap("alpha_update", "critic_update", "actor_update")
+    ok, why = t.legal(tree)
+    assert ok, why
+    assert "alpha_update on stream 1, critic_update on stream 2, actor_update on stream 3" in why
+    assert "train_steps/_grad_step" in why
+    fast = t.apply(fn)
+    assert _compute_on_streams(fast, state) == ["gpu_stream:1", "gpu_stream:2", "gpu_stream:3"]
+    _assert_same(jax.jit(fast)(state), sac_reference)
+
+
+def test_dependent_components_are_refused_with_what_couples_them(sac_setup):
+    fn, state, tree = sac_setup
+    ok, why = streams.stream_overlap("critic_update", "target_update").legal(tree)
+    assert not ok
+    assert "target_update reads the result of critic_update" in why and "dependent" in why
+    ok, why = streams.stream_overlap("critic_update", "no_such_component").legal(tree)
+    assert not ok and "no loop holds components" in why
+
+
+def test_region_holding_a_loop_is_refused():
+    def f(state):
+        a, w = state
+
+        def step(x, _):
+            with rose_jax.component("inner"):
+                y, _ = jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=2)
+            with rose_jax.component("other"):
+                z = jnp.sin(x)
+            return y + 0 * z, None
+
+        a, _ = jax.lax.scan(step, a, None, length=3)
+        return (a, w), a.sum()
+
+    state = (jnp.ones((2, 2)), jnp.eye(2))
+    tree = rtrace.trace(f, state, arg_names=["state"])
+    ok, why = streams.stream_overlap("inner", "other").legal(tree)
+    assert not ok and "holds a loop" in why
+
+
+# ------------------------------------------------------------------------------ state groups
+
+
+def test_ppo_policy_value_coupled_by_global_norm_clip_is_refused(ppo_clipped):
+    fn, state, tree = ppo_clipped
+    ok, why = streams.stream_overlap("policy", "value", mode="state", where="update/minibatch_step").legal(tree)
+    assert not ok
+    assert "coupled" in why and "clip_by_global_norm" in why and "global norm" in why
+
+
+def test_ppo_policy_value_without_clip_on_two_streams_equal(ppo_unclipped):
+    fn, state, tree = ppo_unclipped
+    t = streams.stream_overlap("policy", "value", mode="state", where="update/minibatch_step")
+    ok, why = t.legal(tree)
+    assert ok, why
+    assert "policy on stream 1, value on stream 2" in why
+    assert "shared prelude" in why and "optax" in why  # Adam's step count / bias correction, once
+    fast = t.apply(fn)
+    assert _compute_on_streams(fast, state) == ["gpu_stream:1", "gpu_stream:2"]
+    _assert_same(jax.jit(fast)(state), jax.jit(fn)(state))
+
+
+def test_transform_params_round_trip_through_json(ppo_unclipped):
+    _, _, tree = ppo_unclipped
+    t = streams.stream_overlap("policy", "value", mode="state", where="update/minibatch_step")
+    params = {k: (tuple(v) if isinstance(v, list) else v) for k, v in t.to_json()["params"].items()}
+    again = streams.stream_overlap(**params)
+    assert again == t and again.legal(tree) == t.legal(tree)
+
+
+# ------------------------------------------------------------------------------ zipped loops
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_two_independent_loops_zipped_on_two_streams_equal(seed):
+    fn, state = _two_chains(), _random_state(seed)
+    tree = rtrace.trace(fn, state, arg_names=["state"])
+    t = streams.stream_overlap("chain_a", "chain_b", mode="loops")
+    ok, why = t.legal(tree)
+    assert ok, why
+    fast = t.apply(fn)
+    assert _compute_on_streams(fast, state) == ["gpu_stream:1", "gpu_stream:2"]
+    jaxpr = jax.make_jaxpr(fast)(state)
+    assert sum(e.primitive.name == "scan" for e in jaxpr.jaxpr.eqns) == 1  # one zipped loop
+    _assert_same(jax.jit(fast)(state), jax.jit(fn)(state))
+
+
+def test_dependent_loops_are_refused():
+    fn, state = _two_chains(dependent=True), _random_state(0)
+    tree = rtrace.trace(fn, state, arg_names=["state"])
+    ok, why = streams.stream_overlap("chain_a", "chain_b", mode="loops").legal(tree)
+    assert not ok and "dependent" in why
+
+
+# ------------------------------------------------------------------------------ split_compile
+
+
+def test_split_compile_ppo_equals_the_fused_iteration(ppo_clipped):
+    fn, state, tree = ppo_clipped
+    t = streams.split_compile()
+    ok, why = t.legal(tree)
+    assert ok and "rollout | normalizer+advantage+update" in why
+    step = t.apply(fn)
+    out, ref = step(state), jax.jit(fn)(state)
+    _assert_same(out, ref, streams.SPLIT_TOLERANCE)
+    assert step.stats()["stages"] == ["rollout", "normalizer+advantage+update"]
+    assert step.stats()["options"] == ["default", "default"]  # a CPU: XLA's defaults
+    _assert_same(step(out[0])[0], jax.jit(fn)(ref[0])[0], streams.SPLIT_TOLERANCE)  # chained again
+
+
+def test_split_compile_sac_with_donation_and_named_options(sac_setup, sac_reference):
+    fn, state, _ = sac_setup
+    ref = sac_reference
+    step = streams.ChainedStep(fn, None, ("default", "concurrent"), donate=True)
+    mine = jax.tree.map(jnp.copy, state)
+    out = step(mine)
+    _assert_same(out, ref, streams.SPLIT_TOLERANCE)
+    assert step.stats()["stages"] == ["collect", "train_steps"]
+    det = step.with_compiler_options({"xla_gpu_deterministic_ops": True})
+    assert det.options == ("default", "concurrent") and det.extra_options == {"xla_gpu_deterministic_ops": True}
+    with pytest.raises(ValueError, match="unknown option set"):
+        streams.ChainedStep(fn, None, ("default", "fastest"))
+    ok, why = streams.split_compile(("no_such",)).legal(rtrace.trace(fn, state, arg_names=["state"]))
+    assert not ok and "not a top-level component" in why
+
+
+# ------------------------------------------------------------------------------ candidates
+
+
+def test_candidates_for_sac_and_ppo(sac_setup, ppo_clipped):
+    _, _, tree = sac_setup
+    labels = [t.label for t in streams.candidates(tree)]
+    assert any("'alpha_update', 'critic_update', 'actor_update'" in lab for lab in labels)
+    assert any(lab.startswith("split_compile") for lab in labels)
+    _, _, ptree = ppo_clipped
+    cands = streams.candidates(ptree)
+    state = [t for t in cands if dict(t.params).get("mode") == "state"]
+    assert state and dict(state[0].params)["groups"] == ("policy", "value")
+    ok, why = state[0].legal(ptree)
+    assert not ok and "global norm" in why  # kept as a candidate: the search logs the refusal
+    fn, st = _two_chains(), _random_state(0)
+    ctree = rtrace.trace(fn, st, arg_names=["state"])
+    assert any(dict(t.params).get("mode") == "loops" and t.legal(ctree)[0] for t in streams.candidates(ctree))
+
+
+# ------------------------------------------------------------------------------ isolation
+
+
+def test_child_that_aborts_is_refused_remembered_and_the_driver_lives(tmp_path):
+    def f(x, w):
+        return jnp.tanh(x @ w)
+
+    args = (jnp.ones((4, 3)), jnp.ones((3, 2)))
+    # a deliberate crash: the child calls os.abort() before compiling (standing in for XLA's abort)
+    out = isolate.check(
+        f, args, label="crashy", cache_dir=str(tmp_path), fingerprint="fp0",
+        env={isolate.DELIBERATE_ABORT_VAR: "1"},
+    )
+    assert not out.ok and out.reason.startswith("XLA aborted: ")
+    assert "deliberate abort" in out.reason and "SIGABRT" in out.reason
+    assert isolate.remembered(str(tmp_path), "fp0") == {"crashy": out.reason}
+    again = isolate.check(f, args, label="crashy", cache_dir=str(tmp_path), fingerprint="fp0")
+    assert again.cached and not again.ok and again.reason == out.reason
+    # this process is alive and still computes
+    np.testing.assert_allclose(jax.jit(f)(*args), np.tanh(np.full((4, 2), 3.0)), rtol=1e-6)
+    ok = isolate.check(f, args, label="fine", cache_dir=str(tmp_path), fingerprint="fp0")
+    assert ok.ok, ok.reason
+    bad = isolate.check(f, args, compiler_options={"xla_no_such_option": 1}, label="bad")
+    assert not bad.ok and bad.reason.startswith("XLA compile failed:")
+
+
+# ------------------------------------------------------------------------------ GPU only
+
+
+@pytest.mark.gpu
+def test_stream_regions_become_async_calls_on_gpu(sac_setup):
+    if jax.default_backend() != "gpu":
+        pytest.skip("needs a GPU: stream annotations are inert on a CPU")
+    fn, state, _ = sac_setup
+    fast = streams.stream_overlap("alpha_update", "critic_update", "actor_update").apply(fn)
+    text = jax.jit(fast).lower(state).compile().as_text()
+    assert "call-start" in text and '_xla_stream_annotation="2"' in text
+
+
+# ------------------------------------------------------------------------------ the benchmark
+
+
+def test_overlap_benchmark_smoke(tmp_path):
+    out = tmp_path / "overlap"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.experiments.overlap", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    data = json.loads((out / "results.json").read_text())
+    rows = {r["workload"]: r for r in data["rows"]}
+    assert "components on streams (two MLP chains)" in rows
+    for r in data["rows"]:
+        assert {"workload", "baseline_env_steps_per_s", "rose_env_steps_per_s", "speedup", "equal",
+                "max_abs_diff", "plan", "search_s"} <= set(r)
+        assert r.get("error") is None, r
+        assert r["equal"] is True, r
+    assert (out / "results.md").exists() and (out / "results.png").exists()
+    assert "workload" in proc.stdout.splitlines()[-len(data["rows"]) - 2]
