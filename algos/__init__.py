@@ -17,4 +17,11 @@ def train_many(*args, **kwargs):
     return sweep.train_many(*args, **kwargs)
 
 
-__all__ = ["Algo", "get", "make_config", "names", "register", "train_many"]
+def load_policy(run_dir):
+    """``act(obs, key=None)`` of the policy saved in ``run_dir``: :func:`algos.policy.load_policy`."""
+    from algos import policy
+
+    return policy.load_policy(run_dir)
+
+
+__all__ = ["Algo", "get", "load_policy", "make_config", "names", "register", "train_many"]
