@@ -514,6 +514,25 @@ def test_iteration_levers_runs_tiny_on_cpu(tmp_path):
     assert "unroll_sim" in (tmp_path / "levers.md").read_text()
 
 
+def test_kernels_from_trace_writes_the_kernel_report(tmp_path):
+    """kernels_from_trace on a stored H200 trace (tests/data): the report under the config's name."""
+    from test_profile import FIXTURE, _xspace_from_fixture
+
+    from benchmarks.experiments import kernels_from_trace
+
+    trace = tmp_path / "traces" / "ppo_ant_1024" / "plugins" / "profile" / "run" / "vm.xplane.pb"
+    trace.parent.mkdir(parents=True)
+    with open(FIXTURE) as f:
+        trace.write_bytes(_xspace_from_fixture(json.load(f)))
+    kt = kernels_from_trace.main([str(trace), "--out", str(tmp_path / "k.md"), "--trace-label", "t.pb"])
+    text = (tmp_path / "k.md").read_text()
+    assert kt.available and kt.events
+    assert text.startswith("# ppo_ant_1024: kernel busy time per component\n\ntrace: t.pb\n")
+    assert "rollout/sim" in text and "## longest gaps between kernels" in text
+    with pytest.raises(ValueError, match="xplane.pb"):
+        kernels_from_trace.main([str(tmp_path / "k.md"), "--out", str(tmp_path / "x.md")])
+
+
 @pytest.mark.slow
 def test_mps_experiment_dry_run_on_cpu(tmp_path):
     """python -m benchmarks.experiments.mps --dry-run (CPU workers, no MPS): every phase runs and

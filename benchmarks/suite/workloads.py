@@ -564,7 +564,7 @@ def get(name: str) -> Suite:
 
 # ------------------------------------------------------------------------------ cost model
 
-# Calibrated on the H200 quick-suite log (benchmarks/results/suite/quick/suite_quick.log, jax 0.11.2):
+# Calibrated on H200 quick-suite logs (benchmarks/results/suite/quick/logs/suite_quick.log, jax 0.11.2):
 # COMPILE_S is the seconds to compile and warm up (b)'s K-iteration loop of one env (PPO ant 17.5 s,
 # SAC ant 17.5 s, PPO mjx_swimmer 14.8 s; humanoid and halfcheetah are guesses from model size).
 # VARIANT_COMPILES scales it per variant: (c) 29.8 s on ant = 1.7x; Brax's whole train() (its env
@@ -598,7 +598,7 @@ RATE = {"ant": 4.8e5, "humanoid": 1.5e5, "halfcheetah": 5e5, "mjx_swimmer": 1.5e
 # passes already use some cores), and the slowest row is slowed by PARALLEL_SLOWDOWN.
 PARALLEL_EFFICIENCY, PARALLEL_SLOWDOWN = 0.5, 1.15
 PRECOMPILED = ("single_jit", "hand_pipelined")  # variants benchmarks.suite.run compiles ahead of time
-# Epoch rows (optimize_gpu --unit epoch logs, H200): the epoch program (training scan + evaluation)
+# Epoch rows (benchmarks/results/optimize_epoch*/logs, H200): the epoch program (training scan + evaluation)
 # compiles in ~28 s on ant vs 17.5 s for the K-iteration loop; an evaluation of 128 envs x 1000
 # latency-bound MJX steps takes ~2.0 s (seconds per evaluation step below; CPU: tiny envs).
 EPOCH_COMPILES = 1.6
