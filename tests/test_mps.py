@@ -563,7 +563,7 @@ def test_plan_constants_are_what_jax_reads():
 
 def test_worker_daemon_prefers_given_then_inherited_then_own(fake_mps, monkeypatch):
     """rose_jax.mps.worker_daemon with the MOCK control binary on PATH (the real daemon path runs
-    on the GPU: tests/test_offload.py's GPU test and benchmarks/mps_gpu.py)."""
+    on the GPU: tests/test_offload.py's and tests/test_mps_gpu.py's GPU tests)."""
     from rose_jax.mps import InheritedDaemon, stop_own, worker_daemon
     from rose_jax.mps.plan import MPS_PIPE_VAR
 

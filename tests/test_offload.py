@@ -203,7 +203,7 @@ def test_offload_on_gpu_under_mps_is_exact_and_overlaps():
     from rose_jax.mps import inherited_daemon
 
     if inherited_daemon() is None:
-        pytest.skip("not an MPS client: run under rose_jax.mps.run_as_client (see benchmarks/gpu_call_*.sh)")
+        pytest.skip("not an MPS client: run under rose_jax.mps.run_as_client (see benchmarks/README.md)")
     env = envs.make("ant", backend="mjx")
     c = ppo.PPOConfig(num_envs=512, unroll_length=10, num_minibatches=8, num_epochs=2)
     fn = ppo.epoch(c, env, 5, num_eval_envs=64, eval_length=200)

@@ -12,7 +12,7 @@ Sources, picked per device:
     kernel ran during the driver's own window (1/6 s to 1 s); it says nothing about how many SMs
     were busy. ``sm_occupancy`` is None.
 
-Real resolution (what to expect; measure it on the H200 with ``benchmarks/profile_gpu.py``):
+Real resolution (what to expect; measure it on the H200 with ``benchmarks.experiments.activity_profile``):
 NVIDIA documents that the two ``nvmlGpmSampleGet`` calls of a metric should be more than 100 ms
 apart "due to the internal sample refresh rate": the GPU refreshes the counters about every
 100 ms, so two samples 10 ms apart mostly see the same snapshot. The sampler therefore reads a
