@@ -697,21 +697,14 @@ def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[Train
     return iterate
 
 
-def program(config: PPOConfig, env: Env | None = None, *, env_name: str | None = None,
-            env_kwargs: tuple = ()) -> Program:
+def program(config: PPOConfig, env: Env, *, env_name: str | None = None, env_kwargs: tuple = ()) -> Program:
     """The iteration as a :class:`rose_jax.program.Program` (equal to ``iteration(config, env)``).
 
     ``collect`` is :func:`rollout`, ``learn`` is :func:`learn`; ``rollout`` parts let the optimizer
     step env groups inside one loop (each group draws the full batch's noise, sliced to its envs).
-    ``env`` is an ``envs.Env``, or give ``env_name`` (and ``env_kwargs`` as ``((key, value), ...)``)
-    so that worker processes can rebuild it from the registry.
+    ``env_name`` (and ``env_kwargs`` as ``((key, value), ...)``): ``env``'s registry name, so that
+    worker processes can rebuild it (``envs.make``); without it the program has no spec.
     """
-    if env is None:
-        if env_name is None:
-            raise ValueError("ppo.program: give env or env_name")
-        import envs  # noqa: PLC0415 - the registry, only when rebuilding from a name
-
-        env = envs.make(env_name, **dict(env_kwargs))
     if config.brax_layout:
         from algos import ppo_brax
 
@@ -761,12 +754,9 @@ def program(config: PPOConfig, env: Env | None = None, *, env_name: str | None =
         new_state, metrics = learn(nets, config, state, env_state, transitions)
         return new_state.replace(env_state=state.env_state), metrics
 
-    spec = None
-    if env_name is not None:
-        spec = ProgramSpec(
-            "algos.ppo:program",
-            (("config", config), ("env_name", env_name), ("env_kwargs", tuple(env_kwargs))),
-        )
+    spec = None if env_name is None else ProgramSpec(
+        "algos.ppo:program", (("config", config),), env=("envs:make", env_name, tuple(env_kwargs))
+    )
     return Program(
         name="ppo",
         num_envs=N,

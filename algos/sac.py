@@ -634,82 +634,65 @@ def iteration(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[Train
                 functools.partial(_env_and_train_step, sac), state, None, length=config.steps_per_iteration
             )
             m = {**jax.tree.map(jnp.mean, m), "episodes": jnp.sum(m["episodes"]), "alpha": m["alpha"][-1]}
-        state = state.replace(iteration=state.iteration + 1)
-        metrics = Metrics(
-            env_steps=state.env_steps,
-            iteration=state.iteration,
-            grad_steps=state.grad_steps,
-            buffer_size=state.replay.size,
-            reward=m["reward"],
-            episode_return=mean_finished_return(state.env_state),
-            episodes=m["episodes"],
-            critic_loss=m["critic_loss"],
-            actor_loss=m["actor_loss"],
-            alpha_loss=m["alpha_loss"],
-            alpha=m["alpha"],
-        )
-        return state, metrics
+        return finish_iteration(state, m)
 
     return sac_iteration
 
 
-def program(config: SACConfig, env: Env | None = None, *, env_name: str | None = None,
-            env_kwargs: tuple = ()) -> Program:
+def finish_iteration(state: TrainState, m: dict) -> tuple[TrainState, Metrics]:
+    """The end of an iteration: the counter advanced and its :class:`Metrics`.
+
+    ``m``: the iteration's :func:`collect` and :func:`train_steps` metrics (over its env steps).
+    """
+    state = state.replace(iteration=state.iteration + 1)
+    return state, Metrics(
+        env_steps=state.env_steps,
+        iteration=state.iteration,
+        grad_steps=state.grad_steps,
+        buffer_size=state.replay.size,
+        reward=m["reward"],
+        episode_return=mean_finished_return(state.env_state),
+        episodes=m["episodes"],
+        critic_loss=m["critic_loss"],
+        actor_loss=m["actor_loss"],
+        alpha_loss=m["alpha_loss"],
+        alpha=m["alpha"],
+    )
+
+
+def program(config: SACConfig, env: Env, *, env_name: str | None = None, env_kwargs: tuple = ()) -> Program:
     """The iteration (``steps_per_iteration == 1``) as a :class:`rose_jax.program.Program`.
 
-    ``collect`` is :func:`collect` and ``learn`` :func:`train_steps` plus the iteration's metrics,
-    so it equals ``iteration(config, env)``. SAC's collect folds each step's observations into the
-    normalizer and inserts them into the replay buffer (shared state, not per env): the optimizer's
-    env-group rollouts are rejected for it, a real collect that reduces over envs. ``env`` is an
-    ``envs.Env``, or give ``env_name`` (and ``env_kwargs``) to rebuild it from the registry.
+    ``collect`` is :func:`collect` (its metrics are the data) and ``learn`` :func:`train_steps`
+    then :func:`finish_iteration`, so it equals ``iteration(config, env)``. SAC's collect folds
+    each step's observations into the normalizer and inserts them into the replay buffer (shared
+    state, not per env): the optimizer's env-group rollouts are rejected for it, a real collect
+    that reduces over envs. ``env_name`` / ``env_kwargs``: ``env``'s registry name, so that
+    worker processes can rebuild it; without it the program has no spec.
     """
-    if env is None:
-        if env_name is None:
-            raise ValueError("sac.program: give env or env_name")
-        import envs  # noqa: PLC0415 - the registry, only when rebuilding from a name
-
-        env = envs.make(env_name, **dict(env_kwargs))
     if config.steps_per_iteration != 1:
         raise ValueError(f"sac.program: needs steps_per_iteration == 1, got {config.steps_per_iteration}")
     sac = make(config, env)
 
     def collect_step(state):
         _, collect_key, _ = split_keys(state.key)
-        state, _ = collect(sac, state, collect_key, random_actions=False)
-        return state, state.env_state
+        return collect(sac, state, collect_key, random_actions=False)
 
-    def learn(state, env_state):
+    def learn(state, collect_metrics):
         key, _, train_key = split_keys(state.key)
         state, train_metrics = train_steps(sac, state.replace(key=key), train_key)
-        state = state.replace(iteration=state.iteration + 1)
-        metrics = Metrics(
-            env_steps=state.env_steps,
-            iteration=state.iteration,
-            grad_steps=state.grad_steps,
-            buffer_size=state.replay.size,
-            reward=jnp.mean(env_state.reward),
-            episode_return=mean_finished_return(state.env_state),
-            episodes=jnp.sum(env_state.done.astype(jnp.int32)),
-            critic_loss=train_metrics["critic_loss"],
-            actor_loss=train_metrics["actor_loss"],
-            alpha_loss=train_metrics["alpha_loss"],
-            alpha=train_metrics["alpha"],
-        )
-        return state, metrics
+        return finish_iteration(state, {**collect_metrics, **train_metrics})
 
-    spec = None
-    if env_name is not None:
-        spec = ProgramSpec(
-            "algos.sac:program",
-            (("config", config), ("env_name", env_name), ("env_kwargs", tuple(env_kwargs))),
-        )
+    spec = None if env_name is None else ProgramSpec(
+        "algos.sac:program", (("config", config),), env=("envs:make", env_name, tuple(env_kwargs))
+    )
     return Program(
         name="sac",
         num_envs=config.num_envs,
         collect=collect_step,
         learn=learn,
         env=attr_lens("env_state"),
-        data_env_axis=0,
+        data_env_axis=None,  # the collect's metrics: scalars, not per env
         spec=spec,
         env_name=env.name,
     )

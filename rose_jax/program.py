@@ -112,19 +112,25 @@ class RolloutParts(NamedTuple):
 class ProgramSpec:
     """How a worker process rebuilds a program: ``import_module(module).<factory>(**kwargs)``.
 
-    ``kwargs`` must be picklable (configs are frozen dataclasses; the env is passed by registry
-    name). ``transforms`` are ``(name, params)`` of fn-level transforms the worker re-applies.
-    :func:`rose_jax.optimize.process_worker.build_program` builds it.
+    ``kwargs`` must be picklable (configs are frozen dataclasses). ``env``: ``(env factory
+    "module:function", name, ((key, value), ...))``: the worker builds the environment with
+    ``factory(name, **kwargs)`` and passes it as the keyword ``env`` (an environment is
+    rebuilt by name, not pickled). ``transforms`` are ``(name, params)`` of fn-level transforms
+    the worker re-applies. :func:`rose_jax.optimize.process_worker.build_program` builds it.
     """
 
     factory: str  # "package.module:function"
     kwargs: tuple[tuple[str, Any], ...] = ()
     transforms: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    env: tuple[str, str, tuple[tuple[str, Any], ...]] | None = None
 
     def __post_init__(self):
-        module, sep, name = self.factory.partition(":")
-        if not (module and sep and name):
-            raise ValueError(f"ProgramSpec: factory must be 'package.module:function', got {self.factory!r}")
+        for target in (self.factory,) + ((self.env[0],) if self.env else ()):
+            module, sep, name = target.partition(":")
+            if not (module and sep and name):
+                raise ValueError(
+                    f"ProgramSpec: factories must look like 'package.module:function', got {target!r}"
+                )
 
 
 class Program(NamedTuple):

@@ -33,7 +33,6 @@ import jax.numpy as jnp
 
 import rose_jax
 from algos import networks, normalize
-from envs.core import mean_finished_return
 
 GROUPS = 2
 
@@ -226,22 +225,7 @@ def sac_pipelined_iteration(config, env, groups: int = GROUPS) -> Callable:
         else:
             state, m = jax.lax.scan(env_and_train_step, state, None, length=config.steps_per_iteration)
             m = {**jax.tree.map(jnp.mean, m), "episodes": jnp.sum(m["episodes"]), "alpha": m["alpha"][-1]}
-        state = state.replace(iteration=state.iteration + 1)
-        episode_return = mean_finished_return(state.env_state)
-        metrics = sac.Metrics(
-            env_steps=state.env_steps,
-            iteration=state.iteration,
-            grad_steps=state.grad_steps,
-            buffer_size=state.replay.size,
-            reward=m["reward"],
-            episode_return=episode_return,
-            episodes=m["episodes"],
-            critic_loss=m["critic_loss"],
-            actor_loss=m["actor_loss"],
-            alpha_loss=m["alpha_loss"],
-            alpha=m["alpha"],
-        )
-        return state, metrics
+        return sac.finish_iteration(state, m)
 
     return iterate
 

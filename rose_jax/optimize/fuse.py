@@ -68,35 +68,25 @@ def overlap_independent(a: str | Sequence[str], b: str | Sequence[str], mode: st
                 return False, "one scan runs in reverse and the other does not"
         return True, f"independent ({why})"
 
-    if mode == "processes":
-
-        def apply(fn):
+    def apply(fn):
+        if mode == "processes":
             raise ValueError(
                 "overlap_independent(mode='processes') is not implemented (legality is): use mode='fused', "
                 "or group_rollout(G, 'processes') for multi-process rollouts"
             )
-
-        return Transform(
-            "overlap_independent",
-            (("a", a), ("b", b), ("mode", mode)),
-            EXACT,
-            "host",
-            legal,
-            apply,
-            summary=f"run {b!r} in a worker process while {a!r} runs here",
-        )
-
-    def apply(fn):
         return fuse_scans(fn, a, b)
 
+    fused = mode == "fused"
     return Transform(
         "overlap_independent",
         (("a", a), ("b", b), ("mode", mode)),
-        FUSION_TOLERANCE,
-        "fn",
+        FUSION_TOLERANCE if fused else EXACT,
+        "fn" if fused else "host",
         legal,
         apply,
-        summary=f"fuse the independent scans {a!r} and {b!r} into one loop",
+        summary=f"fuse the independent scans {a!r} and {b!r} into one loop"
+        if fused
+        else f"run {b!r} in a worker process while {a!r} runs here",
     )
 
 

@@ -35,12 +35,20 @@ ENV = "rose.env"  # resident name of a worker's env slice
 ORIGIN = "rose.env.origin"  # the env slice as last uploaded (restarts without a transfer)
 
 
+def _resolve(target: str) -> Callable:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @functools.lru_cache(maxsize=8)
 def build_program(spec: Any) -> Any:
     """The program a :class:`rose_jax.program.ProgramSpec` names, with its fn-level transforms
     (cached per spec: a worker rebuilds each program once)."""
-    module, name = spec.factory.split(":")
-    program = getattr(importlib.import_module(module), name)(**dict(spec.kwargs))
+    kwargs = dict(spec.kwargs)
+    if spec.env is not None:
+        env_factory, env_name, env_kwargs = spec.env
+        kwargs["env"] = _resolve(env_factory)(env_name, **dict(env_kwargs))
+    program = _resolve(spec.factory)(**kwargs)
     for t_name, t_params in spec.transforms:
         program = transform_by_name(t_name, dict(t_params)).apply(program)
     return program

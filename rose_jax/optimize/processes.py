@@ -66,14 +66,7 @@ from rose_jax.jaxpr import dataflow
 from rose_jax.mps import plan as mps_plan
 from rose_jax.mps import stop_own, worker_daemon
 from rose_jax.optimize.base import HostStep
-from rose_jax.optimize.env_groups import (
-    collect_group,
-    data_axes,
-    env_mask,
-    merge_data,
-    merge_states,
-    split_envs,
-)
+from rose_jax.optimize import env_groups
 from rose_jax.optimize.process_worker import (
     ENV,
     ORIGIN,
@@ -165,7 +158,7 @@ def plan_resident(program: Any, state: Any, groups: int, owner: str = "plan") ->
 
     leaves, treedef = jax.tree_util.tree_flatten(state)
     paths = tuple(jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0])
-    mask = jax.tree.leaves(env_mask(program, state))
+    mask = jax.tree.leaves(env_groups.env_mask(program, state))
     env_pos = tuple(i for i, m in enumerate(mask) if m)
     other = tuple(i for i, m in enumerate(mask) if not m)
     n = len(leaves)
@@ -199,14 +192,14 @@ def plan_resident(program: Any, state: Any, groups: int, owner: str = "plan") ->
         return no(f"learn reads the state's env part ({paths[read[0]]}): read it from the data instead")
     data_leaves, data_treedef = jax.tree_util.tree_flatten(data)
     data_used = tuple(j for j in range(len(data_leaves)) if live_l[n + j])
-    all_axes = data_axes(program, data)
+    all_axes = env_groups.data_axes(program, data)
     used_axes = tuple(all_axes[j] for j in data_used)
 
     # 2. the group's collect
-    state_g = jax.eval_shape(lambda s: split_envs(program, s, groups)[0], state)
-    closed_c, (out_g, _) = jax.make_jaxpr(lambda s: collect_group(program, s, 0, groups), return_shape=True)(
-        state_g
-    )
+    state_g = jax.eval_shape(lambda s: env_groups.split_envs(program, s, groups)[0], state)
+    closed_c, (out_g, _) = jax.make_jaxpr(
+        lambda s: env_groups.collect_group(program, s, 0, groups), return_shape=True
+    )(state_g)
     if jax.tree.structure(out_g) != treedef:
         return no("the group's collect changes the state's structure")
     jc = closed_c.jaxpr
@@ -467,11 +460,11 @@ class ProcessCollect(HostStep):
         self.resident, self.keep_origin = bool(resident), bool(keep_origin)
         self.executor = executor if executor is not None else RuntimeExecutor(groups, quotas)
         self.owner = f"pc{os.getpid()}-{secrets.token_hex(4)}"
-        self._split = jax.jit(lambda s: split_envs(program, s, groups))
+        self._split = jax.jit(lambda s: env_groups.split_envs(program, s, groups))
         self._merge = jax.jit(
             lambda outs: (
-                merge_states(program, [o[0] for o in outs]),
-                merge_data(program, [o[1] for o in outs]),
+                env_groups.merge_states(program, [o[0] for o in outs]),
+                env_groups.merge_data(program, [o[1] for o in outs]),
             )
         )
         self._plans: dict[Any, tuple[ResidentPlan, dict]] = {}
