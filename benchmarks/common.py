@@ -141,6 +141,13 @@ def enable_compile_cache(path: str, min_compile_time_s: float = 1.0) -> None:
 # ------------------------------------------------------------------------------ per-config experiments
 
 
+def add_env_args(p, num_envs: int) -> None:
+    """``--env`` (default ant), ``--backend`` (default mjx) and one ``--num-envs``."""
+    p.add_argument("--env", default="ant")
+    p.add_argument("--backend", default="mjx", help="env backend keyword ('none' for pure-JAX envs)")
+    p.add_argument("--num-envs", type=int, default=num_envs)
+
+
 def add_config_args(p, num_envs: Sequence[int], budget_s: float, default_out: str) -> None:
     """Flags of an experiment over (algorithm, env count) configs: which configs, where, how long."""
     p.add_argument("--algos", nargs="+", default=["ppo", "sac"], choices=["ppo", "sac"])
@@ -171,6 +178,13 @@ def output_dir(args, default: str, tiny_prefix: str) -> str:
     out = args.out or (tempfile.mkdtemp(prefix=tiny_prefix) if args.tiny else default)
     os.makedirs(out, exist_ok=True)
     return out
+
+
+def algo_configs(args, run: Callable[[str, int], dict]) -> list[tuple[str, Callable[[], dict]]]:
+    """``(name, thunk)`` of ``run(algo, num_envs)`` for every env count x algorithm of the flags."""
+    return [
+        (f"{a}_{args.env}_{n}", lambda a=a, n=n: run(a, n)) for n in args.num_envs for a in args.algos
+    ]
 
 
 def run_configs(configs: Sequence[tuple[str, Callable[[], dict]]], budget_s: float,

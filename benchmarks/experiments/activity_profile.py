@@ -43,6 +43,25 @@ def build(algo: str, num_envs: int, args):
     return algos.get(algo).iteration(config, env), state, config
 
 
+def sampling(args) -> dict:
+    """The NVML sampler's keywords from ``--period-ms`` / ``--window-ms``."""
+    return {"sample_period_ms": args.period_ms, "window_ms": args.window_ms}
+
+
+def start(args, default_out: str, tiny_prefix: str) -> tuple[str, str]:
+    """Compilation cache on, output dir made, JAX devices and NVML logged: (output dir, NVML status)."""
+    import jax
+
+    from rose_jax import profile as rp
+
+    common.enable_compile_cache(args.compile_cache)
+    out_dir = common.output_dir(args, default_out, tiny_prefix)
+    _, reason = rp.available()
+    log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; NVML: {reason}")
+    log(f"output: {out_dir}")
+    return out_dir, reason
+
+
 def run_config(algo: str, num_envs: int, args, out_dir: str) -> dict:
     """Profile one config; writes its timeline, windows, PNG (and kernel report); its summary row."""
     import jax
@@ -58,13 +77,8 @@ def run_config(algo: str, num_envs: int, args, out_dir: str) -> dict:
     fn = jax.jit(fn)  # one jitted object shared by every measurement below (one fused compile)
     log(f"{name}: profile (levels={args.levels}, repeats={args.repeats}, compiles segments)")
     tl = rp.profile(
-        fn,
-        state,
-        sample_period_ms=args.period_ms,
-        window_ms=args.window_ms,
-        levels=args.levels,
-        repeats=args.repeats,
-        max_loop_iterations=args.loop_iterations,
+        fn, state, levels=args.levels, repeats=args.repeats, max_loop_iterations=args.loop_iterations,
+        **sampling(args),
     )
     tl = tl.replace(
         metadata={**tl.metadata, "algo": algo, "env": env_name, "num_envs": num_envs, "config": repr(config)}
@@ -121,12 +135,7 @@ def run_config(algo: str, num_envs: int, args, out_dir: str) -> dict:
         f"{args.overhead_rounds} rounds, off/on)"
     )
     ia = rp.iteration_activity(
-        fn,
-        state,
-        iters=args.overhead_iters,
-        rounds=args.overhead_rounds,
-        sample_period_ms=args.period_ms,
-        window_ms=args.window_ms,
+        fn, state, iters=args.overhead_iters, rounds=args.overhead_rounds, **sampling(args)
     )
     over = None if ia.overhead is None else 100 * ia.overhead
     log(
@@ -225,20 +234,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    import jax
-
-    from rose_jax import profile as rp
-
-    common.enable_compile_cache(args.compile_cache)
-    out_dir = common.output_dir(args, DEFAULT_OUT, "rose_profile_tiny_")
-    _, reason = rp.available()
-    log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; NVML: {reason}")
-    log(f"output: {out_dir}")
-    configs = [
-        (f"{a}_{args.env}_{n}", lambda a=a, n=n: run_config(a, n, args, out_dir))
-        for n in args.num_envs
-        for a in args.algos
-    ]
+    out_dir, reason = start(args, DEFAULT_OUT, "rose_profile_tiny_")
+    configs = common.algo_configs(args, lambda algo, n: run_config(algo, n, args, out_dir))
     rows = common.run_configs(configs, args.budget_s)
     text = table(rows)
     print("\n" + text + "\n", flush=True)

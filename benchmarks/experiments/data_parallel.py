@@ -33,9 +33,7 @@ def _rate(step, state, iters, steps_per_iter):
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--env", default="ant")
-    p.add_argument("--backend", default="mjx")
-    p.add_argument("--num-envs", type=int, default=8192)
+    common.add_env_args(p, num_envs=8192)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", default=os.path.join(common.RESULTS_DIR, "data_parallel"), help="file stem")
     args = p.parse_args(argv)

@@ -436,16 +436,8 @@ def main(argv=None) -> list[dict]:
         nonlocal text
         text = write_results(rows, args, out_dir)  # after every config: a cut run keeps its rows
 
-    configs = [
-        (
-            f"{algo}_{args.env}_{n}",
-            lambda algo=algo, n=n: run_config(
-                algo, n, args, args.ppo_candidates if algo == "ppo" else args.sac_candidates
-            ),
-        )
-        for n in args.num_envs
-        for algo in args.algos
-    ]
+    candidates = {"ppo": args.ppo_candidates, "sac": args.sac_candidates}
+    configs = common.algo_configs(args, lambda algo, n: run_config(algo, n, args, candidates[algo]))
     rows = common.run_configs(configs, args.budget_s, after_each=write)
     log(f"done in {common.elapsed():.1f}s; results in {out_dir}")
     print("\n" + text + "\n", flush=True)

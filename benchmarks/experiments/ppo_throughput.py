@@ -91,9 +91,7 @@ def run_brax(w: S.Workload) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--env", default="ant")
-    p.add_argument("--backend", default="mjx")
-    p.add_argument("--num-envs", type=int, default=4096)
+    common.add_env_args(p, num_envs=4096)
     p.add_argument("--unroll-length", type=int, default=10)
     p.add_argument("--num-minibatches", type=int, default=16)
     p.add_argument("--num-epochs", type=int, default=4)

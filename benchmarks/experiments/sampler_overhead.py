@@ -24,7 +24,7 @@ from rose_jax.io import atomic_write_json, atomic_write_text
 
 from benchmarks import common
 from benchmarks.common import fmt, log
-from benchmarks.experiments.activity_profile import build
+from benchmarks.experiments.activity_profile import build, sampling, start
 
 DEFAULT_OUT = os.path.join(common.RESULTS_DIR, "profile", "sampler_overhead")
 
@@ -58,10 +58,7 @@ def run_overhead(algo: str, num_envs: int, args) -> dict:
     fn = jax.jit(it)
     iters = overhead_iters(fn, jax.block_until_ready(state), args)
     log(f"{name}: sampler overhead, {iters} iterations x {args.overhead_rounds} rounds, off/on")
-    ia = rp.iteration_activity(
-        fn, state, iters=iters, rounds=args.overhead_rounds,
-        sample_period_ms=args.period_ms, window_ms=args.window_ms,
-    )
+    ia = rp.iteration_activity(fn, state, iters=iters, rounds=args.overhead_rounds, **sampling(args))
     over = None if ia.overhead is None else 100 * ia.overhead
     on_ms = None if ia.iteration_time_s is None else ia.iteration_time_s * 1e3
     log(
@@ -130,19 +127,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    import jax
-
-    from rose_jax import profile as rp
-
-    common.enable_compile_cache(args.compile_cache)
-    out_dir = common.output_dir(args, DEFAULT_OUT, "rose_sampler_overhead_tiny_")
-    _, reason = rp.available()
-    log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; NVML: {reason}")
-    configs = [
-        (f"{a}_{args.env}_{n}", lambda a=a, n=n: run_overhead(a, n, args))
-        for n in args.num_envs
-        for a in args.algos
-    ]
+    out_dir, reason = start(args, DEFAULT_OUT, "rose_sampler_overhead_tiny_")
+    configs = common.algo_configs(args, lambda algo, n: run_overhead(algo, n, args))
     rows = common.run_configs(configs, args.budget_s)
     text = overhead_table(rows)
     print("\n" + text + "\n", flush=True)

@@ -239,22 +239,12 @@ def _time_to_threshold(call: Callable, state: Any, steps_per_call: int, w: S.Wor
         elapsed = time.perf_counter() - t0
         if ret is not None:
             best = max(best, ret)
-            if ret >= w.return_threshold:
-                return {
-                    "reached": True,
-                    "seconds": elapsed,
-                    "env_steps": steps,
-                    "threshold": w.return_threshold,
-                    "return": ret,
-                }
-        if elapsed >= w.threshold_max_s:
-            return {
-                "reached": False,
-                "seconds": elapsed,
-                "env_steps": steps,
-                "threshold": w.return_threshold,
-                "best_return": None if best == -math.inf else best,
-            }
+        reached = ret is not None and ret >= w.return_threshold
+        if reached or elapsed >= w.threshold_max_s:
+            out = {"reached": reached, "seconds": elapsed, "env_steps": steps}
+            out["threshold"] = w.return_threshold
+            out.update({"return": ret} if reached else {"best_return": None if best == -math.inf else best})
+            return out
 
 
 # ------------------------------------------------------------------------------ one row

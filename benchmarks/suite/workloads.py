@@ -409,33 +409,25 @@ EPOCH_OPT = OptimizerSettings(
     check_slower=False,
     equality_iters=1,
 )
-_TINY_SAC_ROW = Workload(
-    algo="sac",
-    env="pendulum",
-    num_envs=8,
-    policy_hidden_sizes=(16, 16),
-    episode_length=50,
-    hyperparameters=_TINY_SAC,
-    iterations_per_block=8,
-    blocks=2,
-    variants=("single_jit", "hand_pipelined", "rose_jax"),
-    optimizer=_TINY_OPT,
-)
-_TINY_BRAX_ROW = Workload(
-    algo="ppo",
-    env="brax:fast",
-    backend="generalized",
-    brax_env="fast",
-    num_envs=16,
-    policy_hidden_sizes=(16, 16),
-    episode_length=50,
-    hyperparameters=_with(_TINY_PPO, num_minibatches=4, num_epochs=1, max_grad_norm=None),
-    iterations_per_block=2,
-    blocks=2,
-    variants=("single_jit", "rose_jax", "brax"),
-    optimizer=_TINY_OPT,
-)
+def _tiny_row(algo: str, env: str, num_envs: int, episode_length: int, hyperparameters: tuple,
+              iterations_per_block: int, **kw) -> Workload:
+    """A tiny CPU row: (16, 16) policy, 2 timed blocks, variants (b)-(d), the tiny optimizer settings."""
+    fields = dict(
+        policy_hidden_sizes=(16, 16),
+        blocks=2,
+        variants=("single_jit", "hand_pipelined", "rose_jax"),
+        optimizer=_TINY_OPT,
+    )
+    fields.update(kw)
+    return Workload(algo=algo, env=env, num_envs=num_envs, episode_length=episode_length,
+                    hyperparameters=hyperparameters, iterations_per_block=iterations_per_block, **fields)
 
+
+_TINY_SAC_ROW = _tiny_row("sac", "pendulum", 8, 50, _TINY_SAC, 8)
+_TINY_BRAX_ROW = _tiny_row(
+    "ppo", "brax:fast", 16, 50, _with(_TINY_PPO, num_minibatches=4, num_epochs=1, max_grad_norm=None), 2,
+    backend="generalized", brax_env="fast", variants=("single_jit", "rose_jax", "brax"),
+)
 
 def _tiny_epoch(w: Workload) -> Workload:
     """A tiny row as an epoch row (Brax's train loop): 2 epochs per call, 4 evaluation envs."""
@@ -454,20 +446,7 @@ TINY = Suite(
     description="CPU smoke suite: pure-JAX cartpole (PPO) and pendulum (SAC), Brax's trivial 'fast' env "
     "(Brax's ppo.train vs ours); plumbing, not performance",
     workloads=(
-        Workload(
-            algo="ppo",
-            env="cartpole",
-            num_envs=32,
-            policy_hidden_sizes=(16, 16),
-            episode_length=100,
-            hyperparameters=_TINY_PPO,
-            iterations_per_block=4,
-            blocks=2,
-            variants=("single_jit", "hand_pipelined", "rose_jax"),
-            return_threshold=90.0,
-            threshold_max_s=5.0,
-            optimizer=_TINY_OPT,
-        ),
+        _tiny_row("ppo", "cartpole", 32, 100, _TINY_PPO, 4, return_threshold=90.0, threshold_max_s=5.0),
         _TINY_SAC_ROW,
         _TINY_BRAX_ROW,
         _tiny_epoch(_TINY_BRAX_ROW),  # (a) with Brax's own evaluations
@@ -478,6 +457,9 @@ TINY = Suite(
 )
 
 _QUICK_OPT = OptimizerSettings(measure="host", check_slower=False)
+_QUICK = dict(blocks=3, optimizer=_QUICK_OPT)  # every quick row: 3 timed blocks, one candidate
+_QUICK_NET = (32,) * 4
+_B_D = ("single_jit", "rose_jax")  # (b) and (d) only: no Brax variant, no hand pipeline
 QUICK = Suite(
     name="quick",
     description="H200 headline suite: PPO ant (all four variants), SAC ant 1024 envs, PPO MJCF swimmer "
@@ -485,33 +467,10 @@ QUICK = Suite(
     "groups, interleaved); (b)/(c) compiled ahead in parallel; Brax runs last (SAC's last of all, "
     "the first a budget cuts)",
     workloads=(
-        ppo_row("ant", 2048, (32,) * 4, iterations_per_block=4, blocks=3, optimizer=_QUICK_OPT),
-        sac_row(
-            "ant",
-            1024,
-            (32,) * 4,
-            variants=("single_jit", "rose_jax", "brax"),
-            blocks=3,
-            optimizer=_QUICK_OPT,
-        ),
-        ppo_row(
-            MJCF_ENV,
-            2048,
-            (32,) * 4,
-            variants=("single_jit", "rose_jax"),
-            iterations_per_block=4,
-            blocks=3,
-            optimizer=_QUICK_OPT,
-        ),
-        ppo_row(
-            "humanoid",
-            2048,
-            (32,) * 4,
-            variants=("single_jit", "rose_jax"),
-            iterations_per_block=3,
-            blocks=3,
-            optimizer=_QUICK_OPT,
-        ),
+        ppo_row("ant", 2048, _QUICK_NET, iterations_per_block=4, **_QUICK),
+        sac_row("ant", 1024, _QUICK_NET, variants=("single_jit", "rose_jax", "brax"), **_QUICK),
+        ppo_row(MJCF_ENV, 2048, _QUICK_NET, variants=_B_D, iterations_per_block=4, **_QUICK),
+        ppo_row("humanoid", 2048, _QUICK_NET, variants=_B_D, iterations_per_block=3, **_QUICK),
     ),
     # in-process seconds; process start, the prelude (wheel install), JAX/Brax imports and file
     # writes fit in the rest of 8 min (the 2026-12-02 21:45 run: 449 s in process, 457 s device call)
