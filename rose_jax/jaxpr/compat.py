@@ -31,6 +31,9 @@ import re
 from typing import Any, NamedTuple, Sequence
 
 import jax.extend.core as jex
+import jax.extend.core.primitives as prims
+import jax.lax
+import jax.lax.linalg
 
 from rose_jax.program import COMPONENT_PREFIX
 
@@ -59,10 +62,6 @@ _EXTRA_PLAIN = frozenset({
 
 def known_primitive_names() -> frozenset[str]:
     """Names of the primitives JAX ships (jax.extend.core.primitives, jax.lax, jax.lax.linalg)."""
-    import jax.extend.core.primitives as prims
-    import jax.lax
-    import jax.lax.linalg
-
     names = set(_EXTRA_PLAIN)
     for module in (prims, jax.lax, jax.lax.linalg):
         for value in vars(module).values():

@@ -20,6 +20,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from rose_jax.optimize import base
+
 
 class Timing(NamedTuple):
     """Seconds per iteration of each repeat; ``median`` and a robust ``spread`` of them."""
@@ -42,17 +44,15 @@ class Timing(NamedTuple):
 def run_iterations(step: Callable, state: Any, n_iters: int) -> tuple[Any, float]:
     """``n_iters`` calls ``state, _ = step(state)``; returns the final state and the wall seconds.
 
-    A host-level step that leaves work running in worker processes (``step.drain``, e.g. an
-    offloaded evaluation) is drained before the clock stops: its time counts.
+    A :class:`~rose_jax.optimize.base.HostStep` that leaves work running in worker processes
+    (e.g. an offloaded evaluation) is drained before the clock stops: its time counts.
     """
     jax.block_until_ready(state)
-    drain = getattr(step, "drain", None)
     t0 = time.perf_counter()
     for _ in range(n_iters):
         state, _ = step(state)
     jax.block_until_ready(state)
-    if callable(drain):
-        drain()
+    base.drain(step)
     return state, time.perf_counter() - t0
 
 
@@ -159,8 +159,8 @@ def compare_trees(actual: Any, reference: Any, rtol: float = 0.0, atol: float = 
         if not r_np.size:
             continue
         a64, r64 = a_np.astype(np.float64), r_np.astype(np.float64)
-        both_nan = np.isnan(a64) & np.isnan(r64)
-        diff = np.where(both_nan, 0.0, np.abs(a64 - r64))
+        same = (a64 == r64) | (np.isnan(a64) & np.isnan(r64))  # equal infinities and NaNs included
+        diff = np.where(same, 0.0, np.abs(a64 - r64))
         diff = np.where(np.isnan(diff), np.inf, diff)
         finite = np.abs(r64[np.isfinite(r64)])
         scale = float(finite.max()) if finite.size else 0.0

@@ -550,39 +550,24 @@ class SegmentedProgram:
 
 
 # -- output comparison --------------------------------------------------------------------------
-def _as_numpy(x) -> np.ndarray:
-    if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-        x = jax.random.key_data(x)
-    return np.asarray(x)
-
-
 def compare_outputs(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> dict:
-    """``{'match', 'bitwise_equal', 'max_abs_diff', 'num_leaves'}`` of two output pytrees."""
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    if jax.tree.structure(a) != jax.tree.structure(b) or len(la) != len(lb):
-        return {"match": False, "bitwise_equal": False, "max_abs_diff": float("inf"), "num_leaves": len(la)}
-    match = bitwise = True
-    max_diff = 0.0
-    for x, y in zip(la, lb, strict=True):
-        x, y = _as_numpy(x), _as_numpy(y)
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return {
-                "match": False,
-                "bitwise_equal": False,
-                "max_abs_diff": float("inf"),
-                "num_leaves": len(la),
-            }
-        if np.issubdtype(x.dtype, np.inexact):
-            eq = np.array_equal(x, y, equal_nan=True)
-            close = bool(np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True))
-            finite = np.isfinite(x) & np.isfinite(y)
-            if finite.any():
-                max_diff = max(max_diff, float(np.max(np.abs(x[finite].astype(np.float64) - y[finite]))))
-        else:
-            eq = close = bool(np.array_equal(x, y))
-        bitwise &= bool(eq)
-        match &= close
-    return {"match": match, "bitwise_equal": bitwise, "max_abs_diff": max_diff, "num_leaves": len(la)}
+    """``{'match', 'bitwise_equal', 'max_abs_diff', 'num_leaves'}`` of two output pytrees.
+
+    :func:`rose_jax.optimize.measure.compare_trees` (each float leaf within ``atol + rtol * max|b|``
+    for ``match``; every leaf bitwise for ``bitwise_equal``; int, bool and key leaves exactly).
+    """
+    # the optimizer's comparator, imported when outputs are compared: importing the optimizer
+    # package at module level would add its start-up cost to every profiler import
+    from rose_jax.optimize import measure  # noqa: PLC0415
+
+    exact = measure.compare_trees(a, b)
+    close = exact if exact.equal else measure.compare_trees(a, b, rtol, atol)
+    return {
+        "match": close.equal,
+        "bitwise_equal": exact.equal,
+        "max_abs_diff": exact.max_abs,
+        "num_leaves": len(jax.tree.leaves(a)),
+    }
 
 
 # -- the public entry points ------------------------------------------------------------------
