@@ -1,1 +1,5 @@
-"""rose-jax benchmarks: each script measures a baseline and rose-jax in the same run and prints ratios."""
+"""rose-jax benchmarks: the suite (:mod:`benchmarks.suite`) and the experiments (``benchmarks.experiments``).
+
+Run everything from the repository root as ``python -m benchmarks....``; benchmarks/README.md lists
+the commands and every committed result with the command that wrote it.
+"""
