@@ -145,3 +145,32 @@ def test_process_killed_mid_save_leaves_previous_checkpoint_intact(tmp_path):
     chex.assert_trees_all_equal(restored, make_state(1))
     checkpoint.save(tmp_path, make_state(2), 2)  # the next save of that step cleans the leftovers
     assert sorted(os.listdir(tmp_path)) == ["1", "2"]
+
+
+def test_retention_keeps_the_newest_and_the_best(tmp_path):
+    scores = {1: 5.0, 2: 9.0, 3: float("nan"), 4: 1.0, 5: None, 6: 2.0}
+    for step, score in scores.items():
+        checkpoint.save(tmp_path, make_state(step), step, keep=2, score=score)
+    assert checkpoint.all_steps(tmp_path) == [2, 5, 6]  # the 2 newest + the best (9.0 at step 2)
+    assert checkpoint.best_step(tmp_path) == 2 and checkpoint.score(tmp_path, 5) is None
+    restored, _ = checkpoint.restore(tmp_path, make_state(0), step=2)  # the score file does not disturb orbax
+    chex.assert_trees_all_equal(restored, make_state(2))
+    (tmp_path / ".tmp-7-dead").mkdir()
+    (tmp_path / ".tmp-3-del-beef").mkdir()
+    assert checkpoint.clean(tmp_path) == [".tmp-3-del-beef", ".tmp-7-dead"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["2", "5", "6"]
+    assert checkpoint.prune(tmp_path, 1) == [5]
+    with pytest.raises(ValueError, match="keep must be a positive int"):
+        checkpoint.prune(tmp_path, 0)
+
+
+def test_training_keeps_three_plus_the_best_by_default():
+    """Retention is on by default (it was off: 977 checkpoints of one run); the CLI run-dir tests
+    check it end to end (tests/test_rundir.py)."""
+    import inspect
+
+    from algos import driver, ppo, sac
+
+    assert driver.DEFAULT_KEEP == 3
+    for train in (ppo.train, ppo.train_with_config, sac.train, sac.train_with_config):
+        assert inspect.signature(train).parameters["keep_checkpoints"].default == driver.DEFAULT_KEEP

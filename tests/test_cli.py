@@ -1,6 +1,11 @@
 """The rose-jax command line, run for real in-process on tiny settings."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +118,158 @@ def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys
     b = json.loads((tmp_path / "b" / "metrics.json").read_text())
     assert [r["env_steps"] for r in a] == [r["env_steps"] for r in b]
     assert a[-1]["policy_loss"] == b[-1]["policy_loss"]
+
+
+PPO_KEYS = "valid keys: num_timesteps, num_envs"
+
+
+@pytest.mark.parametrize(
+    "command, sets, message",
+    [
+        ("train", ["nosuchkey=3"], "unknown key 'nosuchkey'"),
+        ("train", ["learning_rat=1e-3"], "did you mean 'learning_rate'"),
+        ("train", ["normalize_observations=maybe"], "expected true or false"),
+        ("train", ["num_envs=1.5"], "expected an integer"),
+        ("train", ["num_envs"], "--set expects key=value"),
+        ("train", ["num_envs=0"], "num_envs must be a positive int"),
+        ("inspect", ["nosuchkey=3"], "unknown key 'nosuchkey'"),
+        ("inspect", ["num_envs=0"], "num_envs must be a positive int"),
+        ("profile", ["nosuchkey=3"], "unknown key 'nosuchkey'"),
+    ],
+)
+def test_each_bad_set_is_one_line_and_creates_no_directory(command, sets, message, tmp_path, monkeypatch,
+                                                            capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = [command, "--env", "pendulum"] + [x for item in sets for x in ("--set", item)]
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    text = str(e.value)
+    assert message in text and "\n" not in text, text
+    if "unknown key" in message or "expects" in message:
+        assert PPO_KEYS in text  # the valid keys are listed
+    assert not list(tmp_path.iterdir())  # no runs/<algo>-<env>-<time>/ left behind
+    assert "rose-jax train:" not in capsys.readouterr().out  # no start line, no progress bar
+
+
+def test_sac_replay_smaller_than_one_env_step_is_rejected(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--env", "pendulum", "--algo", "sac", "--set", "max_replay_size=10",
+                  "--run-dir", str(tmp_path / "r")])
+    assert "max_replay_size" in str(e.value) and "num_envs=128" in str(e.value)
+    assert not (tmp_path / "r").exists()
+
+
+def test_numbers_seed_and_flags(tmp_path, capsys):
+    """--steps 1e5-style numbers, --set seed=3 (once a 'multiple values' TypeError), and the
+    flags that must be explained rather than silently mean something else."""
+    from algos import get
+
+    assert get("ppo").parse_overrides(["num_timesteps=1e5", "seed=3"]) == {"num_timesteps": 100_000, "seed": 3}
+    args = cli.build_parser().parse_args(["train", "--steps", "1e5", "--keep-checkpoints", "2"])
+    assert args.steps == 100_000 and args.keep_checkpoints == 2
+    base = ["train", "--env", "pendulum", "--steps", "256", "--set", "num_envs=8", "--set", "unroll_length=8",
+            "--set", "num_minibatches=2"]
+    job = cli._train_job(cli.build_parser().parse_args([*base, "--set", "seed=3"]), None)
+    assert job.config.seed == 3 and job.config.num_timesteps == 256
+    for extra, message in (
+        (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
+        (["--seed", "1", "--set", "seed=2"], "disagree"),
+        (["--steps", "1e5", "--set", "num_timesteps=5"], "disagree"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            cli.main([*base, *extra, "--run-dir", str(tmp_path / "x")])
+        assert message in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit) as e:  # argparse errors are one line too
+        cli.main(["train", "--steps", "lots"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "expected an integer" in err and "\n" not in err
+
+
+def test_help_shows_defaults_and_the_valid_set_keys(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: 400000 on CPU" in text and "(default: 3)" in text
+    assert "ppo: num_timesteps=1000000, num_envs=64" in text
+    assert "sac:" in text and "max_replay_size=none" in text
+
+
+def test_envs_explains_envs_that_need_arguments(capsys):
+    assert cli.main(["envs"]) == 0
+    out = capsys.readouterr().out
+    assert "mjcf" in out and "--env-arg xml=" in out
+    with pytest.raises(SystemExit) as e:  # the CLI can build it, and says how
+        cli.main(["inspect", "--env", "mjcf"])
+    assert "--env-arg KEY=VALUE" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_curve_ticks_and_nan_returns(tmp_path):
+    from rose_jax import rundir
+
+    assert rundir.format_return(float("nan")) == "—" and rundir.format_return(-3.14159) == "-3.1"
+    rows = [{"env_steps": 400_000 * i // 50, "episode_return": float(i) if i > 3 else float("nan")}
+            for i in range(1, 51)]
+    rundir.plot_curve(rows, str(tmp_path / "c.png"), "t")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    fig, ax = plt.subplots()
+    ax.xaxis.set_major_formatter(ticker.EngFormatter(sep=""))
+    assert ax.xaxis.get_major_formatter()(400_000, 0) == "400k"  # short labels, no overlap
+    plt.close(fig)
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_inspect_png_widths_follow_cost_and_stay_bounded(tmp_path):
+    import jax
+
+    import algos
+    import envs
+    from rose_jax import trace as rtrace
+    from rose_jax.trace import render
+
+    algo = algos.get("ppo")
+    env = envs.make("pendulum")
+    config = algo.make_config(num_envs=8, unroll_length=4, num_minibatches=2)
+    state = jax.eval_shape(lambda k: algo.init(config, env, k), jax.random.PRNGKey(0))
+    tree = rtrace.trace(algo.iteration(config, env), state, arg_names=("train_state",))
+    boxes = render._layout(tree.root, None)
+    by_name = {b[0].name: b for b in boxes if hasattr(b[0], "name")}
+    update, rollout = by_name["update"], by_name["rollout"]
+    ratio_w = update[3] / rollout[3]
+    ratio_cost = update[0].cost.flops / rollout[0].cost.flops
+    assert ratio_w == pytest.approx(ratio_cost, rel=0.05)  # widths are cost shares, not leaf counts
+    out = rtrace.plot_tree(tree, tmp_path / "t.png")
+    from PIL import Image
+
+    assert Image.open(out).size[0] <= 2200
+
+
+def test_workers_need_no_main_guard(tmp_path):
+    """A script that starts workers at its top level, without `if __name__ == "__main__":`, runs its
+    top level once (spawn used to re-run it in every worker, which then died while starting)."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(
+        """
+        import os
+        import numpy as np
+        from rose_jax.mps.plan import WorkerSpec
+        from rose_jax.runtime import start_workers
+
+        with open(os.environ["TOP_LOG"], "a") as f:
+            f.write("top\\n")
+        with start_workers([WorkerSpec("w", env={"JAX_PLATFORMS": "cpu"})]) as pool:
+            out = pool.call("w", "rose_jax.runtime.probes:scale", np.arange(3, dtype=np.float32),
+                            static={"factor": 2.0})
+        print("result", out.tolist())
+        """
+    ))
+    env = {**os.environ, "TOP_LOG": str(tmp_path / "top.log"), "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "result [0.0, 2.0, 4.0]" in proc.stdout
+    assert (tmp_path / "top.log").read_text() == "top\n"  # the workers did not re-run the script
