@@ -101,58 +101,127 @@ def save_json(tree: LoopTree, path: str | os.PathLike) -> str:
     return path
 
 
+SMALL_SHARE = 0.015  # children under this share of their parent's cost are drawn as one box
+MAX_FIG_WIDTH_IN = 20.0  # inches; at the saved dpi (110) at most 2,200 px wide
+
+
+def _node_label(node: Node) -> tuple[str, str]:
+    """``(long, short)`` box labels: kind, name and trips (+ FLOPs), or the name alone."""
+    trips = ""
+    if node.is_loop:
+        trips = f" x{node.trip_count}" if node.trip_count is not None else " x?"
+        if node.trip_count is None and node.bound is not None:
+            trips = f" x<={node.bound}"
+    note = "\nhost sync/iter" if node.loop_note() else ""
+    return f"{node.kind}\n{node.name}{trips}{note}\n{human(node.cost.flops)}FLOP", f"{node.name}{trips}"
+
+
+def _layout(root: Node, max_depth: int | None) -> list[tuple[Any, int, float, float]]:
+    """Boxes ``(item, depth, x0, width)`` on [0, 1]; ``item`` is a Node, ``("small", n, flops)``
+    for merged small children, or ``("ops", flops)`` for a node's own operations.
+
+    A child's width is its share of one execution of its parent's body (the parent's cost over
+    its trip count), in FLOPs (bytes where there are no FLOPs; equal shares where neither); the
+    rest of the parent is its own operations (outside any loop or component). Children under
+    :data:`SMALL_SHARE` are merged into one box, so hundreds of near-free ops cannot crowd out
+    the work; every box is drawn at least 1 % wide.
+    """
+    boxes: list[tuple[Any, int, float, float]] = []
+
+    def cost(node: Node, attr: str) -> float:
+        return float(getattr(node.cost, attr))
+
+    def place(node: Node, depth: int, x0: float, width: float) -> None:
+        boxes.append((node, depth, x0, width))
+        children = node.children
+        if not children or (max_depth is not None and depth >= max_depth):
+            return
+        trips = node.trip_count if node.is_loop and node.trip_count else (node.bound or 1)
+        attr = next((a for a in ("flops", "bytes") if sum(cost(c, a) for c in children) > 0), None)
+        if attr is None:
+            shares = [1.0 / len(children)] * len(children)
+        else:
+            body = max(cost(node, attr) / max(trips, 1), sum(cost(c, attr) for c in children))
+            shares = [cost(c, attr) / body for c in children]
+        parts: list[tuple[Any, float]] = [(c, sh) for c, sh in zip(children, shares, strict=True)
+                                          if sh >= SMALL_SHARE]
+        small = [(c, sh) for c, sh in zip(children, shares, strict=True) if sh < SMALL_SHARE]
+        if len(small) == 1:
+            parts.append(small[0])
+        elif small:
+            merged = ("small", len(small), sum(c.cost.flops for c, _ in small))
+            parts.append((merged, sum(sh for _, sh in small)))
+        shown = [max(sh, 0.01) for _, sh in parts]
+        scale = 1.0 / sum(shown) if sum(shown) > 1.0 else 1.0
+        x = x0
+        for (item, _), sh in zip(parts, shown, strict=True):
+            cw = width * sh * scale
+            if isinstance(item, Node):
+                place(item, depth + 1, x, cw)
+            else:
+                boxes.append((item, depth + 1, x, cw))
+            x += cw
+        rest = x0 + width - x
+        if rest > 0.05 * width and attr == "flops":
+            own = max(node.cost.flops / max(trips, 1) - sum(c.cost.flops for c in children), 0.0)
+            boxes.append((("ops", own), depth + 1, x, rest))
+
+    place(root, 0, 0.0, 1.0)
+    return boxes
+
+
 def plot_tree(tree: LoopTree, path: str | os.PathLike, max_depth: int | None = None,
               title: str | None = None) -> str:
-    """An icicle diagram (PNG): one row per depth, each node a box as wide as its subtree's leaf
-    count, labelled with kind, name, trip count and FLOPs; colour = log10 FLOPs."""
+    """An icicle diagram (PNG): one row per depth; a box's width is its share of its parent's
+    cost (FLOPs, see :func:`_layout`), its colour log10 FLOPs (colour bar); labels where the box
+    is wide enough. Children under 1.5 % of their parent's cost are merged into one "+N small"
+    box; the picture is at most 20 inches (2,200 px) wide."""
     import matplotlib
 
     matplotlib.use("Agg")
     import math
 
     import matplotlib.pyplot as plt
+    from matplotlib.colors import Normalize
 
-    root = tree.root
-    boxes: list[tuple[Node, int, float, float]] = []
-
-    def width(node: Node, depth: int) -> float:
-        if not node.children or (max_depth is not None and depth >= max_depth):
-            return 1.0
-        return sum(width(c, depth + 1) for c in node.children)
-
-    def place(node: Node, depth: int, x0: float) -> None:
-        w = width(node, depth)
-        boxes.append((node, depth, x0, w))
-        if max_depth is not None and depth >= max_depth:
-            return
-        x = x0
-        for c in node.children:
-            place(c, depth + 1, x)
-            x += width(c, depth + 1)
-
-    place(root, 0, 0.0)
-    total = width(root, 0)
+    boxes = _layout(tree.root, max_depth)
     depth_max = max(d for _, d, _, _ in boxes)
-    flops = [max(n.cost.flops, 1.0) for n, _, _, _ in boxes]
-    lo, hi = math.log10(min(flops)), math.log10(max(flops))
+    per_depth = [sum(1 for _, d, _, _ in boxes if d == k) for k in range(depth_max + 1)]
+    fig_w = min(max(8.0, 4.0 + 0.45 * max(per_depth)), MAX_FIG_WIDTH_IN)
+    fig, ax = plt.subplots(figsize=(fig_w, 1.6 + 0.9 * (depth_max + 1)))
+
+    def flops_of(item) -> float:
+        return max(item[-1] if isinstance(item, tuple) else item.cost.flops, 1.0)
+
+    logs = [math.log10(flops_of(item)) for item, _, _, _ in boxes]
+    norm = Normalize(vmin=min(logs), vmax=max(max(logs), min(logs) + 1e-9))
     cmap = plt.get_cmap("viridis")
-    fig_w = min(max(8.0, total * 1.2), 40.0)
-    fig, ax = plt.subplots(figsize=(fig_w, 1.0 + 0.9 * (depth_max + 1)))
-    for (node, depth, x0, w), f in zip(boxes, flops, strict=False):
-        shade = 0.5 if hi == lo else (math.log10(f) - lo) / (hi - lo)
-        ax.add_patch(plt.Rectangle((x0, -depth - 1), w, 0.95, facecolor=cmap(0.15 + 0.7 * shade),
-                                   edgecolor="white"))
-        trips = ""
-        if node.is_loop:
-            trips = f" x{node.trip_count}" if node.trip_count is not None else " x?"
-        label = f"{node.kind}\n{node.name}{trips}\n{human(node.cost.flops)}FLOP"
-        ax.text(x0 + w / 2, -depth - 0.52, label, ha="center", va="center", fontsize=7,
-                color="white", clip_on=True)
-    ax.set_xlim(0, total)
+    for (item, depth, x0, w), lf in zip(boxes, logs, strict=True):
+        ops = isinstance(item, tuple) and item[0] == "ops"
+        face = "0.85" if ops else cmap(norm(lf))
+        ax.add_patch(plt.Rectangle((x0, -depth - 1), w, 0.95, facecolor=face, edgecolor="white",
+                                   hatch="//" if isinstance(item, tuple) and not ops else None))
+        if ops:
+            long, short = f"own ops\n{human(item[1])}FLOP", "ops"
+        elif isinstance(item, tuple):
+            long = short = f"+{item[1]} small\n{human(item[2])}FLOP"
+        else:
+            long, short = _node_label(item)
+        inches = w * fig_w * 0.9
+        text = long if inches >= 0.9 else (short if inches >= 0.45 else "")
+        if text:
+            ax.text(x0 + w / 2, -depth - 0.52, text, ha="center", va="center", fontsize=7,
+                    color="0.3" if ops else "white", clip_on=True)
+    ax.set_xlim(0, 1)
     ax.set_ylim(-depth_max - 1.05, 0.05)
     ax.axis("off")
-    ax.set_title(title or f"LoopTree of {root.name}")
-    fig.tight_layout()
+    ax.set_title(title or f"LoopTree of {tree.root.name}")
+    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, orientation="horizontal",
+                       fraction=0.05, pad=0.02, aspect=60)
+    bar.set_label("colour: log10 FLOPs per execution (children x trips included)\n"
+                  "width: share of one execution of the parent's body; grey: the parent's own ops; "
+                  "hatched: children under 1.5 % merged", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
