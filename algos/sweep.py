@@ -159,6 +159,7 @@ def train_many(
     progress_fn: Callable[[int, list[dict]], None] | None = None,
     checkpoint_every: int | None = None,
     keep_checkpoints: int | None = 3,
+    checkpoints: bool = True,
     resume: bool = False,
 ) -> SweepResult:
     """Train ``len(seeds)`` seeds of one config as one vmapped, jitted program.
@@ -179,6 +180,7 @@ def train_many(
       checkpoint_every: also checkpoint every N steps (PPO: iterations; SAC: epochs); with
         ``run_dirs`` a checkpoint is always written at the end (and on a stop).
       keep_checkpoints: keep the N newest checkpoints per seed plus the best (None: all).
+      checkpoints: False writes no checkpoint at all (records only; e.g. for benchmarks).
       resume: continue from each seed's latest checkpoint (all seeds must be at the same step).
 
     Returns:
@@ -200,15 +202,15 @@ def train_many(
         run_dirs = [os.fspath(d) for d in run_dirs]
         if len(run_dirs) != k or len(set(map(os.path.abspath, run_dirs))) != k:
             raise ValueError(f"run_dirs must be {k} distinct directories (one per seed), got {run_dirs!r}")
-    driver.check_loop_args(run_dirs, checkpoint_every, keep_checkpoints)
-    if resume and run_dirs is None:
-        raise ValueError("train_many: resume=True needs run_dirs")
+    driver.check_loop_args(run_dirs if checkpoints else None, checkpoint_every, keep_checkpoints)
+    if resume and (run_dirs is None or not checkpoints):
+        raise ValueError("train_many: resume=True needs run_dirs with checkpoints")
 
     batched = k > 1
     init_fn, step = _compiled(config, env, batched)
     keys = jax.numpy.stack([jax.random.PRNGKey(s) for s in seeds])
     state = init_fn(keys) if batched else init_fn(keys[0])
-    ckpt_dirs = [os.path.join(d, CHECKPOINT_DIR) for d in run_dirs] if run_dirs else None
+    ckpt_dirs = [os.path.join(d, CHECKPOINT_DIR) for d in run_dirs] if run_dirs and checkpoints else None
     restored = _restore_all(ckpt_dirs, state, batched) if resume else None
     resume_step = None
     if restored is not None:
@@ -393,7 +395,7 @@ class RunSpec:
       (with one seed) or ``<root>/<name>/seed-<s>`` (several seeds, vmapped in that process).
     env: a registry name (``envs.names()``) or ``"package.module:factory"``; ``env_kwargs`` go to it.
     overrides: config fields as ``{field: value}`` (JSON-able values), checked here.
-    checkpoint_every / keep_checkpoints: as in :func:`train_many`.
+    checkpoint_every / keep_checkpoints / checkpoints: as in :func:`train_many`.
     """
 
     name: str
@@ -404,6 +406,7 @@ class RunSpec:
     env_kwargs: tuple[tuple[str, Any], ...] = ()
     checkpoint_every: int | None = None
     keep_checkpoints: int | None = 3
+    checkpoints: bool = True
 
     def __post_init__(self):
         from rose_jax.mps.plan import WorkerSpec
@@ -901,7 +904,8 @@ def _child_main(job_path: str) -> int:
     print(f"[{run.name}] pid {os.getpid()} SM quota {born[MPS_THREAD_VAR] or '-'}", flush=True)
     try:
         train_many(run.config(), run.env, run.seeds, run_dirs=dirs, env_kwargs=dict(run.env_kwargs),
-                   checkpoint_every=run.checkpoint_every, keep_checkpoints=run.keep_checkpoints)
+                   checkpoint_every=run.checkpoint_every, keep_checkpoints=run.keep_checkpoints,
+                   checkpoints=run.checkpoints)
     except BaseException as e:  # noqa: BLE001 - reported in every run dir and the log, then exit 1
         traceback.print_exc()
         for d in dirs:  # train_many marks its run dirs; a failure before them is marked here

@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 import envs
-from algos import checkpoint, driver, ppo, sac, sweep
+from algos import checkpoint, driver, ppo, sweep
 
 RTOL, ATOL = 1e-5, 1e-6
 TINY = dict(num_envs=4, unroll_length=4, num_minibatches=1, num_epochs=1,
@@ -113,19 +113,6 @@ def test_vmapped_resume_continues_every_seed(tmp_path):
     _assert_close_trees(resumed.state, full.state, "resumed")
     for d in dirs:  # one record covering the whole run
         assert [r["env_steps"] for r in sweep.read_metrics(d)] == [16 * (j + 1) for j in range(6)]
-
-
-@pytest.mark.slow
-def test_vmapped_sac_seeds_equal_solo_runs():
-    env = ENV
-    config = sac.SACConfig(num_timesteps=4 * 24, num_envs=4, batch_size=8, policy_hidden_sizes=(8,),
-                           q_hidden_sizes=(8,), num_evals=2, num_eval_envs=0, min_replay_size=8,
-                           max_replay_size=128)
-    result = sweep.train_many(config, env, (0, 1))
-    for i in range(2):
-        solo_state, solo_rows = sac.train_with_config(dataclasses.replace(config, seed=i), env)
-        _assert_close_trees(result.seed_state(i), solo_state, f"sac seed {i}")
-        _assert_close_rows(result.metrics[i], solo_rows, f"sac seed {i} metrics")
 
 
 def test_bad_input_is_one_line():
@@ -247,3 +234,31 @@ def test_cli_rejects_bad_arguments_in_one_line_before_any_directory(tmp_path, ca
     grid = sweep._parse_grid(algos.get("ppo"), ["learning_rate=1e-3,3e-4", "normalize_observations=false"])
     assert grid == [{"learning_rate": 1e-3, "normalize_observations": False},
                     {"learning_rate": 3e-4, "normalize_observations": False}]
+
+
+def test_benchmark_smoke_runs_every_phase_on_a_cpu(tmp_path, xla_cache):
+    """``python -m benchmarks.experiments.sweep --smoke``: sequential, vmapped, processes and kill
+    phases on the tiny pendulum config (the program of the process test above: compiled once)."""
+    import subprocess
+
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "benchmarks.experiments.sweep", "--smoke", "--out", str(out),
+                        "--compile-cache", xla_cache], cwd=Path(__file__).resolve().parent.parent,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((out / "sweep.json").read_text())
+    assert (out / "sweep.md").read_text().startswith("# Many runs") and (out / "sweep.png").stat().st_size > 0
+    phases = res["phases"]
+    assert not [n for n, p in phases.items() if "failed" in p or "skipped" in p], phases.keys()
+    for name in ("sequential", "vmapped", "mps"):
+        assert phases[name]["aggregate"]["rate"] > 0, name
+        assert len(phases[name]["records"]) == 2 and all(len(rows) == 12 for rows in phases[name]["records"])
+    assert all(c["max_abs_dparams"] <= ATOL for c in phases["vmapped"]["param_check"])
+    # the processes run the solo program: the same records as the runs one after another
+    assert all(c["identical"] for c in res["summary"]["mps_vs_sequential_learning"])
+    kill = phases["kill"]
+    assert kill["ok"], kill
+    assert {o["status"] for o in kill["sweep"]["outcomes"]} == {"finished", "killed"}
+    if not res["mps"]["available"]:  # a CPU machine: plain processes, and the reason is said
+        assert res["mps"]["reason"].startswith("MPS unavailable") and "MPS unavailable" in r.stdout
+    assert "vmapped (one program)" in r.stdout and "kill: " in r.stdout  # the table printed last
