@@ -46,6 +46,12 @@ LOG_FILE = "log.txt"
 PROCESS_FILE = "process.json"
 JOB_FILE = "job.json"
 SWEEP_FILE = "sweep.json"
+DESCRIPTION = (
+    "Train many runs on one GPU, each into its own run directory under --run-dir. Seeds only: one "
+    "vmapped program (one compile, every seed in each step). --grid or --processes: one process per "
+    "config (or seed) under one MPS daemon with SM quotas where MPS is available, plain processes "
+    "otherwise; a run that fails is reported and the others go on."
+)
 PARENT_VAR = "ROSE_SWEEP_PARENT"  # the pid a sweep child must be the child of (else it exits)
 
 

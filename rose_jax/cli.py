@@ -1,4 +1,4 @@
-"""The ``rose-jax`` command line: ``train``, ``inspect``, ``profile``, ``envs``.
+"""The ``rose-jax`` command line: ``train``, ``inspect``, ``profile``, ``envs``, ``sweep``.
 
     rose-jax                              # the default job: PPO on cartpole (CPU) or MJX ant (GPU)
     rose-jax train --env pendulum --algo sac --steps 6e4
@@ -566,6 +566,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("envs", help="list the registered environments")
     e.set_defaults(func=cmd_envs)
+
+    from algos import sweep  # the command lives in algos/sweep.py
+
+    w = sub.add_parser("sweep", help="train many seeds or configs on one GPU", description=sweep.DESCRIPTION)
+    sweep.add_arguments(w)
+    w.set_keys = True
+    w.set_defaults(func=sweep.main_sweep)
     return p
 
 

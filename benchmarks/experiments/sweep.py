@@ -116,7 +116,10 @@ def _phase_main(job_path: str) -> int:
             solo = sweep.train_many(config, env, (s,), progress_fn=stop_after(check))
             a = jax.tree.leaves(jax.device_get(short.seed_state(i).params))
             b = jax.tree.leaves(jax.device_get(solo.seed_state(0).params))
-            diffs.append({"seed": s, "iterations": check,
+            done = (int(short.metrics[i][-1]["iteration"]), int(solo.metrics[0][-1]["iteration"]))
+            if done[0] != done[1]:
+                raise RuntimeError(f"param check: vmapped ran {done[0]} iterations, solo {done[1]}")
+            diffs.append({"seed": s, "iterations": done[0],
                           "max_abs_dparams": max(float(np.max(np.abs(np.asarray(x, np.float64) - y)))
                                                  for x, y in zip(a, b, strict=True)),
                           "max_abs_params": max(float(np.max(np.abs(y))) for y in b),
