@@ -347,13 +347,30 @@ def test_schedule_equals_brax_ppo_train(monkeypatch):
         ),
         progress_fn=lambda step, m: brax_steps.append(step),
     )
+    # the same call through the one-line drop-in (Brax's defaults, Brax's return value)
+    from algos.brax_compat import ppo as compat_ppo
+
     ours = []
-    ppo.train(
-        _tiny_brax_env(),
+    make_inference_fn, params, metrics = compat_ppo.train(
+        environment=_tiny_brax_env(),
         **kw,
-        policy_hidden_sizes=(4,),
-        value_hidden_sizes=(4,),
+        network_factory=functools.partial(
+            brax_ppo_networks.make_ppo_networks, policy_hidden_layer_sizes=(4,), value_hidden_layer_sizes=(4,)
+        ),
         progress_fn=lambda step, m: ours.append((step, m)),
     )
     assert [s for s, _ in ours] == brax_steps == [0, 520, 1040]
     assert all(np.isfinite(m["eval/episode_reward"]) for _, m in ours)
+    assert metrics is ours[-1][1]
+    action, extras = make_inference_fn(params)(jnp.zeros((3, 2)), jax.random.PRNGKey(0))
+    assert action.shape == (3, 1) and extras["log_prob"].shape == (3,)
+    deterministic, _ = make_inference_fn(params, deterministic=True)(jnp.zeros((3, 2)), None)
+    assert np.all(np.abs(deterministic) <= 1)
+
+
+def test_brax_compat_rejects_unimplemented_keywords_in_one_line():
+    from algos.brax_compat import ppo as compat_ppo
+
+    with pytest.raises(TypeError, match="use_distributional_critic") as e:
+        compat_ppo.train(environment="pendulum", num_timesteps=10, use_distributional_critic=True)
+    assert "\n" not in str(e.value)
