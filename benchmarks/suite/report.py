@@ -83,7 +83,8 @@ def _fmt_rate(x: float | None) -> str:
     return "—" if x is None else f"{x:,.0f}"
 
 
-def _cell(row: dict, variant: str) -> str:
+def cell(row: dict, variant: str) -> str:
+    """A variant's table cell: its env-steps/s, or its status (skipped, error) when it has none."""
     rec = row.get("variants", {}).get(variant)
     if rec is None:
         return "—"
@@ -164,7 +165,7 @@ def markdown(results: dict) -> str:
         body.append(
             [
                 row["name"],
-                *[_cell(row, v) for v in VARIANTS],
+                *[cell(row, v) for v in VARIANTS],
                 "—" if s["ratio"] is None else f"{s['ratio']:.3f}",
                 _fmt(s["search_overhead_s"]),
                 _activity(row),
@@ -311,7 +312,7 @@ def headline(results: dict, source: str) -> str:
             [
                 row["name"],
                 "—" if best is None else f"{_fmt_rate(s['best_baseline_env_steps_per_s'])} {SHORT[best]}",
-                _cell(row, "rose_jax"),
+                cell(row, "rose_jax"),
                 "—" if s["ratio"] is None else f"{s['ratio']:.2f}x",
                 _sm_gain(row, best),
                 _fmt(s["search_overhead_s"]),

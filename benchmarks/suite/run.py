@@ -884,7 +884,7 @@ def short_table(results: dict) -> str:
         body.append(
             [
                 row["name"],
-                *[report._cell(row, v) for v in S.VARIANTS],
+                *[report.cell(row, v) for v in S.VARIANTS],
                 "—" if ratio is None else f"{ratio:.3f}",
             ]
         )
