@@ -203,7 +203,7 @@ def train_many(
         env_name = getattr(env, "name", str(env))
     seeds = _check_seeds(seeds)
     k = len(seeds)
-    record, env, _, num_steps = _algo_of(config, env)
+    record, _, _, num_steps = _algo_of(config, env)  # validates; _compiled resolves the env itself
     if run_dirs is not None:
         run_dirs = [os.fspath(d) for d in run_dirs]
         if len(run_dirs) != k or len(set(map(os.path.abspath, run_dirs))) != k:
@@ -505,6 +505,7 @@ class ProcessSweepResult:
     quotas: tuple[int | None, ...]
     quota_reason: str
     wall_s: float
+    quota_search: dict | None = None  # the slack-aware search's points, models and choice, if one ran
 
     @property
     def ok(self) -> bool:
@@ -513,7 +514,7 @@ class ProcessSweepResult:
     def to_json(self) -> dict:
         return {"outcomes": [o.to_json() for o in self.outcomes], "mps": self.mps,
                 "mps_reason": self.mps_reason, "quotas": list(self.quotas),
-                "quota_reason": self.quota_reason, "wall_s": self.wall_s}
+                "quota_reason": self.quota_reason, "wall_s": self.wall_s, "quota_search": self.quota_search}
 
 
 def _repo_root() -> str:
@@ -555,6 +556,17 @@ class ProcessSweep:
             raise ValueError(f"run names must be unique, got {names}")
         if mps not in ("auto", True, False):
             raise ValueError(f"mps must be 'auto', True or False, got {mps!r}")
+        if isinstance(quotas, str):
+            if quotas not in ("auto", "even", "search"):
+                raise ValueError(f"quotas must be 'auto', 'even', 'search', None or ints, got {quotas!r}")
+        elif quotas is not None:
+            try:
+                quotas = tuple(int(q) for q in quotas)
+            except (TypeError, ValueError):
+                raise ValueError(f"quotas must be 'auto', 'even', 'search', None or ints, "
+                                 f"got {quotas!r}") from None
+            if len(quotas) != len(runs) or not all(1 <= q <= 100 for q in quotas):
+                raise ValueError(f"quotas must be {len(runs)} ints in 1..100 (one per run), got {quotas!r}")
         self.runs, self.root, self.log, self.python = runs, Path(run_root).absolute(), log, python
         self._mps_arg, self._given_daemon, self._quota_arg = mps, daemon, quotas
         self._cache_arg = compile_cache_dir
@@ -569,6 +581,7 @@ class ProcessSweep:
         self.mps, self.mps_reason = False, ""
         self.quotas: tuple[int | None, ...] = (None,) * len(runs)
         self.quota_reason = "no MPS: no quotas"
+        self.quota_search: dict | None = None
         self.t0 = time.monotonic()
 
     # -------------------------------------------------------------------- lifecycle
@@ -634,7 +647,7 @@ class ProcessSweep:
     def result(self) -> ProcessSweepResult:
         outcomes = tuple(self._outcomes[r.name] for r in self.runs if r.name in self._outcomes)
         return ProcessSweepResult(outcomes, self.mps, self.mps_reason, self.quotas, self.quota_reason,
-                                  time.monotonic() - self.t0)
+                                  time.monotonic() - self.t0, self.quota_search)
 
     def close(self) -> None:
         """Stop what still runs, then the daemon this sweep started; write ``sweep.json``. Idempotent."""
@@ -709,21 +722,17 @@ class ProcessSweep:
         if arg is None:
             return (None,) * k, "quotas=None: no limit"
         if isinstance(arg, str):
-            if arg not in ("auto", "even", "search"):
-                raise ValueError(f"quotas must be 'auto', 'even', 'search', None or ints, got {arg!r}")
             same = len({r.branch_key() for r in self.runs}) == 1
             if arg == "even" or (arg == "auto" and same):
                 why = ("identical runs (one program, one length): the even split is the slack-aware "
                        "optimum" if same else "even split (asked)")
                 return even_quotas(k), why
             result = search_run_quotas(self.runs, self, log=self.log)
+            self.quota_search = result.to_dict()
             return result.quotas, (f"slack-aware search over probe runs: modelled join "
                                    f"{result.predicted_join_s:.1f}s vs {result.predicted_even_join_s:.1f}s "
                                    f"even ({result.predicted_gain:+.0%})")
-        quotas = tuple(int(q) for q in arg)
-        if len(quotas) != k or not all(1 <= q <= 100 for q in quotas):
-            raise ValueError(f"quotas must be {k} ints in 1..100, got {arg!r}")
-        return quotas, "given"
+        return arg, "given"
 
     def _quota_text(self) -> str:
         return ", ".join(f"{r.name}={'-' if q is None else str(q) + '%'}"

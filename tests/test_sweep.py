@@ -214,6 +214,45 @@ def test_a_raise_and_a_sigkill_leave_the_daemon_and_the_other_run_going(tmp_path
     assert not (set(os.listdir("/dev/shm")) - shm_before)
 
 
+class _FakeDaemon:
+    """Stands in for an MPS daemon's client variables only (no process): quota decisions need no GPU."""
+
+    pipe_dir = "/tmp/nowhere/pipe"
+
+    def client_env(self):
+        return {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir}
+
+
+def test_quotas_even_for_identical_runs_and_searched_for_different_ones(tmp_path, monkeypatch):
+    """Identical runs get the even split without probes. Runs of different lengths get the slack-aware
+    search; its probe measurement is MOCKED here (seconds per step = 0.01 + 1 / quota, no process):
+    the run with 3x the iterations must get more SMs, and the search is kept in the result."""
+    short = sweep.RunSpec("short", "ppo", "pendulum", {**TINY, "num_timesteps": 16 * 100})
+    long = sweep.RunSpec("long", "ppo", "pendulum", {**TINY, "num_timesteps": 16 * 300})
+    probed = []
+
+    def fake_probe(runs, sweep_obj, quota, steps):
+        probed.append((tuple(r.name for r in runs), quota))
+        env = sweep_obj.child_env("probe", quota)
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(quota)  # each probe is born with its quota
+        return [0.01 + 1.0 / quota for _ in runs]
+
+    monkeypatch.setattr(sweep, "probe_runs", fake_probe)
+    same = sweep.ProcessSweep([short, dataclasses.replace(short, name="short2")], tmp_path,
+                              daemon=_FakeDaemon(), log=lambda m: None)
+    same._setup_cache(), same._setup_mps()
+    quotas, why = same._resolve_quotas()
+    assert quotas == (50, 50) and "identical" in why and not probed
+    diff = sweep.ProcessSweep([short, long], tmp_path, daemon=_FakeDaemon(), log=lambda m: None)
+    diff._setup_cache(), diff._setup_mps()
+    diff.quotas, diff.quota_reason = diff._resolve_quotas()
+    assert probed and diff.quotas[1] > diff.quotas[0] and sum(diff.quotas) <= 100, diff.quotas
+    assert "slack-aware search" in diff.quota_reason and diff.result().quota_search["points"]
+    for bad in ((50,), (0, 50), "most"):
+        with pytest.raises(ValueError, match="quotas must be"):
+            sweep.ProcessSweep([short, long], tmp_path, quotas=bad)
+
+
 def test_cli_rejects_bad_arguments_in_one_line_before_any_directory(tmp_path, capsys):
     import argparse
 
