@@ -281,7 +281,10 @@ def run_kill_phase(args, root: str, daemon, timeout: float) -> dict:
         processes_at_kill = {n: pid for n, pid in s.pids.items()}
         common.log(f"kill: SIGKILL {victim} (pid {s.pids[victim]}); running: {running_at_kill}")
         kill_time = time.time()
-        os.kill(s.pids[victim], signal.SIGKILL)
+        try:
+            os.kill(s.pids[victim], signal.SIGKILL)
+        except ProcessLookupError:
+            common.log(f"kill: {victim} had already ended")
         result = s.wait(max(10.0, deadline - time.monotonic()))
     daemon_alive = daemon.healthy() if daemon is not None else None
     time.sleep(0.5)
@@ -311,7 +314,8 @@ def main(argv=None) -> int:
     p.add_argument("--kill-iterations", type=int, default=100, help="iterations per run of the kill phase")
     p.add_argument("--budget-s", type=float, default=400.0, help="skip phases that would end after this")
     p.add_argument("--smoke", action="store_true", help="CPU plumbing check: pendulum, tiny config, 2 seeds")
-    p.add_argument("--out", default=None, help=f"results directory (default {DEFAULT_OUT})")
+    p.add_argument("--out", default=None,
+                   help=f"results directory (default {DEFAULT_OUT}; --smoke: a temp dir)")
     p.add_argument("--compile-cache", default=None,
                    help="JAX persistent compilation cache of all processes (default: a temp dir; '' none)")
     p.add_argument("--phase-job", help=argparse.SUPPRESS)
@@ -321,8 +325,9 @@ def main(argv=None) -> int:
     if args.smoke:
         args.seeds, args.iterations, args.warmup, args.check_iterations = 2, 12, 2, 2
         args.kill_iterations = 1500  # tiny iterations take ~ms: the survivors must outlive the kill
-    out_dir = args.out or DEFAULT_OUT
+    out_dir = args.out or (tempfile.mkdtemp(prefix="rose-sweep-smoke-") if args.smoke else DEFAULT_OUT)
     os.makedirs(out_dir, exist_ok=True)
+    common.log(f"results -> {out_dir}")
     tmp_cache = None
     if args.compile_cache is None:
         tmp_cache = args.compile_cache = tempfile.mkdtemp(prefix="rose-sweep-bench-xla-")
