@@ -43,7 +43,7 @@ def test_gae_equals_brax_compute_gae():
     bootstrap = jax.random.normal(keys[3], (B,))
     want = brax_losses.compute_gae(truncated, termination, rewards, values, bootstrap, 0.9, 0.97)
     got = ppo_brax.compute_gae(truncated, termination, rewards, values, bootstrap, 0.9, 0.97)
-    for w, g in zip(want, got):
+    for w, g in zip(want, got, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
     # Brax's advantage is not vs - v when lambda < 1: the test data must show the difference
     assert not np.allclose(got[1], got[0] - values, atol=1e-3)
@@ -81,16 +81,11 @@ def _brax_setup(config):
         activation=jax.nn.swish,
     )
     kp, kv = jax.random.split(jax.random.PRNGKey(7))
-    brax_params = brax_losses.PPONetworkParams(policy=nets.policy_network.init(kp), value=nets.value_network.init(kv))
+    brax_params = brax_losses.PPONetworkParams(
+        policy=nets.policy_network.init(kp), value=nets.value_network.init(kv)
+    )
 
-    def convert(p):
-        layers = p["params"]
-        names = sorted(layers, key=lambda n: int(n.split("_")[1]))
-        out = {f"hidden_{i}": layers[n] for i, n in enumerate(names[:-1])}
-        out["out"] = layers[names[-1]]
-        return {"params": out}
-
-    ours = ppo.PPOParams(policy=convert(brax_params.policy), value=convert(brax_params.value))
+    ours = _ours(brax_params)
     return nets, brax_params, ours
 
 
@@ -166,13 +161,13 @@ def test_loss_and_gradients_equal_brax_compute_ppo_loss(normalize_advantage):
     np.testing.assert_allclose(got_m.policy_loss, want_m["policy_loss"], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got_m.value_loss, want_m["v_loss"], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got_m.entropy_loss, want_m["entropy_loss"], rtol=1e-6, atol=1e-6)
-    _, _, want_ours = _convert_grads(config, nets, want_g)
-    for w, g in zip(jax.tree.leaves(want_ours), jax.tree.leaves(got_g)):
+    want_ours = _ours(want_g)
+    for w, g in zip(jax.tree.leaves(want_ours), jax.tree.leaves(got_g), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
-def _convert_grads(config, nets, brax_tree):
-    del nets
+def _ours(brax_tree):
+    """Brax's PPONetworkParams (params or grads) as our PPOParams (last layer named ``out``)."""
 
     def convert(p):
         layers = p["params"]
@@ -181,7 +176,7 @@ def _convert_grads(config, nets, brax_tree):
         out["out"] = layers[names[-1]]
         return {"params": out}
 
-    return None, None, ppo.PPOParams(policy=convert(brax_tree.policy), value=convert(brax_tree.value))
+    return ppo.PPOParams(policy=convert(brax_tree.policy), value=convert(brax_tree.value))
 
 
 def test_update_equals_brax_sgd_steps():
@@ -219,10 +214,14 @@ def test_update_equals_brax_sgd_steps():
         sgd_step, (optimizer.init(brax_params), brax_params, key), None, length=config.num_epochs
     )
     our_nets = ppo.make_networks(config, envs.core.Env("x", OBS, ACT, 10, None, None))
-    got_params, _, _, _ = ppo_brax.update(our_nets, config, ours, ppo.make_optimizer(config).init(ours), seg, key)
-    _, _, want_ours = _convert_grads(config, nets, want_params)
+    got_params, _, _, _ = ppo_brax.update(
+        our_nets, config, ours, ppo.make_optimizer(config).init(ours), seg, key
+    )
+    want_ours = _ours(want_params)
     moved = False
-    for w, g, start in zip(jax.tree.leaves(want_ours), jax.tree.leaves(got_params), jax.tree.leaves(ours)):
+    for w, g, start in zip(
+        jax.tree.leaves(want_ours), jax.tree.leaves(got_params), jax.tree.leaves(ours), strict=True
+    ):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
         moved |= not np.allclose(g, start)
     assert moved
@@ -239,7 +238,9 @@ def test_segments_layout_is_brax_swap_and_reshape():
     data = data._replace(obs=jnp.asarray(code)[..., None], raw_action=jnp.asarray(code)[..., None])
     next_obs = jnp.asarray((np.arange(U)[:, None] * 1000 + np.arange(N)[None]).astype(np.float32))[..., None]
     seg = ppo_brax.to_segments(config, normalize.init(1), data, next_obs)
-    assert seg.reward.shape == (U * N, T) and seg.obs.shape == (U * N, T, 1) and seg.next_obs.shape == (U * N, 1)
+    assert (
+        seg.reward.shape == (U * N, T) and seg.obs.shape == (U * N, T, 1) and seg.next_obs.shape == (U * N, 1)
+    )
     for s in range(U * N):
         uu, nn = divmod(s, N)
         np.testing.assert_array_equal(seg.reward[s], uu * 1000 + np.arange(T) * 10 + nn)
@@ -321,8 +322,11 @@ def _tiny_brax_env():
 
 def test_schedule_equals_brax_ppo_train(monkeypatch):
     if not hasattr(jax, "device_put_replicated"):  # removed from JAX; Brax 0.14.2 still calls it
+
         def device_put_replicated(x, devices):  # its old meaning: a leading axis, one copy per device
-            return jax.tree.map(lambda a: jnp.broadcast_to(jnp.asarray(a)[None], (len(devices),) + jnp.shape(a)), x)
+            return jax.tree.map(
+                lambda a: jnp.broadcast_to(jnp.asarray(a)[None], (len(devices),) + jnp.shape(a)), x
+            )
 
         monkeypatch.setattr(jax, "device_put_replicated", device_put_replicated, raising=False)
     from brax.training.agents.ppo import train as brax_ppo

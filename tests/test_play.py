@@ -110,7 +110,19 @@ def test_load_policy_of_a_directory_without_one_is_a_one_line_error(tmp_path):
 
 
 def test_tensorboard_tags_are_brax_names():
-    tags = tb.tags({"eval_episode_return": 1.0, "episode_return": 2.0, "env_steps": 5, "value_loss": 3.0,
-                    "training/sps": 9.0, "bad": float("nan")})
-    assert tags == {"eval/episode_reward": 1.0, "training/episode_reward": 2.0, "training/value_loss": 3.0,
-                    "training/sps": 9.0}
+    tags = tb.tags(
+        {
+            "eval_episode_return": 1.0,
+            "episode_return": 2.0,
+            "env_steps": 5,
+            "value_loss": 3.0,
+            "training/sps": 9.0,
+            "bad": float("nan"),
+        }
+    )
+    assert tags == {
+        "eval/episode_reward": 1.0,
+        "training/episode_reward": 2.0,
+        "training/value_loss": 3.0,
+        "training/sps": 9.0,
+    }
