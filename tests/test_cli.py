@@ -164,7 +164,8 @@ def test_numbers_seed_and_flags(tmp_path, capsys):
     flags that must be explained rather than silently mean something else."""
     from algos import get
 
-    assert get("ppo").parse_overrides(["num_timesteps=1e5", "seed=3"]) == {"num_timesteps": 100_000, "seed": 3}
+    parsed = get("ppo").parse_overrides(["num_timesteps=1e5", "seed=3"])
+    assert parsed == {"num_timesteps": 100_000, "seed": 3}
     args = cli.build_parser().parse_args(["train", "--steps", "1e5", "--keep-checkpoints", "2"])
     assert args.steps == 100_000 and args.keep_checkpoints == 2
     base = ["train", "--env", "pendulum", "--steps", "256", "--set", "num_envs=8", "--set", "unroll_length=8",
