@@ -43,6 +43,17 @@ def make_broken_env(**_):
     raise RuntimeError("broken env factory (test)")
 
 
+def make_gated_pendulum(gate: str):
+    """The pendulum, built once the file ``gate`` exists: orders a test's events (the run that
+    uses it starts training only when the test says so, e.g. after another run is mid-run)."""
+    deadline = time.monotonic() + 150
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gate {gate} never opened")
+        time.sleep(0.05)
+    return envs.make("pendulum")
+
+
 @pytest.fixture(scope="module")
 def xla_cache():
     d = tempfile.mkdtemp(prefix="rose-test-sweep-xla-")
@@ -155,8 +166,10 @@ def _wait_for(pred, timeout, what):
 
 def test_a_raise_and_a_sigkill_leave_the_daemon_and_the_other_run_going(tmp_path, xla_cache, monkeypatch):
     """Three processes under one (mock) MPS daemon with quotas: ``broken`` raises (its env factory),
-    ``victim`` is SIGKILLed mid-run, ``survivor`` finishes its whole run after both; both failures
-    are reported; the daemon still answers; no child process or /dev/shm entry is left."""
+    ``victim`` is SIGKILLed mid-run, ``survivor`` (gated: it starts training once the victim is
+    mid-run) trains through the kill and finishes its whole run; both failures are reported;
+    the daemon still answers. Nothing is left: no child process, and no shared memory (the
+    processes map no /dev/shm segment while they run, and no entry named after one remains)."""
     from rose_jax.mps import MPSDaemon
 
     from test_mps import _mock_processes
@@ -164,10 +177,10 @@ def test_a_raise_and_a_sigkill_leave_the_daemon_and_the_other_run_going(tmp_path
     monkeypatch.setenv("FAKE_MPS_MODE", "ok")
     me = psutil.Process()
     children_before = {p.pid for p in me.children(recursive=True)}
-    shm_before = set(os.listdir("/dev/shm"))
-    n_survivor = 3000
+    n_survivor, gate = 2000, str(tmp_path / "gate")
     runs = [
-        sweep.RunSpec("survivor", "ppo", "pendulum", {**TINY, "num_timesteps": 16 * n_survivor}, (0,)),
+        sweep.RunSpec("survivor", "ppo", "tests.test_sweep:make_gated_pendulum",
+                      {**TINY, "num_timesteps": 16 * n_survivor}, (0,), {"gate": gate}),
         sweep.RunSpec("victim", "ppo", "pendulum", {**TINY, "num_timesteps": 16 * 10**6}, (1,)),
         sweep.RunSpec("broken", "ppo", "tests.test_sweep:make_broken_env", TINY, (2,)),
     ]
@@ -178,9 +191,14 @@ def test_a_raise_and_a_sigkill_leave_the_daemon_and_the_other_run_going(tmp_path
         with MPSDaemon(os.path.join(mps_dir, "d"), binary=_mock_mps_binary(tmp_path)) as daemon:
             with sweep.ProcessSweep(runs, root, daemon=daemon, quotas=(40, 30, 30),
                                     compile_cache_dir=xla_cache, log=logs.append) as s:
-                _wait_for(lambda: all(len(sweep.read_metrics(root / n)) >= 3 for n in ("survivor", "victim")),
-                          150, "survivor and victim to be mid-run")
+                _wait_for(lambda: len(sweep.read_metrics(root / "victim")) >= 3, 150, "the victim mid-run")
+                Path(gate).touch()
+                _wait_for(lambda: len(sweep.read_metrics(root / "survivor")) >= 1, 150, "the survivor")
                 assert sweep.read_summary(root / "survivor") is None, "the survivor ended too early"
+                maps = {n: Path(f"/proc/{pid}/maps").read_text() for n, pid in s.pids.items()
+                        if n != "broken" and psutil.pid_exists(pid)}
+                assert maps.keys() == {"survivor", "victim"}
+                assert not [n for n, m in maps.items() if "/dev/shm/" in m], "a sweep process maps /dev/shm"
                 kill_time = time.time()
                 os.kill(s.pids["victim"], signal.SIGKILL)
                 result = s.wait(timeout=150)
@@ -211,7 +229,8 @@ def test_a_raise_and_a_sigkill_leave_the_daemon_and_the_other_run_going(tmp_path
     assert any("broken: failed" in line for line in logs) and any("victim: killed" in line for line in logs)
     _wait_for(lambda: not ({p.pid for p in me.children(recursive=True)} - children_before), 10,
               "no child process left")
-    assert not (set(os.listdir("/dev/shm")) - shm_before)
+    pids = [str(p) for p in s.pids.values()]
+    assert not [n for n in os.listdir("/dev/shm") if any(p in n for p in pids)]
 
 
 class _FakeDaemon:

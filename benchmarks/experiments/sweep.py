@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from rose_jax.io import atomic_write_json, atomic_write_text
 
@@ -224,12 +224,14 @@ def _runspecs(args, tag: str, iterations: int):
             for s in range(args.seeds)]
 
 
-def _our_leftovers(children_before: set[int], shm_before: set[str]) -> dict:
-    """What of ours is alive: new child processes, sweep children, MPS processes, new /dev/shm entries."""
+def _our_leftovers(children_before: set[int], shm_before: set[str], pids: Sequence[int] = ()) -> dict:
+    """What of ours is alive: new child processes, sweep children, MPS processes; new /dev/shm
+    entries (all, and those named after one of ``pids``: other programs on the machine make some)."""
     import psutil
 
     me = psutil.Process()
     children = [p for p in me.children(recursive=True) if p.pid not in children_before]
+    new_shm = sorted(set(os.listdir("/dev/shm")) - shm_before) if os.path.isdir("/dev/shm") else []
     sweep_procs, mps_procs = [], []
     for p in psutil.process_iter(["pid", "cmdline", "name"]):
         cmd = " ".join(p.info["cmdline"] or [])
@@ -239,7 +241,7 @@ def _our_leftovers(children_before: set[int], shm_before: set[str]) -> dict:
             mps_procs.append(f"{p.pid} {p.info['name']}")
     return {"children": [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in children if p.is_running()],
             "sweep_processes": sweep_procs, "mps_processes": mps_procs,
-            "new_shm": sorted(set(os.listdir("/dev/shm")) - shm_before) if os.path.isdir("/dev/shm") else []}
+            "new_shm": new_shm, "new_shm_ours": [n for n in new_shm if any(str(p) in n for p in pids)]}
 
 
 def run_mps_phase(args, root: str, daemon, quotas, tag: str, timeout: float) -> dict:
@@ -288,12 +290,12 @@ def run_kill_phase(args, root: str, daemon, timeout: float) -> dict:
         result = s.wait(max(10.0, deadline - time.monotonic()))
     daemon_alive = daemon.healthy() if daemon is not None else None
     time.sleep(0.5)
-    left = _our_leftovers(children_before, shm_before)
+    left = _our_leftovers(children_before, shm_before, processes_at_kill.values())
     outcomes = {o.name: o for o in result.outcomes}
     survivors_ok = all(o.status == "finished" and o.end_time > kill_time
                        for n, o in outcomes.items() if n != victim)
     ok = (outcomes[victim].status == "killed" and survivors_ok and daemon_alive is not False
-          and not left["children"] and not left["sweep_processes"] and not left["new_shm"])
+          and not left["children"] and not left["sweep_processes"] and not left["new_shm_ours"])
     return {"wall_s": time.monotonic() - t0, "victim": victim, "processes_at_kill": processes_at_kill,
             "running_at_kill": running_at_kill, "sweep": result.to_json(),
             "daemon_answers_after": daemon_alive,
@@ -324,7 +326,7 @@ def main(argv=None) -> int:
         return _phase_main(args.phase_job)
     if args.smoke:
         args.seeds, args.iterations, args.warmup, args.check_iterations = 2, 12, 2, 2
-        args.kill_iterations = 1500  # tiny iterations take ~ms: the survivors must outlive the kill
+        args.kill_iterations = 3000  # tiny iterations take ~ms: the survivors must outlive the kill
     out_dir = args.out or (tempfile.mkdtemp(prefix="rose-sweep-smoke-") if args.smoke else DEFAULT_OUT)
     os.makedirs(out_dir, exist_ok=True)
     common.log(f"results -> {out_dir}")
@@ -516,7 +518,9 @@ def format_table(results: dict) -> str:
         left = kill["left_after_sweep"]
         lines.append(f"kill: {outcomes}; daemon answers after: {kill['daemon_answers_after']}; left behind: "
                      f"{len(left['children'])} children, {len(left['sweep_processes'])} sweep processes, "
-                     f"{len(left['new_shm'])} /dev/shm entries -> {'OK' if kill['ok'] else 'NOT OK'}")
+                     f"{len(left['new_shm_ours'])} /dev/shm entries of theirs "
+                     f"({len(left['new_shm'])} new in all) "
+                     f"-> {'OK' if kill['ok'] else 'NOT OK'}")
     elif kill:
         lines.append(f"kill: {kill.get('skipped') or kill.get('failed')}")
     lines.append(f"MPS: {results.get('mps', {}).get('reason', '?')}")
