@@ -314,7 +314,7 @@ def test_mps_client_reruns_the_suite_under_a_daemon_and_stops_it(tmp_path):
 def tiny_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("suite")
     stdout = run_suite(
-        ["--suite", "tiny", "--out", str(out), "--compile-workers", "2"], timeout=300, JAX_PLATFORMS="cpu"
+        ["--suite", "tiny", "--out", str(out), "--compile-workers", "2"], timeout=600, JAX_PLATFORMS="cpu"
     )
     directory = out / "tiny"
     with open(directory / "results.json") as f:
