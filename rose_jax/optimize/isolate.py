@@ -133,8 +133,8 @@ def check(
     timeout: float = 900.0,
     env: Mapping[str, str] | None = None,
 ) -> Outcome:
-    """Compile ``jax.jit(fn)`` for ``args`` (arrays or ShapeDtypeStructs, flat) and call it once,
-    in a child process; see the module docstring.
+    """Compile ``jax.jit(fn)`` for ``args`` (pytrees of arrays or ShapeDtypeStructs) and call it
+    once, in a child process; see the module docstring.
 
     ``label`` names the candidate in the refusal cache; ``cache_dir`` + ``fingerprint`` (the
     program's, :func:`rose_jax.optimize.cache.fingerprint`) turn the cache on. ``env``: extra
@@ -143,10 +143,15 @@ def check(
     known = remembered(cache_dir, fingerprint)
     if label in known:
         return Outcome(False, known[label], 0.0, True)
-    specs = _arg_specs(args)
+    leaves, treedef = jax.tree.flatten(tuple(args))
+    specs = _arg_specs(leaves)
+
+    def flat_fn(*flat):  # flat arrays in and out: any pytree classes stay in this process
+        return jax.tree.leaves(fn(*jax.tree.unflatten(treedef, flat)))
+
     t0 = time.perf_counter()
     try:
-        exported = jax.export.export(jax.jit(fn))(*specs)
+        exported = jax.export.export(jax.jit(flat_fn))(*specs)
         blob = exported.serialize()
     except Exception as e:  # noqa: BLE001 - any export failure refuses the candidate, with its text
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -1,0 +1,691 @@
+"""Overlap inside one program: stream regions and per-component compilation on the H200.
+
+Rows (``--rows`` picks some by name prefix; in this order, a ``--budget-s`` guard skips what
+would not fit):
+
+* ``components on streams (two MLP chains)``: two independent chains of 400 steps of
+  ``tanh(x @ W)`` (512x256 @ 256x256); baseline: the better of the two loops one after the other
+  and the two zipped into one loop without annotation; rose: zipped, each step of each chain on
+  its own stream (``stream_overlap(mode="loops")``). The issue measured 7.69 -> 3.87 ms (1.99x).
+  Its "env steps" are chain steps.
+* ``sac-ant-128`` / ``sac-hopper-128``: SAC on MJX with Brax's published high-update config
+  (128 envs, batch 512, 64 gradient updates per env step, replay 1M, min replay 8192, 256x256).
+* ``ppo-ant-4096`` / ``ppo-ant-2048`` (policy 4x32, value 5x256) and ``ppo-ant-4096-3x512``
+  (policy 3x512), the suite's PPO hyperparameters (Brax's ant config, no gradient clipping).
+
+Per row: baseline = our single-jit loop (K iterations in one jitted ``lax.scan``, state donated)
+and, when ``--brax`` allows and time remains, Brax's own trainer (its ``training/sps`` after the
+compile epoch); the better one is ``baseline_env_steps_per_s``. Candidates come from
+``rose_jax.optimize.streams.candidates`` (stream regions) plus XLA option sets and
+``split_compile``; every candidate's compile (its K-loop, and its single iteration under
+deterministic ops) first runs in a child process (``rose_jax.optimize.isolate``), so an XLA
+abort is a refused candidate, not a dead run. A candidate is kept only if it is faster than
+the single-jit loop AND equal to it: one iteration from the same state compiled with
+``xla_gpu_deterministic_ops`` on both sides, compared within the candidate's stated tolerance
+(``bitwise`` says whether it is bitwise equal). ``search_s``: the row's candidate time
+(isolation, compiles, timing, equality).
+
+    python -m benchmarks.experiments.overlap                          # H200, all rows, --budget-s 450
+    python -m benchmarks.experiments.overlap --rows micro sac         # one device call
+    python -m benchmarks.experiments.overlap --rows ppo --merge       # another, merged into results
+    python -m benchmarks.experiments.overlap --smoke                  # CPU plumbing check, tiny sizes
+
+Writes ``results.json``, ``results.md`` and ``results.png`` (atomically) into ``--out``
+(default ``benchmarks/results/overlap``; ``--smoke``: a temporary directory unless given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+from rose_jax.io import atomic_write_json, atomic_write_text
+
+from benchmarks import common
+from benchmarks.common import fmt, log
+
+DEFAULT_OUT = os.path.join(common.RESULTS_DIR, "overlap")
+MICRO = "components on streams (two MLP chains)"
+DETERMINISTIC = {"xla_gpu_deterministic_ops": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One workload. ``hp``: config fields; ``k``: iterations per timed block."""
+
+    name: str
+    kind: str  # "micro" | "ppo" | "sac"
+    env: str = ""
+    env_kwargs: tuple = ()
+    hp: tuple = ()
+    k: int = 10
+    blocks: int = 3
+    brax_env: str | None = None
+    width: int = 256  # micro: hidden width
+    batch: int = 512  # micro: rows
+    steps: int = 400  # micro: chain steps
+
+
+SAC_HIGH_UPDATE = (
+    ("num_timesteps", 10_000_000),
+    ("num_envs", 128),
+    ("batch_size", 512),
+    ("grad_updates_per_step", 64),
+    ("max_replay_size", 1_048_576),
+    ("min_replay_size", 8192),
+    ("learning_rate", 6e-4),
+    ("discounting", 0.997),
+    ("reward_scaling", 30.0),
+    ("normalize_observations", True),
+    ("policy_hidden_sizes", (256, 256)),
+    ("q_hidden_sizes", (256, 256)),
+    ("activation", "relu"),
+)
+PPO_ANT = (
+    ("num_timesteps", 50_000_000),
+    ("unroll_length", 10),
+    ("num_minibatches", 16),
+    ("num_epochs", 4),
+    ("learning_rate", 3e-4),
+    ("entropy_cost", 1e-2),
+    ("discounting", 0.97),
+    ("gae_lambda", 0.95),
+    ("clipping_epsilon", 0.3),
+    ("reward_scaling", 10.0),
+    ("normalize_observations", True),
+    ("normalize_advantage", True),
+    ("max_grad_norm", None),
+    ("policy_hidden_sizes", (32,) * 4),
+    ("value_hidden_sizes", (256,) * 5),
+    ("activation", "swish"),
+)
+
+
+def _with(base: tuple, **kw) -> tuple:
+    d = dict(base)
+    d.update(kw)
+    return tuple(d.items())
+
+
+def rows_for(smoke: bool) -> list[Row]:
+    if smoke:
+        sac_tiny = _with(
+            SAC_HIGH_UPDATE, num_envs=4, batch_size=16, grad_updates_per_step=2, max_replay_size=2048,
+            min_replay_size=64, policy_hidden_sizes=(16, 16), q_hidden_sizes=(16, 16), num_timesteps=100_000,
+        )
+        ppo_tiny = _with(
+            PPO_ANT, num_envs=16, unroll_length=4, num_minibatches=2, num_epochs=1,
+            policy_hidden_sizes=(8, 8), value_hidden_sizes=(16, 16), num_timesteps=100_000,
+        )
+        return [
+            Row(MICRO, "micro", width=8, batch=16, steps=20, blocks=2),
+            Row("sac-pendulum-4", "sac", "pendulum", hp=sac_tiny, k=1, blocks=2),
+            Row("ppo-pendulum-16", "ppo", "pendulum", hp=ppo_tiny, k=1, blocks=2),
+        ]
+    mjx = (("backend", "mjx"),)
+    return [
+        Row(MICRO, "micro"),
+        Row("sac-ant-128", "sac", "ant", mjx, SAC_HIGH_UPDATE, k=20, brax_env="ant"),
+        Row("sac-hopper-128", "sac", "hopper", mjx, SAC_HIGH_UPDATE, k=20, brax_env="hopper"),
+        Row("ppo-ant-4096", "ppo", "ant", mjx, _with(PPO_ANT, num_envs=4096), k=5, brax_env="ant"),
+        Row("ppo-ant-2048", "ppo", "ant", mjx, _with(PPO_ANT, num_envs=2048), k=5, brax_env="ant"),
+        Row("ppo-ant-4096-3x512", "ppo", "ant", mjx,
+            _with(PPO_ANT, num_envs=4096, policy_hidden_sizes=(512,) * 3), k=5, brax_env="ant"),
+    ]
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _gpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "gpu"
+
+
+def _copy(tree, commit: bool = False):
+    """A copy of ``tree`` (donation consumes its argument). ``commit``: placed on the device
+    explicitly: a program with stream regions returns committed arrays (JAX commits the outputs of
+    any program holding a ``compute_on``), so committed inputs keep it at one compile."""
+    import jax
+    import jax.numpy as jnp
+
+    out = jax.tree.map(jnp.copy, tree)
+    return jax.device_put(out, jax.devices()[0]) if commit else out
+
+
+def kloop(fn: Callable, k: int, options: dict | None = None, donate: bool = False) -> Callable:
+    """``jax.jit`` of ``k`` iterations of ``fn`` in one ``lax.scan`` (last iteration's metrics)."""
+    import jax
+
+    def loop(state):
+        state, ms = jax.lax.scan(lambda s, _: fn(s), state, None, length=k)
+        return state, jax.tree.map(lambda m: m[-1], ms)
+
+    return jax.jit(loop, donate_argnums=(0,) if donate else (), compiler_options=options or None)
+
+
+def time_blocks(call: Callable, state: Any, blocks: int) -> tuple[float, float, list[float], Any]:
+    """``(compile + first call s, median block s, block times, last state)``; ``call(state) -> state``.
+
+    Two untimed calls first: a jit whose outputs are committed while its first inputs were not
+    (any program with stream regions, see :func:`_copy`) compiles once more on its second call.
+    """
+    import jax
+
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(call(state))
+    first = time.perf_counter() - t0
+    state = jax.block_until_ready(call(state))
+    times = []
+    for _ in range(blocks):
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(call(state))
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times), times, state
+
+
+def compare(actual, expected, tol) -> dict:
+    from rose_jax.optimize.measure import compare_trees
+
+    within = compare_trees(actual, expected, rtol=tol.rtol, atol=tol.atol)
+    bitwise = compare_trees(actual, expected)
+    return {
+        "equal": bool(within.equal),
+        "bitwise": bool(bitwise.equal),
+        "max_abs_diff": float(bitwise.max_abs),
+        "worst_leaf": bitwise.worst or within.worst,
+    }
+
+
+class Isolation:
+    """Every candidate compile goes through a child first (``mode``: all / first / none)."""
+
+    def __init__(self, mode: str, workers: int = 3):
+        self.mode, self.used = mode, 0
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="isolate")
+
+    def wanted(self) -> bool:
+        if self.mode == "all":
+            return True
+        return self.mode == "first" and self.used == 0
+
+    def submit(self, fn, args, options, label):
+        from rose_jax.optimize import isolate
+
+        self.used += 1
+        return self.pool.submit(isolate.check, fn, args, compiler_options=options, label=label)
+
+
+# ------------------------------------------------------------------------------ the micro row
+
+
+def run_micro(row: Row, args, iso: Isolation) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    import rose_jax
+    import rose_jax.trace as rtrace
+    from rose_jax.optimize import fuse, streams
+
+    n, w, steps = row.batch, row.width, row.steps
+
+    def chains(state):
+        a, b, wa, wb = state
+        with rose_jax.component("chain_a"):
+            a, _ = jax.lax.scan(lambda x, _: (jnp.tanh(x @ wa), None), a, None, length=steps)
+        with rose_jax.component("chain_b"):
+            b, _ = jax.lax.scan(lambda x, _: (jnp.tanh(x @ wb), None), b, None, length=steps)
+        return a, b, wa, wb
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    scale = 1.0 / w**0.5
+    state = (
+        jax.random.normal(keys[0], (n, w)),
+        jax.random.normal(keys[1], (n, w)),
+        scale * jax.random.normal(keys[2], (w, w)),
+        scale * jax.random.normal(keys[3], (w, w)),
+    )
+    tree = rtrace.trace(chains, state, arg_names=["state"])
+    t0 = time.perf_counter()
+    zipped = streams.stream_overlap("chain_a", "chain_b", mode="loops")
+    ok, why = zipped.legal(tree)
+    if not ok:
+        raise RuntimeError(f"the zipped-streams candidate is illegal: {why}")
+    fast = zipped.apply(chains)
+    check = iso.submit(fast, (state,), {}, "micro:streams").result() if iso.wanted() else None
+    if check is not None and not check.ok:
+        return {"plan": "none", "refused": check.reason, "search_s": time.perf_counter() - t0}
+    one_loop = fuse.fuse_scans(chains, "chain_a", "chain_b")
+    variants = {"two loops": jax.jit(chains), "one loop, no streams": jax.jit(one_loop), "streams": jax.jit(fast)}
+    times = {}
+    for name, f in variants.items():
+        _, med, _, _ = time_blocks(lambda s, f=f: f(s), _copy(state, commit=name == "streams"), max(row.blocks, 5))
+        times[name] = med
+    base_name = min(("two loops", "one loop, no streams"), key=times.get)
+    ref = jax.jit(chains, compiler_options=DETERMINISTIC)(state)
+    got = jax.jit(fast, compiler_options=DETERMINISTIC)(state)
+    eq = compare(got, ref, zipped.tolerance)
+    chain_steps = 2 * steps
+    return {
+        "baseline_env_steps_per_s": chain_steps / times[base_name],
+        "single_jit_env_steps_per_s": chain_steps / times[base_name],
+        "rose_env_steps_per_s": chain_steps / times["streams"],
+        "baseline": base_name,
+        "times_ms": {k: v * 1e3 for k, v in times.items()},
+        "plan": zipped.label,
+        "plan_detail": why,
+        "isolation": None if check is None else check.reason,
+        "search_s": time.perf_counter() - t0,
+        **eq,
+    }
+
+
+# ------------------------------------------------------------------------------ algorithm rows
+
+
+def build(row: Row):
+    import jax
+
+    import envs
+    from algos import ppo, sac
+
+    env = envs.make(row.env, **dict(row.env_kwargs))
+    if row.kind == "sac":
+        config = sac.SACConfig(**dict(row.hp))
+        state = sac.init(config, env, jax.random.PRNGKey(0))
+        return config, env, sac.iteration(config, env), state, config.num_envs
+    config = ppo.PPOConfig(**dict(row.hp))
+    state = ppo.init(config, env, jax.random.PRNGKey(0))
+    return config, env, ppo.iteration(config, env), state, config.num_envs * config.unroll_length
+
+
+@dataclasses.dataclass
+class Candidate:
+    label: str
+    kind: str  # "fn" (a jittable iteration, timed in a K-loop) | "host" (a ChainedStep, K calls)
+    tolerance: Any
+    summary: str
+    fn: Callable | None = None  # fn kind: the transformed iteration
+    options: dict = dataclasses.field(default_factory=dict)
+    split: Any = None  # host kind: the split_compile Transform
+    record: dict = dataclasses.field(default_factory=dict)
+
+
+def make_candidates(row: Row, fn, tree, max_candidates: int) -> tuple[list[Candidate], list[dict]]:
+    """The row's candidates, most promising first, and the generator's refusals."""
+    from rose_jax.optimize import streams
+    from rose_jax.optimize.base import EXACT
+
+    concurrent = streams.OPTION_SETS["concurrent"]
+    gen = streams.candidates(tree)
+    refused, stream_cands, split = [], [], None
+    for t in gen:
+        ok, why = t.legal(tree)
+        if not ok:
+            refused.append({"label": t.label, "reason": why})
+            continue
+        if t.name == "split_compile":
+            split = streams.split_compile(option_sets=("default", "concurrent"), donate=_gpu())
+            continue
+        stream_cands.append((t, why))
+    stream_cands.sort(key=lambda tw: -len(dict(tw[0].params)["groups"]))
+    out: list[Candidate] = []
+    if split is not None and row.kind == "ppo":
+        out.append(Candidate(split.label, "host", split.tolerance, split.summary, split=split))
+    for t, why in stream_cands[:2]:
+        out.append(Candidate(t.label, "fn", t.tolerance, why, fn=t.apply(fn)))
+    out.append(Candidate("options(concurrent)", "fn", EXACT, "the whole iteration with CONCURRENT command buffers",
+                         fn=fn, options=concurrent))
+    for t, why in stream_cands[:1]:
+        out.append(Candidate(t.label + " + options(concurrent)", "fn", t.tolerance, why, fn=t.apply(fn),
+                             options=concurrent))
+    if split is not None and row.kind != "ppo":
+        out.append(Candidate(split.label, "host", split.tolerance, split.summary, split=split))
+    return out[:max_candidates], refused
+
+
+def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
+    import jax
+
+    import rose_jax.trace as rtrace
+    from rose_jax.optimize import streams
+
+    log(f"{row.name}: building env, config, initial state")
+    config, env, fn, state0, env_steps = build(row)
+    jax.block_until_ready(state0)
+    gpu = _gpu()
+    donate = gpu
+    k = row.k
+    log(f"{row.name}: baseline single-jit loop ({k} iterations per call)")
+    base_loop = kloop(fn, k, donate=donate)
+    compile_s, base_s, base_times, s_ref = time_blocks(lambda s: base_loop(s)[0], _copy(state0), row.blocks)
+    single = k * env_steps / base_s
+    log(f"{row.name}: baseline {base_s * 1e3:.1f} ms / {k} iterations = {single:,.0f} env-steps/s "
+        f"(compile {compile_s:.1f} s)")
+    t_search = time.perf_counter()
+    tree = rtrace.trace(fn, state0, arg_names=["state"])
+    cands, refused = make_candidates(row, fn, tree, args.max_candidates)
+    # isolation of every fn candidate's two compiles, in parallel, before any compiles here
+    checks: dict[str, list] = {}
+    for c in cands:
+        if c.kind == "fn" and iso.wanted():
+            checks[c.label] = [
+                iso.submit(lambda s, f=c.fn: kloop(f, k)(s), (state0,), c.options, f"{row.name}:{c.label}:loop"),
+                iso.submit(c.fn, (state0,), {**c.options, **DETERMINISTIC}, f"{row.name}:{c.label}:det"),
+            ]
+    base_det = jax.jit(fn, compiler_options=DETERMINISTIC)
+    timed: list[Candidate] = []
+    for c in cands:
+        rec = c.record
+        rec.update(label=c.label, summary=c.summary, tolerance=c.tolerance.to_json())
+        left = deadline - time.perf_counter()
+        if left < 3.0 * compile_s + 10.0:
+            rec["skipped"] = f"budget ({left:.0f} s left, about {3 * compile_s:.0f} s needed)"
+            continue
+        try:
+            outcomes = [f.result() for f in checks.get(c.label, [])]
+            bad = [o for o in outcomes if not o.ok]
+            if bad:
+                rec["refused"] = bad[0].reason
+                log(f"{row.name}: {c.label} refused: {bad[0].reason}")
+                continue
+            if outcomes:
+                rec["isolation"] = "; ".join(o.reason for o in outcomes)
+            if c.kind == "fn":
+                loop = kloop(c.fn, k, c.options, donate=donate)
+                call = lambda s, loop=loop: loop(s)[0]  # noqa: E731
+            else:
+                step = c.split.apply(fn)
+                step.isolate = iso.wanted()  # its stages x option sets, each in a child first
+
+                def call(s, step=step):
+                    for _ in range(k):
+                        s = step(s)[0]
+                    return s
+
+                c.record["step"] = step
+            first, med, times, _ = time_blocks(call, _copy(state0, commit=c.kind == "fn"), row.blocks)
+            rec.update(
+                compile_s=first,
+                block_ms=[t * 1e3 for t in times],
+                env_steps_per_s=k * env_steps / med,
+                speedup=base_s / med,
+            )
+            if c.kind == "host":
+                rec["split"] = {key: v for key, v in step.stats().items() if key != "mode"}
+            log(f"{row.name}: {c.label}: {k * env_steps / med:,.0f} env-steps/s ({base_s / med:.3f}x)")
+            timed.append(c)
+        except Exception as e:  # noqa: BLE001 - one failing candidate is recorded, the row goes on
+            rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+            log(f"{row.name}: {c.label} failed: {rec['error']}")
+    # equality of the fastest faster candidates: one iteration from the same state, deterministic ops
+    kept = None
+    ref = ref2 = None
+    for c in sorted(timed, key=lambda c: -c.record["speedup"]):
+        if c.record["speedup"] <= 1.0:
+            c.record["reason"] = "not faster than the single-jit loop"
+            continue
+        if deadline - time.perf_counter() < 2.0 * compile_s:
+            c.record["reason"] = "faster, but no time left to check equality"
+            continue
+        if ref is None:
+            ref = jax.block_until_ready(base_det(_copy(s_ref)))
+            ref2 = base_det(_copy(s_ref))
+        if c.kind == "fn":
+            got = jax.jit(c.fn, compiler_options={**c.options, **DETERMINISTIC})(_copy(s_ref, commit=True))
+        else:
+            got = c.record["step"].with_compiler_options(DETERMINISTIC)(_copy(s_ref))
+        c.record.update(compare(got, ref, c.tolerance))
+        if c.record["equal"]:
+            c.record["reason"] = "kept: faster and equal"
+            kept = c
+            break
+        c.record["reason"] = f"faster but not equal (max |diff| {c.record['max_abs_diff']:.3g})"
+    for c in cands:
+        c.record.pop("step", None)
+    repro = compare(ref2, ref, streams.STREAM_TOLERANCE) if ref is not None else None
+    row_out = {
+        "single_jit_env_steps_per_s": single,
+        "baseline_env_steps_per_s": single,
+        "baseline": "single-jit loop",
+        "baseline_block_ms": [t * 1e3 for t in base_times],
+        "baseline_compile_s": compile_s,
+        "rose_env_steps_per_s": kept.record["env_steps_per_s"] if kept else single,
+        "plan": kept.label if kept else "none",
+        "plan_detail": kept.summary if kept else "no candidate was faster and equal",
+        "candidates": [c.record for c in cands],
+        "generator_refused": refused,
+        "baseline_reproducible_deterministic": None if repro is None else repro["bitwise"],
+        "search_s": time.perf_counter() - t_search,
+        "env_steps_per_iteration": env_steps,
+        "iterations_per_block": k,
+        "config": {key: (list(v) if isinstance(v, tuple) else v) for key, v in row.hp},
+    }
+    if kept:
+        row_out.update({key: kept.record[key] for key in ("equal", "bitwise", "max_abs_diff")})
+    else:
+        row_out.update(equal=True, bitwise=True, max_abs_diff=0.0)  # the plan is the baseline itself
+    row_out["_config_env"] = (config, env)
+    return row_out
+
+
+def run_brax(row: Row, config) -> float:
+    """Brax's own trainer on ``row``: env steps / s of its best epoch after the compile epoch."""
+    from benchmarks.suite import baselines
+    from benchmarks.suite.workloads import Workload
+
+    w = Workload(
+        algo=row.kind,
+        env=row.env,
+        num_envs=config.num_envs,
+        policy_hidden_sizes=config.policy_hidden_sizes,
+        backend=dict(row.env_kwargs).get("backend"),
+        brax_env=row.brax_env,
+        iterations_per_block=row.k * (4 if row.kind == "ppo" else 10),
+        variants=("single_jit", "rose_jax", "brax"),
+    )
+    train = baselines.brax_sac_train if row.kind == "sac" else baselines.brax_ppo_train
+    run = train(w, config, epochs=3)
+    return max(run.sps[1:])
+
+
+# ------------------------------------------------------------------------------ reports
+
+MD_HEADERS = ("workload", "baseline env-steps/s", "rose env-steps/s", "speedup", "equal", "max abs diff", "plan",
+              "search s")
+
+
+def _table_rows(rows: list[dict]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        if r.get("error") or r.get("skipped"):
+            out.append([r["workload"], "-", "-", "-", "-", "-", r.get("error") or f"skipped: {r['skipped']}", "-"])
+            continue
+        out.append([
+            r["workload"],
+            fmt(r["baseline_env_steps_per_s"], ",.0f"),
+            fmt(r["rose_env_steps_per_s"], ",.0f"),
+            fmt(r["speedup"], ".3f") + "x",
+            str(r["equal"]) + (" (bitwise)" if r.get("bitwise") else ""),
+            fmt(r["max_abs_diff"], ".3g"),
+            r["plan"],
+            fmt(r["search_s"], ".0f"),
+        ])
+    return out
+
+
+def markdown(rows: list[dict], machine: dict, args) -> str:
+    head = (f"# Overlap inside one program\n\n{machine['date']} on {machine.get('gpu', machine.get('backend'))}; "
+            f"jax {machine['jax']}; `{machine['command']}`\n\n")
+    lines = [head, common.markdown_table(MD_HEADERS, _table_rows(rows)), ""]
+    lines.append(
+        "baseline = the better of our single-jit loop and Brax's own trainer (when it ran: "
+        "`brax_env_steps_per_s`); rose = the fastest candidate that is faster than the single-jit loop and "
+        "equal to it (one iteration from the same state under `xla_gpu_deterministic_ops`, within the "
+        "candidate's tolerance); plan `none` = no candidate qualified (rose = single-jit loop). The micro "
+        "row counts chain steps.\n"
+    )
+    for r in rows:
+        lines.append(f"## {r['workload']}\n")
+        if r.get("error"):
+            lines.append(f"error: {r['error']}\n")
+            continue
+        if r.get("skipped"):
+            lines.append(f"skipped: {r['skipped']}\n")
+            continue
+        lines.append(f"plan: `{r['plan']}`: {r.get('plan_detail', '')}\n")
+        if r.get("brax_env_steps_per_s") is not None:
+            lines.append(f"Brax: {r['brax_env_steps_per_s']:,.0f} env-steps/s; single-jit loop: "
+                         f"{r['single_jit_env_steps_per_s']:,.0f}\n")
+        if r.get("times_ms"):
+            lines.append("times per call: " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["times_ms"].items()) + "\n")
+        cands = r.get("candidates") or []
+        if cands:
+            lines.append("| candidate | env-steps/s | speedup | outcome |\n|---|---:|---:|---|")
+            for c in cands:
+                outcome = c.get("reason") or c.get("refused") or c.get("error") or c.get("skipped") or "timed"
+                if c.get("refused"):
+                    outcome = "refused: " + c["refused"]
+                lines.append(f"| {c['label']} | {fmt(c.get('env_steps_per_s'), ',.0f')} | "
+                             f"{fmt(c.get('speedup'), '.3f')} | {outcome} |")
+            lines.append("")
+            for c in cands:
+                lines.append(f"- `{c['label']}`: {c['summary']}")
+                if c.get("split"):
+                    lines.append(f"  - stages {c['split'].get('stages')}, options {c['split'].get('options')}, "
+                                 f"stage timings (ms) {c['split'].get('timings_ms')}")
+            lines.append("")
+        for g in r.get("generator_refused") or []:
+            lines.append(f"- refused by legality: `{g['label']}`: {g['reason']}")
+        lines.append("")
+    lines.append(f"budget {args.budget_s:.0f} s; wall {common.elapsed():.0f} s\n")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if not r.get("error") and not r.get("skipped")]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(ok) + 2), 4))
+    xs = range(len(ok))
+    ax.bar([x - 0.2 for x in xs], [1.0] * len(ok), width=0.4, label="baseline (best)")
+    ax.bar([x + 0.2 for x in xs], [r["speedup"] for r in ok], width=0.4, label="rose-jax")
+    for x, r in zip(xs, ok):
+        ax.text(x + 0.2, r["speedup"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r["workload"].replace(" (", "\n(") for r in ok], fontsize=8)
+    ax.set_ylabel("env steps / s relative to the best baseline")
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.legend(fontsize=8)
+    ax.set_title("Overlap inside one program (stream regions, per-component compilation)")
+    common.save_plot(fig, path)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="CPU plumbing check with tiny sizes (pendulum)")
+    p.add_argument("--rows", nargs="*", default=None, help="row name prefixes to run (micro, sac, ppo, ...)")
+    p.add_argument("--budget-s", type=float, default=450.0, help="stop starting work after this many seconds")
+    p.add_argument("--max-candidates", type=int, default=None, help="candidates timed per row (default 4; smoke 2)")
+    p.add_argument("--brax", choices=("auto", "on", "off"), default="auto",
+                   help="Brax's trainer as a baseline: auto = when time remains after all rows")
+    p.add_argument("--isolate", choices=("all", "first", "none"), default=None,
+                   help="candidate compiles in a child first: all (GPU default), first (CPU default), none")
+    p.add_argument("--merge", action="store_true", help="keep rows of an earlier results.json not run now")
+    p.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT}; smoke: a temp dir)")
+    p.add_argument("--compile-cache", default="", help="JAX persistent compilation cache directory ('' = off)")
+    args = p.parse_args(argv)
+    if args.max_candidates is None:
+        args.max_candidates = 1 if args.smoke else 4
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    import jax
+
+    common.enable_compile_cache(args.compile_cache)
+    gpu = _gpu()
+    out_dir = args.out or (tempfile.mkdtemp(prefix="rose_overlap_smoke_") if args.smoke else DEFAULT_OUT)
+    os.makedirs(out_dir, exist_ok=True)
+    iso = Isolation(args.isolate or ("all" if gpu else "first"))
+    log(f"JAX {jax.__version__} backend={jax.default_backend()}; isolation {iso.mode}; out {out_dir}")
+    deadline = time.perf_counter() - common.elapsed() + args.budget_s
+    selected = [r for r in rows_for(args.smoke)
+                if not args.rows or any(r.name.startswith(p) or (p == "micro" and r.kind == "micro") for p in args.rows)]
+    rows: list[dict] = []
+    for row in selected:
+        rec: dict[str, Any] = {"workload": row.name}
+        left = deadline - time.perf_counter()
+        if left < (20.0 if row.kind == "micro" or args.smoke else 90.0):
+            rec["skipped"] = f"budget ({left:.0f} s left)"
+            rows.append(rec)
+            log(f"{row.name}: skipped ({rec['skipped']})")
+            continue
+        t0 = time.perf_counter()
+        try:
+            rec.update(run_micro(row, args, iso) if row.kind == "micro" else run_algo(row, args, iso, deadline))
+            rec["speedup"] = rec["rose_env_steps_per_s"] / rec["baseline_env_steps_per_s"]
+        except Exception as e:  # noqa: BLE001 - one failing row is reported, the script goes on
+            rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+            rec["traceback"] = traceback.format_exc()[-3000:]
+            log(f"{row.name}: failed: {rec['error']}")
+        rec["row_s"] = time.perf_counter() - t0
+        rows.append(rec)
+    # Brax's trainer last, cheapest first, while time remains
+    for rec, row in zip(rows, selected):
+        cfg = rec.pop("_config_env", None)
+        if cfg is None or row.brax_env is None or args.brax == "off" or args.smoke:
+            continue
+        left = deadline - time.perf_counter()
+        if args.brax == "auto" and left < 150.0:
+            rec["brax"] = f"skipped: budget ({left:.0f} s left)"
+            continue
+        try:
+            log(f"{row.name}: Brax's own trainer")
+            rec["brax_env_steps_per_s"] = run_brax(row, cfg[0])
+            rec["baseline_env_steps_per_s"] = max(rec["single_jit_env_steps_per_s"], rec["brax_env_steps_per_s"])
+            if rec["brax_env_steps_per_s"] > rec["single_jit_env_steps_per_s"]:
+                rec["baseline"] = "Brax train"
+            rec["speedup"] = rec["rose_env_steps_per_s"] / rec["baseline_env_steps_per_s"]
+        except Exception as e:  # noqa: BLE001
+            rec["brax"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    for rec in rows:
+        rec.pop("_config_env", None)
+    if args.merge and os.path.exists(os.path.join(out_dir, "results.json")):
+        with open(os.path.join(out_dir, "results.json")) as f:
+            old = json.load(f).get("rows", [])
+        names = {r["workload"] for r in rows}
+        order = [r.name for r in rows_for(args.smoke)]
+        rows = sorted([r for r in old if r["workload"] not in names] + rows,
+                      key=lambda r: order.index(r["workload"]) if r["workload"] in order else len(order))
+    machine = common.machine_info()
+    doc = {"rows": rows, "machine": machine, "command": machine["command"], "date": machine["date"],
+           "budget_s": args.budget_s, "wall_s": common.elapsed(), "smoke": args.smoke}
+    atomic_write_json(os.path.join(out_dir, "results.json"), doc)
+    atomic_write_text(os.path.join(out_dir, "results.md"), markdown(rows, machine, args))
+    plot(rows, os.path.join(out_dir, "results.png"))
+    table = common.markdown_table(MD_HEADERS, _table_rows(rows))
+    log(f"done in {common.elapsed():.0f} s; {out_dir}/results.md")
+    print("\n" + table, flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
