@@ -95,7 +95,18 @@ def _train(algo: str, environment: Any, kwargs: dict[str, Any]):
 
     record = registry.get(algo)
     kwargs = {k: v for k, v in kwargs.items() if k not in _IGNORED}
-    progress_fn = kwargs.pop("progress_fn", None)
+    user_progress = kwargs.pop("progress_fn", None)
+
+    def progress_fn(step: int, metrics: dict) -> None:
+        # Brax's names next to rose-jax's (SAC's epochs report eval_episode_return, critic_loss, ...)
+        if "eval_episode_return" in metrics:
+            metrics.setdefault("eval/episode_reward", metrics["eval_episode_return"])
+        for key in ("actor_loss", "critic_loss", "alpha_loss", "alpha"):
+            if key in metrics:
+                metrics.setdefault(f"training/{key}", metrics[key])
+        if user_progress is not None:
+            user_progress(step, metrics)
+
     overrides = _network_overrides(kwargs.pop("network_factory", None), algo)
     if algo == "ppo":
         for theirs, ours in _RENAMED_PPO.items():

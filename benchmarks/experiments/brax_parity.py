@@ -1,0 +1,421 @@
+"""Brax's published configurations run by Brax's own trainers and by rose-jax, in one call.
+
+    python -m benchmarks.experiments.brax_parity                      # H200: ant PPO, hopper SAC
+    python -m benchmarks.experiments.brax_parity --ppo-steps 50000000 # longer, if time allows
+    python -m benchmarks.experiments.brax_parity --smoke              # a CPU smoke run (plumbing)
+
+Each configuration is Brax's published one (its training notebook's ``ppo.train`` for ant,
+``sac.train`` for hopper), passed unchanged as keywords to Brax's ``train`` and to rose-jax's
+drop-in (:mod:`algos.brax_compat`, which runs Brax's data layout and schedule), with the same
+seed and the same Brax environment object. Only ``num_timesteps`` is shortened (arguments).
+
+Per run: ``runner``, ``algo``, ``env``, ``env_steps``, ``eval_return`` (the last
+``eval/episode_reward``), ``wall_s`` (the whole ``train`` call), ``compile_s`` (wall time to the
+first training report minus one steady epoch: the compile and first-dispatch overhead, the
+same estimate for both runners), and the learning curve (env steps, eval return, seconds
+since the call started). Results: ``benchmarks/results/brax_parity/`` (``results.json``,
+``results.md``, ``learning_curves.png``), written atomically, with machine, versions and
+command. A failing run is recorded with its error; the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+from rose_jax.io import atomic_write_json, atomic_write_text
+
+from benchmarks import common
+
+OUT_DIR = os.path.join(common.RESULTS_DIR, "brax_parity")
+
+# Brax's training notebook (brax/training/learner colab), unchanged but for num_timesteps.
+ANT_PPO = dict(
+    num_timesteps=50_000_000,
+    num_evals=10,
+    reward_scaling=10,
+    episode_length=1000,
+    normalize_observations=True,
+    action_repeat=1,
+    unroll_length=5,
+    num_minibatches=32,
+    num_updates_per_batch=4,
+    discounting=0.97,
+    learning_rate=3e-4,
+    entropy_cost=1e-2,
+    num_envs=4096,
+    batch_size=2048,
+    seed=1,
+)
+HOPPER_SAC = dict(
+    num_timesteps=6_553_600,
+    num_evals=20,
+    reward_scaling=30,
+    episode_length=1000,
+    normalize_observations=True,
+    action_repeat=1,
+    discounting=0.997,
+    learning_rate=6e-4,
+    num_envs=128,
+    batch_size=512,
+    grad_updates_per_step=64,
+    max_devices_per_host=1,
+    max_replay_size=1048576,
+    min_replay_size=8192,
+    seed=1,
+)
+# --smoke: the same keywords, shrunk, on a tiny Brax env (plumbing only, minutes on a CPU)
+SMOKE_PPO = dict(
+    ANT_PPO,
+    num_timesteps=2_000,
+    num_evals=3,
+    episode_length=20,
+    num_envs=8,
+    batch_size=4,
+    num_minibatches=4,
+    unroll_length=5,
+    num_updates_per_batch=1,
+    num_eval_envs=4,
+)
+SMOKE_SAC = dict(
+    HOPPER_SAC,
+    num_timesteps=600,
+    num_evals=3,
+    episode_length=20,
+    num_envs=4,
+    batch_size=16,
+    grad_updates_per_step=2,
+    max_replay_size=1024,
+    min_replay_size=32,
+    num_eval_envs=4,
+)
+
+
+def _smoke_env():
+    """A Brax env whose state is a 2-vector: compiles in seconds on a CPU."""
+    import jax
+    import jax.numpy as jnp
+    from brax.envs.base import Env, State
+
+    class Smoke(Env):
+        def reset(self, rng):
+            obs = jax.random.uniform(rng, (2,), minval=-1, maxval=1)
+            zero = jnp.zeros(())
+            return State(pipeline_state=obs, obs=obs, reward=zero, done=zero, metrics={}, info={})
+
+        def step(self, state, action):
+            obs = jnp.clip(state.obs + 0.1 * jnp.concatenate([action, -action]), -2, 2)
+            return state.replace(pipeline_state=obs, obs=obs, reward=-jnp.sum(obs**2), done=jnp.zeros(()))
+
+        @property
+        def observation_size(self):
+            return 2
+
+        @property
+        def action_size(self):
+            return 1
+
+        @property
+        def backend(self):
+            return "none"
+
+    return Smoke()
+
+
+def _brax_env(name: str, backend: str, smoke: bool):
+    if smoke:
+        return _smoke_env()
+    import brax.envs
+
+    return brax.envs.get_environment(name, backend=backend)
+
+
+def _network_factory(algo: str, smoke: bool):
+    """Brax's default networks, or tiny ones for --smoke (same factory on both sides)."""
+    if not smoke:
+        return None
+    import functools
+
+    if algo == "ppo":
+        from brax.training.agents.ppo import networks
+
+        return functools.partial(
+            networks.make_ppo_networks, policy_hidden_layer_sizes=(8,), value_hidden_layer_sizes=(8,)
+        )
+    from brax.training.agents.sac import networks
+
+    return functools.partial(networks.make_sac_networks, hidden_layer_sizes=(8,))
+
+
+def _trainer(runner: str, algo: str) -> Callable[..., Any]:
+    if runner == "brax":
+        if algo == "ppo":
+            from brax.training.agents.ppo import train
+        else:
+            from brax.training.agents.sac import train
+        return train.train
+    from algos.brax_compat import ppo, sac
+
+    return (ppo if algo == "ppo" else sac).train
+
+
+def _compile_estimate(curve: list[list[float]]) -> float | None:
+    """Seconds from the call's start to its first training report, minus one steady epoch (the
+    median gap between later reports): compile time plus first-evaluation overhead."""
+    train_points = [c for c in curve if c[0] > 0]
+    if not train_points:
+        return None
+    gaps = [b[2] - a[2] for a, b in zip(train_points, train_points[1:], strict=False)]
+    steady = statistics.median(gaps) if gaps else 0.0
+    return max(train_points[0][2] - steady, 0.0)
+
+
+def run_one(runner: str, algo: str, env_name: str, config: dict, args) -> dict:
+    """One ``train`` call; returns the run's record (or its error)."""
+    row: dict[str, Any] = {"runner": runner, "algo": algo, "env": env_name, "config": dict(config)}
+    curve: list[list[float]] = []
+    t0 = time.perf_counter()
+
+    def progress(step, metrics):
+        ret = metrics.get("eval/episode_reward")
+        if "time/compile_s" in metrics:
+            row["compile_s_reported"] = float(metrics["time/compile_s"])
+        curve.append([int(step), None if ret is None else float(ret), time.perf_counter() - t0])
+        common.log(f"{runner} {algo} {env_name}: {int(step):,} steps, eval return {common.fmt(ret)}")
+
+    try:
+        env = _brax_env(env_name, args.backend, args.smoke)
+        factory = _network_factory(algo, args.smoke)
+        kwargs = dict(config, progress_fn=progress)
+        if factory is not None:
+            kwargs["network_factory"] = factory
+        _trainer(runner, algo)(environment=env, **kwargs)
+    except Exception as e:  # one failing run is reported; the others still run
+        row["error"] = f"{type(e).__name__}: {e}"
+        row["traceback"] = traceback.format_exc(limit=8)
+        common.log(f"{runner} {algo} {env_name}: FAILED {row['error']}")
+    row["wall_s"] = time.perf_counter() - t0
+    row["curve"] = curve
+    scored = [c for c in curve if c[1] is not None]
+    row["env_steps"] = curve[-1][0] if curve else 0
+    row["eval_return"] = scored[-1][1] if scored else None
+    row["compile_s"] = _compile_estimate(curve)
+    return row
+
+
+def time_to_return(curve: list[list[float]], target: float | None) -> float | None:
+    """Seconds until the eval return first reaches ``target`` (None if never)."""
+    if target is None:
+        return None
+    for step, ret, t in curve:
+        if ret is not None and step > 0 and ret >= target:
+            return t
+    return None
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Per algo: both runners' final returns and rose-jax's / Brax's time to Brax's final return."""
+    out = []
+    for algo in ("ppo", "sac"):
+        pair = {r["runner"]: r for r in runs if r["algo"] == algo}
+        if "brax" not in pair or "rose-jax" not in pair:
+            continue
+        brax, ours = pair["brax"], pair["rose-jax"]
+        target = brax.get("eval_return")
+        out.append(
+            {
+                "algo": algo,
+                "env": brax["env"],
+                "brax_return": target,
+                "rose_jax_return": ours.get("eval_return"),
+                "brax_s_to_brax_final": time_to_return(brax["curve"], target),
+                "rose_jax_s_to_brax_final": time_to_return(ours["curve"], target),
+            }
+        )
+    return out
+
+
+def plot(runs: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algos = [a for a in ("ppo", "sac") if any(r["algo"] == a for r in runs)]
+    fig, axes = plt.subplots(len(algos), 2, figsize=(11, 3.6 * len(algos)), squeeze=False)
+    for i, algo in enumerate(algos):
+        for r in runs:
+            if r["algo"] != algo:
+                continue
+            pts = [c for c in r["curve"] if c[1] is not None]
+            if not pts:
+                continue
+            label = r["runner"]
+            axes[i][0].plot([c[0] for c in pts], [c[1] for c in pts], marker="o", label=label)
+            axes[i][1].plot([c[2] for c in pts], [c[1] for c in pts], marker="o", label=label)
+        env = next(r["env"] for r in runs if r["algo"] == algo)
+        axes[i][0].set(title=f"{algo.upper()} {env}", xlabel="env steps", ylabel="eval/episode_reward")
+        axes[i][1].set(title=f"{algo.upper()} {env}: wall-clock", xlabel="seconds since train() started")
+        for ax in axes[i]:
+            ax.grid(alpha=0.3)
+            ax.legend()
+    fig.tight_layout()
+    common.save_plot(fig, path)
+    plt.close(fig)
+
+
+def markdown(runs: list[dict], summary: list[dict], info: dict, args) -> str:
+    lines = [
+        "# Brax's published configurations: Brax's trainers vs rose-jax",
+        "",
+        f"Command: `{info.get('command', ' '.join(sys.argv))}`  ",
+        f"Machine: {info.get('gpu') or info.get('platform')}; jax {info.get('jax', '?')}, "
+        f"brax {info.get('brax', '?')}; {info.get('date', '')}",
+        "",
+        "Same keywords, same seed, same Brax env object on both sides; rose-jax runs them through "
+        "`algos.brax_compat` (Brax's data layout and schedule). `compile_s`: time to the first "
+        "training report minus one steady epoch (same estimate for both).",
+        "",
+        common.markdown_table(
+            ["runner", "algo", "env", "env steps", "eval return", "wall s", "compile s", "error"],
+            [
+                [
+                    r["runner"],
+                    r["algo"],
+                    r["env"],
+                    f"{r['env_steps']:,}",
+                    common.fmt(r["eval_return"]),
+                    common.fmt(r["wall_s"]),
+                    common.fmt(r["compile_s"]),
+                    r.get("error", ""),
+                ]
+                for r in runs
+            ],
+        ),
+        "",
+    ]
+    if summary:
+        lines += [
+            "Time to Brax's final evaluation return (seconds since `train()` started; '-' = not reached):",
+            "",
+            common.markdown_table(
+                ["algo", "env", "Brax final", "rose-jax final", "Brax s", "rose-jax s"],
+                [
+                    [
+                        s["algo"],
+                        s["env"],
+                        common.fmt(s["brax_return"]),
+                        common.fmt(s["rose_jax_return"]),
+                        common.fmt(s["brax_s_to_brax_final"]),
+                        common.fmt(s["rose_jax_s_to_brax_final"]),
+                    ]
+                    for s in summary
+                ],
+            ),
+            "",
+            "One seed per runner: a return difference within a few hundred on ant is inside the seed "
+            "spread Brax's own runs show; run more seeds (`--seeds`) before reading more into it.",
+            "",
+        ]
+    lines.append("![learning curves](learning_curves.png)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ppo-steps", type=int, default=20_000_000, help="num_timesteps of the ant PPO runs")
+    p.add_argument("--sac-steps", type=int, default=300_000, help="num_timesteps of the hopper SAC runs")
+    p.add_argument("--backend", default="mjx", help="Brax physics backend of both runners' envs")
+    p.add_argument("--algos", default="ppo,sac", help="comma-separated subset of ppo,sac")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per runner (seed, seed+1, ...)")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU run on a toy Brax env (plumbing only)")
+    p.add_argument("--out", default=None, help=f"output directory (default {OUT_DIR}, smoke: <it>_smoke)")
+    args = p.parse_args(argv)
+
+    from benchmarks.suite import brax_shim
+
+    brax_shim.install()  # Brax 0.14.2 calls jax.device_put_replicated, gone from recent JAX
+    out = args.out or (OUT_DIR + "_smoke" if args.smoke else OUT_DIR)
+    os.makedirs(out, exist_ok=True)
+    info = common.machine_info()
+    if argv is not None:
+        info["command"] = "python -m benchmarks.experiments.brax_parity " + " ".join(argv)
+
+    plans = []
+    for algo in [a.strip() for a in args.algos.split(",") if a.strip()]:
+        if algo == "ppo":
+            base = dict(
+                SMOKE_PPO if args.smoke else ANT_PPO,
+                num_timesteps=SMOKE_PPO["num_timesteps"] if args.smoke else args.ppo_steps,
+            )
+            plans.append(("ppo", "ant", base))
+        elif algo == "sac":
+            base = dict(
+                SMOKE_SAC if args.smoke else HOPPER_SAC,
+                num_timesteps=SMOKE_SAC["num_timesteps"] if args.smoke else args.sac_steps,
+            )
+            plans.append(("sac", "hopper", base))
+        else:
+            p.error(f"unknown algo {algo!r} in --algos (use ppo, sac)")
+    runs: list[dict] = []
+    for algo, env_name, base in plans:
+        for k in range(args.seeds):
+            config = dict(base, seed=base["seed"] + k)
+            for runner in ("brax", "rose-jax"):
+                label = "smoke" if args.smoke else env_name
+                runs.append(run_one(runner, algo, label, config, args))
+                write(out, runs, info, args)  # after every run: a later failure keeps what is done
+    summary = write(out, runs, info, args)
+    print()
+    print(
+        common.markdown_table(
+            ["runner", "algo", "env", "env steps", "eval return", "wall s", "compile s"],
+            [
+                [
+                    r["runner"],
+                    r["algo"],
+                    r["env"],
+                    f"{r['env_steps']:,}",
+                    common.fmt(r["eval_return"]),
+                    common.fmt(r["wall_s"]),
+                    common.fmt(r["compile_s"]),
+                ]
+                for r in runs
+            ],
+        )
+    )
+    for s in summary:
+        brax_s, ours_s = common.fmt(s["brax_s_to_brax_final"]), common.fmt(s["rose_jax_s_to_brax_final"])
+        print(
+            f"{s['algo']} {s['env']}: to Brax's final return {common.fmt(s['brax_return'])}: "
+            f"Brax {brax_s} s, rose-jax {ours_s} s"
+        )
+    return 0 if all("error" not in r for r in runs) else 1
+
+
+def write(out: str, runs: list[dict], info: dict, args) -> list[dict]:
+    summary = summarize(runs)
+    atomic_write_json(
+        os.path.join(out, "results.json"),
+        {
+            "machine": info,
+            "args": vars(args),
+            "runs": runs,
+            "summary": summary,
+        },
+    )
+    atomic_write_text(os.path.join(out, "results.md"), markdown(runs, summary, info, args))
+    try:
+        plot(runs, os.path.join(out, "learning_curves.png"))
+    except Exception as e:  # a plotting failure must not lose the numbers
+        common.log(f"plot failed: {type(e).__name__}: {e}")
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(main())
