@@ -20,7 +20,6 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {
         "brax": dict(
             num_envs=1,
-            episode_length=1000,  # Brax requires it; a Brax user always passes it
             learning_rate=1e-4,
             entropy_cost=1e-4,
             discounting=0.9,

@@ -254,6 +254,12 @@ def _train_job(args, stored: dict[str, Any] | None) -> Job:
     base = dict(default["overrides"]) if (env_name, algo_name) == (default["env"], default["algo"]) else {}
     base["num_timesteps"] = default["steps"]
     args.env, args.algo = env_name, algo_name
+    if getattr(args, "preset", None):  # another trainer's defaults (algos/commands.py)
+        from algos import commands
+
+        make_env = lambda: _make_env(env_name, _env_kwargs(args.backend, args.env_arg))  # noqa: E731
+        preset = commands.preset_overrides(algo_name, args.preset, make_env)
+        base = {**preset, "num_timesteps": base["num_timesteps"]}
     return _resolve(
         args, base=base, flags=(("--steps", "num_timesteps", args.steps), ("--seed", "seed", args.seed))
     )
@@ -341,10 +347,14 @@ def cmd_train(args) -> int:
     t0 = time.perf_counter()
     last_row: dict[str, Any] = kept[-1] if kept else {}
 
+    from algos import commands  # compile cache, matmul precision, TensorBoard, final policy
+
+    extras = commands.TrainExtras(args, path, print_fn=lambda m: print(m, flush=True))
     with _CtrlC() as ctrl_c:
 
         def progress(env_steps: int, metrics: dict[str, Any]) -> None:
             nonlocal last_row
+            extras.progress(env_steps, metrics)
             row = {"env_steps": int(env_steps), "wall_s": wall_offset + time.perf_counter() - t0,
                    **_scalars(metrics)}
             row["env_steps"] = int(env_steps)
@@ -373,6 +383,8 @@ def cmd_train(args) -> int:
         finally:
             bar.close()
         finished = job.algo.units_done(job.config, state) >= job.algo.num_units(job.config)
+        if finished:
+            extras.finish(job, state)
 
     summary = run.finish("finished" if finished else "interrupted", job.title,
                          extra={"algo": job.algo.name, "env": job.env_name})
@@ -464,7 +476,9 @@ def cmd_profile(args) -> int:
 def cmd_envs(args) -> int:
     import envs
 
-    print("\n".join(envs.names()))
+    from algos import commands
+
+    print("\n".join(envs.names() + commands.external_env_lines()))
     print(
         "# Brax envs take --backend (mjx, generalized, positional, spring); environments whose factory "
         "needs arguments take them as --env-arg KEY=VALUE, e.g. --env mjcf --env-arg xml=model.xml"
@@ -546,6 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(a finished run is left as is)")
     t.add_argument("--optimize", action="store_true", help="apply (or search for) a rose-jax plan")
     t.set_defaults(func=cmd_train)
+    from algos import commands  # --preset, --no-compile-cache, --matmul-precision, --no-tensorboard; play
+
+    commands.add_train_args(t)
 
     for name, func, helptext in (
         ("inspect", cmd_inspect, "print the traced loop tree of one iteration"),
@@ -566,6 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("envs", help="list the registered environments")
     e.set_defaults(func=cmd_envs)
+    commands.add_play_parser(sub)
 
     from algos import sweep  # the command lives in algos/sweep.py
 

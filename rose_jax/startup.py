@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import time
 
-import jax
-
 ENV_CACHE_DIR = "ROSE_JAX_COMPILE_CACHE"
 PRECISIONS = {"default": None, "tf32": "tensorfloat32", "highest": "highest", "bf16": "bfloat16"}
 
@@ -40,6 +38,8 @@ def enable_compile_cache(path: str | None = None, min_compile_time_s: float = 1.
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise ValueError(f"compile cache: cannot create {path!r}: {e.strerror or e}") from None
+    import jax
+
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_s))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -52,6 +52,8 @@ def set_matmul_precision(name: str) -> None:
     ``"default"`` (the backend's choice: TF32 on recent NVIDIA GPUs)."""
     if name not in PRECISIONS:
         raise ValueError(f"matmul precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
+    import jax
+
     jax.config.update("jax_default_matmul_precision", PRECISIONS[name])
 
 
