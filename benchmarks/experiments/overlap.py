@@ -25,9 +25,10 @@ the single-jit loop AND equal to it: one iteration from the same state compiled 
 (``bitwise`` says whether it is bitwise equal). ``search_s``: the row's candidate time
 (isolation, compiles, timing, equality).
 
-    python -m benchmarks.experiments.overlap                          # H200, all rows, --budget-s 450
-    python -m benchmarks.experiments.overlap --rows micro sac         # one device call
-    python -m benchmarks.experiments.overlap --rows ppo --merge       # another, merged into results
+    python -m benchmarks.experiments.overlap                          # H200, all rows that fit --budget-s 450
+    python -m benchmarks.experiments.overlap --rows micro sac-ant     # one device call (< 8 min) ...
+    python -m benchmarks.experiments.overlap --rows sac-hopper ppo-ant-4096 --merge       # ... merged
+    python -m benchmarks.experiments.overlap --rows ppo-ant-2048 ppo-ant-4096-3x512 --merge
     python -m benchmarks.experiments.overlap --smoke                  # CPU plumbing check, tiny sizes
 
 Writes ``results.json``, ``results.md`` and ``results.png`` (atomically) into ``--out``
@@ -383,7 +384,9 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
                 iso.submit(c.fn, (state0,), {**c.options, **DETERMINISTIC}, f"{row.name}:{c.label}:det"),
             ]
     base_det = jax.jit(fn, compiler_options=DETERMINISTIC)
-    timed: list[Candidate] = []
+    # 1) each candidate's compile here only after its isolated compiles passed; ahead of time, so
+    #    that no child runs on the GPU while anything is timed below
+    ready: list[tuple[Candidate, Callable]] = []
     for c in cands:
         rec = c.record
         rec.update(label=c.label, summary=c.summary, tolerance=c.tolerance.to_json())
@@ -401,9 +404,22 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
             if outcomes:
                 rec["isolation"] = "; ".join(o.reason for o in outcomes)
             if c.kind == "fn":
-                loop = kloop(c.fn, k, c.options, donate=donate)
-                call = lambda s, loop=loop: loop(s)[0]  # noqa: E731
+                t0 = time.perf_counter()
+                compiled = kloop(c.fn, k, c.options, donate=donate).lower(_copy(state0, commit=True)).compile()
+                rec["compile_s"] = time.perf_counter() - t0
+                ready.append((c, lambda s, compiled=compiled: compiled(s)[0]))
             else:
+                ready.append((c, None))
+        except Exception as e:  # noqa: BLE001 - one failing candidate is recorded, the row goes on
+            rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+            log(f"{row.name}: {c.label} failed: {rec['error']}")
+    # 2) timing, one candidate at a time (a split step isolates, measures and compiles its stages
+    #    on its first call, before its timed blocks)
+    timed: list[Candidate] = []
+    for c, call in ready:
+        rec = c.record
+        try:
+            if call is None:
                 step = c.split.apply(fn)
                 step.isolate = iso.wanted()  # its stages x option sets, each in a child first
 
@@ -414,14 +430,10 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
 
                 c.record["step"] = step
             first, med, times, _ = time_blocks(call, _copy(state0, commit=c.kind == "fn"), row.blocks)
-            rec.update(
-                compile_s=first,
-                block_ms=[t * 1e3 for t in times],
-                env_steps_per_s=k * env_steps / med,
-                speedup=base_s / med,
-            )
+            rec.setdefault("compile_s", first)
+            rec.update(block_ms=[t * 1e3 for t in times], env_steps_per_s=k * env_steps / med, speedup=base_s / med)
             if c.kind == "host":
-                rec["split"] = {key: v for key, v in step.stats().items() if key != "mode"}
+                rec["split"] = {key: v for key, v in c.record["step"].stats().items() if key != "mode"}
             log(f"{row.name}: {c.label}: {k * env_steps / med:,.0f} env-steps/s ({base_s / med:.3f}x)")
             timed.append(c)
         except Exception as e:  # noqa: BLE001 - one failing candidate is recorded, the row goes on
@@ -597,12 +609,27 @@ def plot(rows: list[dict], path: str) -> None:
 # ------------------------------------------------------------------------------ main
 
 
+def select_rows(rows: list[Row], patterns: list[str] | None) -> list[Row]:
+    """Rows named by ``patterns``: an exact name, else every name starting with it (``micro``:
+    the micro row), in the rows' own order; None or empty: all."""
+    if not patterns:
+        return rows
+    chosen = set()
+    for p in patterns:
+        exact = [r.name for r in rows if r.name == p]
+        chosen.update(exact or [r.name for r in rows if r.name.startswith(p) or (p == "micro" and r.kind == "micro")])
+    unknown = [p for p in patterns if not any(r.name.startswith(p) or (p == "micro" and r.kind == "micro") for r in rows)]
+    if unknown:
+        raise SystemExit(f"overlap: no row matches {unknown}; rows: {', '.join(r.name for r in rows)}")
+    return [r for r in rows if r.name in chosen]
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="CPU plumbing check with tiny sizes (pendulum)")
     p.add_argument("--rows", nargs="*", default=None, help="row name prefixes to run (micro, sac, ppo, ...)")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting work after this many seconds")
-    p.add_argument("--max-candidates", type=int, default=None, help="candidates timed per row (default 4; smoke 2)")
+    p.add_argument("--max-candidates", type=int, default=None, help="candidates timed per row (default 3; smoke 1)")
     p.add_argument("--brax", choices=("auto", "on", "off"), default="auto",
                    help="Brax's trainer as a baseline: auto = when time remains after all rows")
     p.add_argument("--isolate", choices=("all", "first", "none"), default=None,
@@ -612,7 +639,7 @@ def parse_args(argv=None):
     p.add_argument("--compile-cache", default="", help="JAX persistent compilation cache directory ('' = off)")
     args = p.parse_args(argv)
     if args.max_candidates is None:
-        args.max_candidates = 1 if args.smoke else 4
+        args.max_candidates = 1 if args.smoke else 3
     return args
 
 
@@ -627,8 +654,7 @@ def main(argv=None) -> list[dict]:
     iso = Isolation(args.isolate or ("all" if gpu else "first"))
     log(f"JAX {jax.__version__} backend={jax.default_backend()}; isolation {iso.mode}; out {out_dir}")
     deadline = time.perf_counter() - common.elapsed() + args.budget_s
-    selected = [r for r in rows_for(args.smoke)
-                if not args.rows or any(r.name.startswith(p) or (p == "micro" and r.kind == "micro") for p in args.rows)]
+    selected = select_rows(rows_for(args.smoke), args.rows)
     rows: list[dict] = []
     for row in selected:
         rec: dict[str, Any] = {"workload": row.name}

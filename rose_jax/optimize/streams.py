@@ -17,6 +17,10 @@ here never hold a loop (two loops are zipped step by step instead); a region hol
 made XLA abort the process, which is why every GPU compile of a candidate is first tried in a
 child process (:mod:`rose_jax.optimize.isolate`).
 
+JAX commits the outputs of any program holding a ``compute_on`` (``pxla`` counts its memory
+spaces as transfers), so a jitted stream program fed its own output compiles a second time
+unless its first inputs were committed too (``jax.device_put(state, device)``).
+
 Transformations (:class:`~rose_jax.optimize.base.Transform`):
 
 * :func:`stream_overlap` (``level="fn"``): regions of one loop body, each on its own stream:
@@ -588,18 +592,24 @@ class StreamInterpreter(I.Interpreter):
         return [*carry, *ys]
 
 
+def _evaluate(closed: Any, out_shape: Any, labels: dict, flat: list, select, plan_for_labels) -> Any:
+    """``closed`` evaluated by a :class:`StreamInterpreter` (its scans' body ``labels`` from
+    :func:`scan_labels`), results in ``out_shape``'s structure."""
+    jx, consts = C.open_and_consts(closed)
+    interp = StreamInterpreter(select, lambda site, scan: plan_for_labels(site, scan, labels[site.address][1]))
+    outs = interp.eval(jx, consts, flat)
+    if not interp.plans:
+        raise ValueError("stream_overlap: no loop of this function matches")
+    return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+
+
 def _rewrite_with_labels(fn: Callable, select, plan_for_labels) -> Callable:
-    """``fn`` traced, its scans' body labels computed, then evaluated by a StreamInterpreter."""
+    """``fn`` traced at every call, its scans' body labels computed, then :func:`_evaluate`."""
 
     def rewritten(*args, **kwargs):
         closed, out_shape = I.trace(fn, *args, **kwargs)
         labels = scan_labels(closed, leaf_paths((args, kwargs)))
-        jx, consts = C.open_and_consts(closed)
-        interp = StreamInterpreter(select, lambda site, scan: plan_for_labels(site, scan, labels[site.address][1]))
-        outs = interp.eval(jx, consts, jax.tree.leaves((args, kwargs)))
-        if not interp.plans:
-            raise ValueError("stream_overlap: no loop of this function matches")
-        return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+        return _evaluate(closed, out_shape, labels, jax.tree.leaves((args, kwargs)), select, plan_for_labels)
 
     rewritten.__name__ = getattr(fn, "__name__", "rewritten")
     rewritten.__wrapped__ = fn
@@ -613,10 +623,6 @@ def _matches(where: Any) -> Callable[[I.Site], bool]:
     from rose_jax.optimize import where as W  # noqa: PLC0415 - shared where-spec rules
 
     return W.site_select(where)
-
-
-def _loop_label(site: I.Site) -> str:
-    return site.path_str()
 
 
 # ------------------------------------------------------------------------- stream_overlap
@@ -688,26 +694,21 @@ def stream_overlap(
             try:
                 plan = plan_for(site, scan, lab)
             except ValueError as e:
-                return False, f"{_loop_label(site)}: {e}"
-            texts.append(plan.describe(_loop_label(site)))
+                return False, f"{site.path_str()}: {e}"
+            texts.append(plan.describe(site.path_str()))
         return True, "; ".join(texts)
 
     def apply(fn):
-        def select(site: I.Site) -> bool:
-            return select_where(site)
-
-        def plan_or_skip(site, scan, labels):
-            return plan_for(site, scan, labels)
-
         def run(*args, **kwargs):
-            closed, _ = I.trace(fn, *args, **kwargs)
+            closed, out_shape = I.trace(fn, *args, **kwargs)
             labels = scan_labels(closed, leaf_paths((args, kwargs)))
             chosen = {
                 addr for addr, (s, lab) in labels.items() if wanted(s, C.scan_params(s.eqn.params), lab)
             }
             if not chosen:
                 return fn(*args, **kwargs)  # e.g. the collect half of a Program: nothing to do here
-            return _rewrite_with_labels(fn, lambda s: s.address in chosen, plan_or_skip)(*args, **kwargs)
+            flat = jax.tree.leaves((args, kwargs))
+            return _evaluate(closed, out_shape, labels, flat, lambda s: s.address in chosen, plan_for)
 
         run.__name__ = getattr(fn, "__name__", "stream_overlap")
         run.__wrapped__ = fn
