@@ -150,8 +150,9 @@ class Program(NamedTuple):
     mode: str = "single"
 
     def iteration(self) -> Callable[[State], tuple[State, Any]]:
-        """``state -> (state, metrics)``: collect then learn (jittable unless ``host``)."""
-        collect, learn = self.collect, self.learn
+        """``state -> (state, metrics)``: collect then learn (jittable unless ``host``; a host
+        program's ``learn`` is jitted here, so that only the collect runs outside XLA)."""
+        collect, learn = self.collect, jax.jit(self.learn) if self.host else self.learn
 
         def iterate(state):
             state, data = collect(state)

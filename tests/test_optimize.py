@@ -453,6 +453,13 @@ def test_resident_ppo_in_real_workers_equal_and_env_state_stays(ppo16):
         assert measure.compare_trees(step.sync_state(out), ref_moved, tol).equal
         assert [u for u, _ in _uploads(pc)[3:]] == ["put", None, None]
         assert pc.executor.pool is pool  # the same workers
+
+        # steady state: no worker traces or compiles, no staging buffer made or mapped again
+        events = {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names}
+        channels = (pool.channel_stats(), {w: st["channel"] for w, st in pool.last_stats.items()})
+        out = _run(step, out, 3)
+        assert {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names} == events
+        assert channels == (pool.channel_stats(), {w: st["channel"] for w, st in pool.last_stats.items()})
     finally:
         step.close()
 
@@ -499,6 +506,28 @@ def test_resident_worker_killed_mid_iteration(toy_setup):
         chex.assert_trees_all_close(pc.sync_state(out), jax.jit(program.collect)(state)[0], rtol=1e-4)
     finally:
         pc.close()
+    assert _children() == children and _our_segments() == segments
+
+
+@pytest.mark.slow
+def test_search_over_processes_candidates_in_real_workers(ppo16):
+    """Issue 18's search: group_rollout(G, "processes") candidates in real worker processes, with
+    equality options (as on a GPU), end with a measured verdict, never an exception; nothing is
+    left behind (processes, /dev/shm)."""
+    program, state, _, _, _ = ppo16
+    segments, children = _our_segments(), _children()
+    cands = [O.group_rollout(2, "processes"), O.group_rollout(4, "processes")]
+    step, report = O.optimize(
+        program, state, candidates=cands, n_iters=2, repeats=2, local=False, equality_options=CPU_OPTIONS
+    )
+    T.close(step)
+    for rec in report.candidates:
+        assert rec.legal and not rec.reason.startswith("failed"), rec.reason
+        assert rec.e2e_time_s > 0 and rec.e2e_baseline_s > 0  # measured
+        if not rec.kept:
+            assert "not faster" in rec.reason or "unequal" in rec.reason
+        else:
+            assert rec.equal
     assert _children() == children and _our_segments() == segments
 
 
@@ -789,6 +818,111 @@ def test_stepwise_equality_syncs_a_host_candidate(toy_setup):
     st = made[-1].stats()
     assert st["mode"] == "resident" and st["counts"]["sync"] == 2  # one sync per baseline state
     assert report.baseline_reproducible is True
+
+
+class _RecordingExecutor(processes.InlineExecutor):
+    """The InlineExecutor, remembering the compiler options of every resident rollout it ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.options_seen: set = set()
+
+    def run_resident(self, spec, sent, groups, layout, options=()):
+        self.options_seen.add(options)
+        return super().run_resident(spec, sent, groups, layout, options)
+
+
+def _inline_processes(made: list):
+    """A host-level transform: env groups in processes, run by the InlineExecutor (in process)."""
+
+    def to_host(p):
+        pc = processes.ProcessCollect(p, 2, executor=_RecordingExecutor())
+        made.append(pc)
+        return p._replace(collect=pc, host=True, groups=2, mode="processes")
+
+    return T.Transform("toy_inline_processes", (), O.group_rollout(2).tolerance, "host",
+                       lambda tree: (True, "synthetic"), to_host)
+
+
+CPU_OPTIONS = {"xla_llvm_disable_expensive_passes": True}  # any option the CPU compiler takes
+
+
+def test_search_checks_a_processes_candidate_under_equality_options(toy_setup):
+    """The search compiles candidates for its equality check with XLA options (deterministic ops
+    on a GPU): a processes-mode candidate takes them (its workers' rollouts and the driver's learn)
+    instead of failing with "Program cannot be compiled with compiler options"; the options
+    view shares the collect's workers and resident env state."""
+    program, state, _ = toy_setup
+
+    def slow_collect(s):  # the baseline sleeps; the workers rebuild the program from its spec
+        out, data = program.collect(s)
+        return out.replace(x=out.x + _sleep(0.05)), data
+
+    made: list = []
+    _, report = O.optimize(
+        program._replace(collect=slow_collect), state, candidates=[_inline_processes(made)],
+        n_iters=2, repeats=1, local=False, equality_options=CPU_OPTIONS,
+    )
+    (rec,) = report.candidates
+    assert "failed" not in rec.reason and rec.equal, rec.reason
+    # timed as compiled plainly, checked compiled with the options
+    assert made[0].executor.options_seen == {(), tuple(sorted(CPU_OPTIONS.items()))}
+    st = made[0].stats()
+    assert st["mode"] == "resident" and st["counts"]["sync"] == 2
+
+
+def test_search_refuses_a_slower_processes_candidate_on_its_measured_time(toy_setup):
+    """Env groups in processes that are not faster are refused with their measured times, without
+    an equality check under the equality options (which would recompile the workers' rollouts),
+    also with check_slower=True."""
+    program, state, _ = toy_setup
+    made: list = []
+
+    def slow_host(p):
+        host = _inline_processes(made).apply(p)
+        collect = host.collect
+
+        class Slow(processes.ProcessCollect):  # the same collect, 0.2 s slower per call
+            def __call__(self, s):
+                time.sleep(0.2)
+                return collect(s)
+
+        slow = Slow.__new__(Slow)
+        slow.__dict__.update(collect.__dict__)
+        return host._replace(collect=slow)
+
+    t = T.Transform("group_rollout", (("groups", 2), ("mode", "processes")), O.group_rollout(2).tolerance,
+                    "host", lambda tree: (True, "synthetic"), slow_host)
+    _, report = O.optimize(
+        program, state, candidates=[t], n_iters=1, repeats=2, local=False, equality_options=CPU_OPTIONS
+    )
+    (rec,) = report.candidates
+    assert not rec.kept and rec.equal is None and rec.speedup < 1.0
+    assert "not faster" in rec.reason and "in processes are checked under the equality options only if faster" in rec.reason
+
+
+def test_processes_iteration_compiles_once(ppo16):
+    """The driver's per-iteration work in processes mode: after the first iteration nothing is
+    traced or compiled again, neither by ``Program.iteration()`` (whose learn is jitted, not run
+    op by op) nor by the search's step; the results equal the single-process iteration."""
+    program, state, ref, _, _ = ppo16
+    tol = O.group_rollout(2).tolerance.rtol
+    for make in (lambda p: p.iteration(), search.compile_step):
+        pc = processes.ProcessCollect(program, 2, executor=processes.InlineExecutor())
+        host = program._replace(collect=pc, host=True, groups=2, mode="processes")
+        step = make(host)
+        s, _ = step(state)  # compiles
+        jax.block_until_ready(s)
+        before = process_worker.compile_events()
+        t0 = time.perf_counter()
+        s = _run(step, s, 2)
+        jax.block_until_ready(s)
+        per_iteration = (time.perf_counter() - t0) / 2
+        assert process_worker.compile_events() == before  # zero traces and compiles
+        assert per_iteration < 2.0  # op-by-op learn took ~8 s per iteration here
+        cmp = measure.compare_trees(pc.sync_state(s), ref, tol)
+        assert cmp.equal, cmp.reason
+        pc.close()
 
 
 # --------------------------------------------------------------------------- PPO and SAC

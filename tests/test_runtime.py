@@ -75,6 +75,7 @@ def pool():
     with start_workers(specs) as p:
         yield p
     assert not p.running
+    assert _shm_entries() == set()  # the staging segments too
 
 
 # ------------------------------------------------------------- pure, no workers
@@ -188,17 +189,39 @@ def test_starting_workers_never_touches_the_drivers_environment():
     assert dict(os.environ) == before
 
 
+def _staging(entries: set[str]) -> set[str]:
+    """The persistent staging segments among ``entries`` (``<prefix>w<i>i<gen>`` / ``w<i>o<gen>``)."""
+    import re
+
+    return {n for n in entries if re.search(r"_w\d+[io]\d+$", n)}
+
+
 def test_large_arrays_travel_through_shared_memory(pool):
-    before = _shm_entries()
+    """Through the worker's persistent staging segments: created and mapped once on each side,
+    reused by later calls of the same size, replaced (not added to) when a message is larger."""
+    before = _shm_entries() - _staging(_shm_entries())
     x = np.random.default_rng(1).standard_normal(8 * 2**20).astype(np.float32)  # 32 MiB
     y = jnp.arange(2**20, dtype=jnp.bfloat16)  # a jax array from the driver, an ml_dtypes dtype
-    out = pool.call("b", P + "identity", {"x": x, "y": y})
-    np.testing.assert_array_equal(out["x"], x)
-    assert out["y"].dtype == jnp.bfloat16 and np.array_equal(out["y"], np.asarray(y))
-    st = pool.last_stats["b"]
-    assert st["in_shm_bytes"] == x.nbytes + y.nbytes == st["out_shm_bytes"]
-    assert st["in_inline_bytes"] == 0 and st["in_ipc_bytes"] == 0
-    assert _shm_entries() == before
+    created = pool.channel_stats()["b"]["segments_created"]
+    for k in range(3):
+        out = pool.call("b", P + "identity", {"x": x + k, "y": y})
+        np.testing.assert_array_equal(out["x"], x + k)
+        assert out["y"].dtype == jnp.bfloat16 and np.array_equal(out["y"], np.asarray(y))
+        st = pool.last_stats["b"]
+        assert st["in_shm_bytes"] == x.nbytes + y.nbytes == st["out_shm_bytes"]
+        assert st["in_inline_bytes"] == 0 and st["in_ipc_bytes"] == 0
+        if k == 0:
+            first = (pool.channel_stats()["b"], st["channel"])
+    # one in-segment (driver -> b) and one out-segment (b -> driver), each made and mapped once
+    assert pool.channel_stats()["b"] == first[0] and st["channel"] == first[1]
+    assert first[0]["segments_created"] <= created + 1 and first[1]["segments_opened"] <= 1 + created
+    staged = _staging(_shm_entries())
+    assert len([n for n in staged if "_w1i" in n]) == 1 and len([n for n in staged if "_w1o" in n]) == 1
+    assert _shm_entries() - staged == before  # no one-off segment left behind
+    bigger = np.concatenate([x, x])
+    np.testing.assert_array_equal(pool.call("b", P + "identity", bigger), bigger)
+    grown = _staging(_shm_entries())
+    assert len(grown) == len(staged) and grown != staged  # replaced by larger ones, not added
 
 
 def test_barrier_inside_workers_is_step_synchronous(pool):

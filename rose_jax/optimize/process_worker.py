@@ -7,7 +7,10 @@ and runs one of:
   worker rebuilds from its :class:`rose_jax.program.ProgramSpec` (:func:`build_program`), whole
   states or on the env slice resident in the worker (:class:`ResidentLayout`);
 * :func:`worker_restore`: the resident env slice back to its last upload;
-* :func:`run_exported`: a ``jax.export``-serialized computation (an offloaded component).
+* :func:`run_compiled`: one of the above jitted with XLA compiler options (the search's equality
+  check under deterministic ops), compiled once per (function, options, static arguments);
+* :func:`run_exported`: a ``jax.export``-serialized computation (an offloaded component);
+* :func:`compile_events`: how many times this process traced and compiled (recompile checks).
 
 The driver side is :mod:`rose_jax.optimize.processes` and :mod:`rose_jax.optimize.offload`.
 """
@@ -30,6 +33,8 @@ from rose_jax.optimize.registry import transform_by_name
 WORKER_COLLECT = "rose_jax.optimize.process_worker:worker_collect"
 WORKER_ROLLOUT = "rose_jax.optimize.process_worker:worker_rollout"
 WORKER_RESTORE = "rose_jax.optimize.process_worker:worker_restore"
+WORKER_COMPILED = "rose_jax.optimize.process_worker:run_compiled"
+COMPILE_EVENTS = "rose_jax.optimize.process_worker:compile_events"
 RUN_EXPORTED = "rose_jax.optimize.process_worker:run_exported"
 ENV = "rose.env"  # resident name of a worker's env slice
 ORIGIN = "rose.env.origin"  # the env slice as last uploaded (restarts without a transfer)
@@ -105,6 +110,42 @@ def worker_rollout(env_g, sent, *, spec: Any, g: int, groups: int, layout: Resid
 def worker_restore(origin):
     """Run in a worker (``jit=False``, ``reads=(ORIGIN,)``, ``writes=(ENV,)``): ENV := ORIGIN, no copy."""
     return (origin,), None
+
+
+_COMPILED: dict[Any, Callable] = {}
+
+
+def run_compiled(*args: Any, fn: str, compiler_options: tuple, **static: Any) -> Any:
+    """In a worker (``jit=False``): ``fn`` (an entry point of this module, by import path) with
+    ``static`` bound, jitted with ``compiler_options`` (sorted ``(name, value)`` pairs) once."""
+    key = (fn, compiler_options, tuple(sorted(static.items())))
+    jitted = _COMPILED.get(key)
+    if jitted is None:
+        jitted = jax.jit(functools.partial(_resolve(fn), **static), compiler_options=dict(compiler_options) or None)
+        _COMPILED[key] = jitted
+    return jitted(*args)
+
+
+_EVENTS: dict[str, int] | None = None
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+def compile_events() -> dict[str, int]:
+    """In a worker (``jit=False``) or here: counts of JAX's trace and backend-compile events in
+    this process since the first call (which starts counting, through ``jax.monitoring``)."""
+    global _EVENTS
+    if _EVENTS is None:
+        _EVENTS = {name: 0 for name in _COMPILE_EVENTS}
+
+        def listen(name: str, duration: float, **kwargs: Any) -> None:
+            if name in _EVENTS:
+                _EVENTS[name] += 1
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+    return {name.rsplit("/", 1)[-1]: n for name, n in _EVENTS.items()}
 
 
 _LOADED: dict[str, Callable] = {}

@@ -71,6 +71,7 @@ from rose_jax.optimize.process_worker import (
     ENV,
     ORIGIN,
     WORKER_COLLECT,
+    WORKER_COMPILED,
     WORKER_RESTORE,
     WORKER_ROLLOUT,
     ResidentLayout,
@@ -243,15 +244,20 @@ def plan_resident(program: Any, state: Any, groups: int, owner: str = "plan") ->
 
 
 class Executor(Protocol):
-    """Runs the groups' worker functions; resident values are kept per group under a name."""
+    """Runs the groups' worker functions; resident values are kept per group under a name.
 
-    def run_groups(self, spec: Any, states: list, groups: int) -> list: ...
+    ``options``: XLA compiler options of the group's rollout, as sorted ``(name, value)`` pairs
+    (``()``: none); each distinct value compiles once per group and is reused afterwards."""
+
+    def run_groups(self, spec: Any, states: list, groups: int, options: tuple = ()) -> list: ...
 
     def put(self, name: str, values: list) -> None: ...
 
     def restore(self, src: str, dst: str) -> None: ...
 
-    def run_resident(self, spec: Any, sent: tuple, groups: int, layout: ResidentLayout) -> list: ...
+    def run_resident(
+        self, spec: Any, sent: tuple, groups: int, layout: ResidentLayout, options: tuple = ()
+    ) -> list: ...
 
     def fetch(self, name: str) -> list: ...
 
@@ -267,12 +273,15 @@ class InlineExecutor:
         self._fns: dict = {}
         self._store: dict[int, dict[str, Any]] = collections.defaultdict(dict)
 
-    def run_groups(self, spec, states, groups):
+    def run_groups(self, spec, states, groups, options=()):
         out = []
         for g, s in enumerate(states):
-            key = (spec, g, groups)
+            key = (spec, g, groups, options)
             if key not in self._fns:
-                self._fns[key] = jax.jit(lambda st, g=g: worker_collect(st, spec=spec, g=g, groups=groups))
+                self._fns[key] = jax.jit(
+                    functools.partial(worker_collect, spec=spec, g=g, groups=groups),
+                    compiler_options=dict(options) or None,
+                )
             out.append(self._fns[key](s))
         return out
 
@@ -284,13 +293,14 @@ class InlineExecutor:
         for store in self._store.values():
             store[dst] = store[src]
 
-    def run_resident(self, spec, sent, groups, layout):
+    def run_resident(self, spec, sent, groups, layout, options=()):
         outs = []
         for g in range(groups):
-            key = (spec, g, groups, layout)
+            key = (spec, g, groups, layout, options)
             if key not in self._fns:
                 self._fns[key] = jax.jit(
-                    functools.partial(worker_rollout, spec=spec, g=g, groups=groups, layout=layout)
+                    functools.partial(worker_rollout, spec=spec, g=g, groups=groups, layout=layout),
+                    compiler_options=dict(options) or None,
                 )
             (env_g,), out = self._fns[key](self._store[g][ENV], sent)
             self._store[g][ENV] = env_g
@@ -380,10 +390,17 @@ class RuntimeExecutor:
         handles = [submit(pool, f"group{g}", g) for g in range(self.groups)]
         return pool.wait(handles, self.timeout)
 
-    def run_groups(self, spec, states, groups):
+    def run_groups(self, spec, states, groups, options=()):
+        static = {"spec": spec, "groups": groups}
+        if options:  # jitted with the options by the worker function itself (see WORKER_COMPILED)
+            static.update(fn=WORKER_COLLECT, compiler_options=options)
         return self._all(
             lambda pool, w, g: pool.submit(
-                w, WORKER_COLLECT, states[g], static={"spec": spec, "g": g, "groups": groups}
+                w,
+                WORKER_COMPILED if options else WORKER_COLLECT,
+                states[g],
+                static={**static, "g": g},
+                jit=not options,
             )
         )
 
@@ -393,13 +410,17 @@ class RuntimeExecutor:
     def restore(self, src, dst):
         self._all(lambda pool, w, g: pool.submit(w, WORKER_RESTORE, jit=False, reads=(src,), writes=(dst,)))
 
-    def run_resident(self, spec, sent, groups, layout):
+    def run_resident(self, spec, sent, groups, layout, options=()):
+        static = {"spec": spec, "groups": groups, "layout": layout}
+        if options:
+            static.update(fn=WORKER_ROLLOUT, compiler_options=options)
         return self._all(
             lambda pool, w, g: pool.submit(
                 w,
-                WORKER_ROLLOUT,
+                WORKER_COMPILED if options else WORKER_ROLLOUT,
                 sent,
-                static={"spec": spec, "g": g, "groups": groups, "layout": layout},
+                static={**static, "g": g},
+                jit=not options,
                 reads=(ENV,),
                 writes=(ENV,),
             )
@@ -479,6 +500,15 @@ class ProcessCollect(HostStep):
     # ------------------------------------------------------------------ public
     def __call__(self, state):
         """``(state, data)`` after the groups' rollouts (see the module docstring for the forms)."""
+        return self._collect(state, ())
+
+    def with_compiler_options(self, compiler_options: dict | None) -> "HostStep":
+        """This collect with the groups' rollouts compiled under ``compiler_options`` (e.g. the
+        search's deterministic ops): the same workers, resident env state and version, so a state
+        from either form continues in the other; closing the view leaves the workers running."""
+        return _CompiledCollect(self, tuple(sorted((compiler_options or {}).items())))
+
+    def _collect(self, state, options: tuple):
         t0 = time.perf_counter()
         part = self.program.env.get(state)
         upload, upload_bytes = None, 0
@@ -487,16 +517,16 @@ class ProcessCollect(HostStep):
             plan, fns = self._plan, self._fns
         else:
             if not self.resident:
-                return self._call_full(state, t0, "resident=False")
+                return self._call_full(state, t0, "resident=False", options)
             plan, fns = self._plan_for(state)
             if not plan.resident:
-                return self._call_full(state, t0, plan.reason)
+                return self._call_full(state, t0, plan.reason, options)
             upload, upload_bytes = self._upload(state, plan, fns, force=False)
         leaves = self._leaves(state, plan)
         sent = tuple(leaves[i] for i in plan.layout.sent)
         t1 = time.perf_counter()
         try:
-            outs = self.executor.run_resident(self.program.spec, sent, self.groups, plan.layout)
+            outs = self.executor.run_resident(self.program.spec, sent, self.groups, plan.layout, options)
         except BaseException:
             self._lost()  # some workers may have stepped their envs, others not
             raise
@@ -712,11 +742,11 @@ class ProcessCollect(HostStep):
             log.info("ProcessCollect: uploaded the env state (%d bytes) to %d workers", nbytes, self.groups)
         return kind, nbytes
 
-    def _call_full(self, state, t0: float, why: str):
+    def _call_full(self, state, t0: float, why: str, options: tuple = ()):
         """Whole states both ways (the resident plan is off: ``why``)."""
         states = self._split(state)
         t1 = time.perf_counter()
-        outs = self.executor.run_groups(self.program.spec, states, self.groups)
+        outs = self.executor.run_groups(self.program.spec, states, self.groups, options)
         t2 = time.perf_counter()
         result = self._merge(outs)
         self._record(
@@ -761,6 +791,29 @@ class ProcessCollect(HostStep):
         pool = getattr(self.executor, "pool", None)
         t = getattr(pool, "transport", None)
         return f"{t.kind}: {t.reason}" if t is not None else None
+
+
+class _CompiledCollect(HostStep):
+    """A :class:`ProcessCollect` whose group rollouts are compiled with XLA options (a view: it
+    shares the collect's workers and resident env state; ``close`` leaves them to the collect)."""
+
+    def __init__(self, collect: ProcessCollect, options: tuple):
+        self.collect, self.options = collect, options
+
+    def __call__(self, state):
+        return self.collect._collect(state, self.options)
+
+    def sync_state(self, state):
+        return self.collect.sync_state(state)
+
+    def comparable(self, out):
+        return self.collect.comparable(out)
+
+    def stats(self) -> dict:
+        return self.collect.stats()
+
+    def with_compiler_options(self, compiler_options: dict | None) -> HostStep:
+        return self.collect.with_compiler_options(compiler_options)
 
 
 def _weakrefs(xs) -> list | None:

@@ -96,7 +96,9 @@ class OptimizeOptions:
       one faster than the spread is checked; the equality reference (the baseline's states, its
       recompile under ``equality_options`` and its reproducibility) is built when the first
       such candidate needs it, so a search where nothing wins costs no equality compiles. Kept
-      plans are checked either way.
+      plans are checked either way. Env groups in worker processes that are not faster are
+      refused on their measured time without an equality check in both settings when the check
+      runs under ``equality_options`` (it would recompile every worker's rollout).
     """
 
     windows: Sequence[Any] | None = None
@@ -142,10 +144,16 @@ class OptimizeOptions:
 
 class HostIteration(HostStep):
     """``state -> (state, metrics)`` of a Program whose collect runs in worker processes:
-    the host-level collect, then the jitted ``learn``."""
+    the host-level collect, then the jitted ``learn`` (both compiled with ``compiler_options``
+    when given: the collect through its ``with_compiler_options``)."""
 
-    def __init__(self, program: Program):
-        self.collect, self.learn = program.collect, jax.jit(program.learn)
+    def __init__(self, program: Program, compiler_options: dict | None = None):
+        self.program = program
+        collect = program.collect
+        if compiler_options and isinstance(collect, HostStep):
+            collect = collect.with_compiler_options(compiler_options)
+        self.collect = collect
+        self.learn = jax.jit(program.learn, compiler_options=compiler_options or None)
 
     def __call__(self, state):
         state, data = self.collect(state)
@@ -159,6 +167,9 @@ class HostIteration(HostStep):
 
     def stats(self) -> dict:
         return self.collect.stats() if isinstance(self.collect, HostStep) else {}
+
+    def with_compiler_options(self, compiler_options: dict | None) -> "HostIteration":
+        return HostIteration(self.program, compiler_options)
 
 
 def apply_plan(target: Any, transforms: Sequence[Transform]) -> Any:
@@ -179,9 +190,11 @@ def compile_step(target: Any, host: bool = False, compiler_options: dict | None 
     """
     is_program = isinstance(target, Program)
     if compiler_options:
-        if is_program and not target.host:
+        if is_program:
+            if target.host:  # the workers' rollouts and the driver's learn, all with the options
+                return HostIteration(target, compiler_options)
             return jax.jit(target.iteration(), compiler_options=compiler_options)
-        if not is_program and not host:
+        if not host:
             return jax.jit(target, compiler_options=compiler_options)
         if not isinstance(target, HostStep):
             raise ValueError(f"{type(target).__name__} cannot be compiled with compiler options")
@@ -193,6 +206,10 @@ def compile_step(target: Any, host: bool = False, compiler_options: dict | None 
 
 def _is_host(transforms: Sequence[Transform]) -> bool:
     return any(t.level == "host" for t in transforms)
+
+
+def _env_groups_in_processes(transforms: Sequence[Transform]) -> bool:
+    return any(t.name == "group_rollout" and dict(t.params).get("mode") == "processes" for t in transforms)
 
 
 # ---------------------------------------------------------------------------- equality
@@ -321,6 +338,7 @@ class _Trial(NamedTuple):
     noise: float  # the spread a gain must exceed
     cmp: measure.Comparison | None  # None: equality not checked (check_slower=False, not faster)
     what: str  # how equality was decided, for reasons
+    unchecked: str = "check_slower=False"  # why equality was not checked (when cmp is None)
 
 
 class _Search:
@@ -420,7 +438,10 @@ class _Search:
             gain = tb.median - tc.median  # against the baseline timed in turns with it
             noise = max(self.spread, 2.0 * max(tb.mad, tc.mad))
             cmp, what = None, ""
-            if always_check or gain > noise:
+            # a slower env-groups-in-processes candidate is refused on its measured time when
+            # checking its equality would recompile its workers' rollouts under the equality options
+            recompile = _env_groups_in_processes(transforms) and bool(self.eq_options)
+            if (always_check and not recompile) or gain > noise:
                 rec.equality = opts.equality
                 ref = self.reference()
                 cmp, what = (
@@ -437,7 +458,12 @@ class _Search:
         rec.speedup = tb.median / tc.median if tc.median > 0 else None
         if cmp is not None:
             rec.equal, rec.max_abs_diff, rec.max_rel_diff = cmp.equal, cmp.max_abs, cmp.max_rel
-        return _Trial(tb, tc, tc.median * self.baseline / tb.median, noise, cmp, what)
+        unchecked = (
+            "not faster; env groups in processes are checked under the equality options only if faster"
+            if always_check
+            else "check_slower=False"
+        )
+        return _Trial(tb, tc, tc.median * self.baseline / tb.median, noise, cmp, what, unchecked)
 
     def verdict(self, rec: CandidateRecord, res: _Trial, gain: float, *, versus_plan: bool) -> bool:
         """Keep or reject (and why), given the ``gain`` that must exceed the spread."""
@@ -447,7 +473,7 @@ class _Search:
         # with the turns themselves, so that a median moved by one outlier turn shows as such
         turns = f"; turns: baseline {fmt_turns(res.base)}, candidate {fmt_turns(res.cand)} ms/iter"
         if res.cmp is None:
-            rec.reason = f"{not_faster} (equality not checked: check_slower=False){turns}"
+            rec.reason = f"{not_faster} (equality not checked: {res.unchecked}){turns}"
         elif not res.cmp.equal:
             rec.reason = f"unequal {res.what}: {res.cmp.reason}"
         elif gain <= res.noise:

@@ -1,6 +1,15 @@
 """Same-GPU array exchange through CUDA IPC (cupy), with jax <-> cupy through DLPack.
 
-Export: the arrays are copied (device to device) into one staging buffer allocated with
+Two ways. A channel's persistent staging buffers (:class:`Staging` on the sending side,
+:class:`Mapping` on the receiving side): the sender allocates a buffer once (a larger one when a
+message does not fit), copies the arrays in on a stream of its own and records an interprocess
+CUDA event after the copies; the receiver opens the buffer's IPC handle and the event's once,
+waits for that event only (not for the whole device) and copies the arrays out. The sender
+reuses the buffer only after the receiver has answered (the runtime's grant), so a message is
+never overwritten while it is read. One-off exports (below) remain for messages sent while
+another one is in flight.
+
+One-off export: the arrays are copied (device to device) into one staging buffer allocated with
 ``cudaMalloc`` (a whole allocation, so its ``cudaIpcGetMemHandle`` is valid; XLA's own buffers
 are sub-allocations of a pool), the device is synchronised, and the 64-byte handle is sent. The
 exporter frees the staging buffer once the importer says it is done.
@@ -168,30 +177,173 @@ def free(ptr: int) -> None:
 def import_arrays(block: IpcBlock, refs: Sequence[tuple[int, tuple[int, ...], np.dtype]]) -> list[Any]:
     """Copies (owned by this process's JAX client) of the arrays (offset, shape, dtype) in block."""
     import cupy as cp
+
+    ptr = cp.cuda.runtime.ipcOpenMemHandle(block.handle)
+    try:
+        return _copies(cp, ptr, refs)
+    finally:
+        cp.cuda.runtime.ipcCloseMemHandle(ptr)
+
+
+def _copies(cp, ptr: int, refs) -> list[Any]:
+    """jax copies of the arrays ``(offset, shape, dtype)`` at device pointer ``ptr`` (waited for)."""
     import jax
     import jax.numpy as jnp
 
-    ptr = cp.cuda.runtime.ipcOpenMemHandle(block.handle)
     out = []
-    try:
-        for off, shape, dtype in refs:
-            dtype = np.dtype(dtype)
-            n = dtype.itemsize * math.prod(shape)
-            if n == 0:
-                out.append(jnp.zeros(shape, dtype))
-                continue
-            native = dtype in _CUPY_DTYPES
-            mem = cp.cuda.UnownedMemory(ptr + off, n, None)
-            view = cp.ndarray(
-                shape,
-                dtype=dtype if native else _UINT_OF_SIZE[dtype.itemsize],
-                memptr=cp.cuda.MemoryPointer(mem, 0),
-            )
-            x = jax.dlpack.from_dlpack(view)
-            x = jnp.array(x, copy=True) if native else jax.lax.bitcast_convert_type(x, dtype)
-            out.append(x)
-            del view, mem
-        jax.block_until_ready(out)
-    finally:
-        cp.cuda.runtime.ipcCloseMemHandle(ptr)
+    for off, shape, dtype in refs:
+        dtype = np.dtype(dtype)
+        n = dtype.itemsize * math.prod(shape)
+        if n == 0:
+            out.append(jnp.zeros(shape, dtype))
+            continue
+        native = dtype in _CUPY_DTYPES
+        mem = cp.cuda.UnownedMemory(ptr + off, n, None)
+        view = cp.ndarray(
+            shape,
+            dtype=dtype if native else _UINT_OF_SIZE[dtype.itemsize],
+            memptr=cp.cuda.MemoryPointer(mem, 0),
+        )
+        x = jax.dlpack.from_dlpack(view)
+        x = jnp.array(x, copy=True) if native else jax.lax.bitcast_convert_type(x, dtype)
+        out.append(x)
+        del view, mem
+    jax.block_until_ready(out)
     return out
+
+
+# ---------------------------------------------------------------- persistent staging buffers
+
+_EVENT_DISABLE_TIMING, _EVENT_INTERPROCESS, _STREAM_NON_BLOCKING = 0x2, 0x4, 0x1
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedBlock:
+    """A message in a persistent staging buffer: the buffer's IPC handle and size, its GPU, and
+    the IPC handle of the event recorded after the copies (None: the sender synchronised its
+    copy stream before sending)."""
+
+    handle: bytes
+    size: int
+    device: str
+    event: bytes | None
+
+
+class Staging:
+    """The sending side's persistent device staging buffer of one channel (see the module docstring).
+
+    ``write(arrays)`` copies jax GPU arrays into the buffer and returns ``(StagedBlock, offsets)``.
+    A buffer replaced by a larger one is freed at the next ``write`` (by then the receiver has
+    closed its mapping of it); ``close`` frees everything."""
+
+    def __init__(self):
+        self._ptr, self._size, self._handle = None, 0, None
+        self._retired: list[int] = []
+        self._stream = self._event = self._event_handle = None
+        self._keep: list = []
+        self.events = True  # False once interprocess events failed: stream synchronisation instead
+        self.allocations = 0
+
+    def _setup(self, cp) -> None:
+        if self._stream is not None:
+            return
+        self._stream = cp.cuda.runtime.streamCreateWithFlags(_STREAM_NON_BLOCKING)
+        try:
+            self._event = cp.cuda.runtime.eventCreateWithFlags(_EVENT_DISABLE_TIMING | _EVENT_INTERPROCESS)
+            self._event_handle = bytes(cp.cuda.runtime.ipcGetEventHandle(self._event))
+        except Exception:  # e.g. no interprocess events here: the sender waits for its copies itself
+            self.events, self._event, self._event_handle = False, None, None
+
+    def write(self, arrays: Sequence[Any]) -> tuple[StagedBlock, list[int]]:
+        import cupy as cp
+        import jax
+
+        self._setup(cp)
+        if self._event is not None:
+            cp.cuda.runtime.eventSynchronize(self._event)  # the previous message's copies (done long ago)
+        self._keep = []
+        for ptr in self._retired:
+            cp.cuda.runtime.free(ptr)
+        self._retired = []
+        nbytes = [int(np.dtype(a.dtype).itemsize * math.prod(a.shape)) for a in arrays]
+        offsets, size = layout(nbytes)
+        if size > self._size:
+            if self._ptr is not None:
+                self._retired.append(self._ptr)
+            self._ptr, self._size = None, 0
+            self._ptr = cp.cuda.runtime.malloc(size)
+            self._size = size
+            self._handle = bytes(cp.cuda.runtime.ipcGetMemHandle(self._ptr))
+            self.allocations += 1
+        jax.block_until_ready(list(arrays))  # written by XLA on its own stream
+        for a, off, n in zip(arrays, offsets, nbytes, strict=True):
+            if n == 0:
+                continue
+            src_ptr, owner = _device_pointer(cp, a)
+            self._keep.append(owner)  # alive until the copy is done (next write)
+            cp.cuda.runtime.memcpyAsync(
+                self._ptr + off, src_ptr, n, cp.cuda.runtime.memcpyDeviceToDevice, self._stream
+            )
+        if self._event is not None:
+            cp.cuda.runtime.eventRecord(self._event, self._stream)
+        else:
+            cp.cuda.runtime.streamSynchronize(self._stream)
+        device = _pci_bus_id(cp, cp.cuda.runtime.getDevice())
+        return StagedBlock(self._handle, self._size, device, self._event_handle), offsets
+
+    def close(self) -> None:
+        import cupy as cp
+
+        try:
+            if self._stream is not None:
+                cp.cuda.runtime.streamSynchronize(self._stream)
+            for ptr in self._retired + ([self._ptr] if self._ptr is not None else []):
+                cp.cuda.runtime.free(ptr)
+            if self._event is not None:
+                cp.cuda.runtime.eventDestroy(self._event)
+            if self._stream is not None:
+                cp.cuda.runtime.streamDestroy(self._stream)
+        finally:
+            self._ptr, self._size, self._retired, self._keep = None, 0, [], []
+            self._stream = self._event = self._event_handle = None
+
+
+class Mapping:
+    """The receiving side's mapping of a sender's :class:`Staging` buffer: each buffer handle and
+    event handle is opened once (a new buffer closes the mapping of the old one)."""
+
+    def __init__(self):
+        self._handle, self._ptr = None, None
+        self._events: dict[bytes, int] = {}
+        self.opens = 0
+
+    def read(self, block: StagedBlock, refs: Sequence[tuple[int, tuple[int, ...], np.dtype]]) -> list[Any]:
+        """Copies (owned by this process's JAX client) of the arrays ``(offset, shape, dtype)``."""
+        import cupy as cp
+
+        if block.handle != self._handle:
+            self._close_buffer(cp)
+            self._ptr = cp.cuda.runtime.ipcOpenMemHandle(block.handle)
+            self._handle = block.handle
+            self.opens += 1
+        if block.event is not None:
+            ev = self._events.get(block.event)
+            if ev is None:
+                ev = self._events[block.event] = cp.cuda.runtime.ipcOpenEventHandle(block.event)
+            cp.cuda.runtime.eventSynchronize(ev)
+        return _copies(cp, self._ptr, refs)
+
+    def _close_buffer(self, cp) -> None:
+        if self._ptr is not None:
+            ptr, self._ptr, self._handle = self._ptr, None, None
+            cp.cuda.runtime.ipcCloseMemHandle(ptr)
+
+    def close(self) -> None:
+        import cupy as cp
+
+        try:
+            self._close_buffer(cp)
+            for ev in self._events.values():
+                cp.cuda.runtime.eventDestroy(ev)
+        finally:
+            self._events = {}

@@ -110,7 +110,7 @@ class _Pending:
     worker: str
     fn: str
     outbound: exchange.Outbound
-    out_shm: str | None
+    out_shm: str | exchange.Staged | None
 
 
 @dataclasses.dataclass
@@ -288,6 +288,7 @@ class WorkerPool:
         self._queue: queue.Queue = queue.Queue()
         self._pending: dict[int, _Pending] = {}
         self._done: dict[int, tuple[str, Any]] = {}
+        self._channels: dict[str, exchange.Channel] = {}  # persistent staging, one per worker
         self._ids = itertools.count()
         self._prefix = ""
         self._barrier = None
@@ -310,6 +311,11 @@ class WorkerPool:
     @property
     def pids(self) -> dict[str, int]:
         return {n: w.process.pid for n, w in self._workers.items()}
+
+    def channel_stats(self) -> dict[str, dict]:
+        """Per worker, the driver side's staging counters (segments created / opened, device
+        buffers allocated / opened): constant once the messages' sizes are steady."""
+        return {n: ch.stats() for n, ch in self._channels.items()}
 
     @property
     def running(self) -> bool:
@@ -337,6 +343,7 @@ class WorkerPool:
         self._prefix = f"rose{os.getpid()}_{secrets.token_hex(3)}_"
         self._queue = queue.Queue()
         self._pending, self._done, self._workers, self.failure = {}, {}, {}, None
+        self._channels = {s.name: exchange.Channel() for s in self._specs}
         self._barrier = _SPAWN.Barrier(len(self._specs))
         self._state = "starting"
         atexit.register(self.close, force=True)
@@ -457,6 +464,8 @@ class WorkerPool:
         for p in self._pending.values():
             self._release(p)
         self._pending.clear()
+        for ch in self._channels.values():
+            ch.close()
         if self._prefix:
             shm.unlink_prefix(self._prefix)
         self._barrier = None
@@ -499,9 +508,13 @@ class WorkerPool:
                 ) from None
         use_ipc = self._use_ipc(transport)
         cid = next(self._ids)
-        in_name, out_name = f"{self._prefix}{cid}i", f"{self._prefix}{cid}o"
+        in_name, out_name = self._names(worker_name, cid)
         packet, outbound = exchange.encode(
-            tuple(args), shm_name=in_name, use_ipc=use_ipc, inline_limit=self.inline_limit
+            tuple(args),
+            shm_name=in_name,
+            use_ipc=use_ipc,
+            inline_limit=self.inline_limit,
+            channel=self._channels[worker_name],
         )
         self._pending[cid] = _Pending(worker_name, path, outbound, out_name)
         self._send(
@@ -520,9 +533,10 @@ class WorkerPool:
         cid = next(self._ids)
         packet, outbound = exchange.encode(
             value,
-            shm_name=f"{self._prefix}{cid}i",
+            shm_name=self._names(worker_name, cid)[0],
             use_ipc=self._use_ipc(transport),
             inline_limit=self.inline_limit,
+            channel=self._channels[worker_name],
         )
         fn = f"put_resident:{name}"
         self._pending[cid] = _Pending(worker_name, fn, outbound, None)
@@ -549,7 +563,7 @@ class WorkerPool:
         self._check_worker(worker_name)
         (name,) = _names((name,), "name")
         cid = next(self._ids)
-        out_name = f"{self._prefix}{cid}o"
+        out_name = self._names(worker_name, cid)[1]
         fn = f"get_resident:{name}"
         self._pending[cid] = _Pending(worker_name, fn, exchange.Outbound(), out_name)
         self._send(worker_name, ("get", cid, name, out_name, self._use_ipc(transport)))
@@ -682,6 +696,15 @@ class WorkerPool:
             self._done.pop(cid, None)
 
     # ----------------------------------------------------------------- internals
+    def _names(self, worker_name: str, cid: int) -> tuple[str | exchange.Staged, str | exchange.Staged]:
+        """Where call ``cid``'s inputs and outputs go: the worker's persistent staging buffers when
+        nothing else is in flight on it (everything sent before was read and answered), else
+        one-off segments."""
+        if any(p.worker == worker_name for p in self._pending.values()):
+            return f"{self._prefix}{cid}i", f"{self._prefix}{cid}o"
+        i = self._workers[worker_name].index
+        return exchange.Staged(f"{self._prefix}w{i}i"), exchange.Staged(f"{self._prefix}w{i}o")
+
     def _check_worker(self, worker_name: str) -> None:
         if worker_name not in self._workers:
             raise ValueError(f"no worker named {worker_name!r}; workers are {list(self._workers)}")
@@ -757,12 +780,12 @@ class WorkerPool:
             if kind == "ok":
                 packet, stats = msg[2], msg[3]
                 try:
-                    value = exchange.decode(packet, to="numpy")
+                    value = exchange.decode(packet, to="numpy", channel=self._channels.get(name))
                     self._done[cid] = ("ok", value)
                 except Exception as e:
                     self._done[cid] = ("err", ExchangeError(f"outputs of {p.fn} from worker {name!r}: {e}"))
                 finally:
-                    if packet.ipc is not None:
+                    if packet.ipc is not None and not packet.staged:
                         with contextlib.suppress(OSError, ValueError):
                             self._workers[name].conn.send(("release", cid))
                 self.last_stats[name] = stats
@@ -774,7 +797,7 @@ class WorkerPool:
     def _release(self, p: _Pending) -> None:
         with contextlib.suppress(Exception):
             p.outbound.release()
-        if p.out_shm:
+        if isinstance(p.out_shm, str):
             with contextlib.suppress(Exception):
                 shm.unlink(p.out_shm)
 

@@ -159,6 +159,7 @@ def _serve(conn) -> None:
     cache: dict[Any, Callable] = {}
     exported: dict[int, exchange.Outbound] = {}
     store: dict[str, Any] = {}  # the resident values, by name
+    channel = exchange.Channel()  # persistent staging buffers to and from the driver
     try:
         while True:
             try:
@@ -167,10 +168,10 @@ def _serve(conn) -> None:
                 break
             kind = msg[0]
             if kind == "call":
-                reply = _run_call(msg, cache, exported, store, jax, exchange)
+                reply = _run_call(msg, cache, exported, store, jax, exchange, channel)
                 conn.send(reply)
             elif kind in _STORE_OPS:
-                conn.send(_STORE_OPS[kind](msg, exported, store, jax, exchange))
+                conn.send(_STORE_OPS[kind](msg, exported, store, jax, exchange, channel))
             elif kind == "ping":
                 conn.send(("pong", msg[1]))
             elif kind == "release":
@@ -181,6 +182,7 @@ def _serve(conn) -> None:
                 break
     finally:
         store.clear()
+        channel.close()
         for ob in exported.values():
             try:
                 ob.release()
@@ -206,11 +208,11 @@ def _store_bytes(store: dict, exchange) -> int:
     return exchange.nbytes(list(unique.values()))
 
 
-def _run_call(msg, cache, exported, store, jax, exchange):
+def _run_call(msg, cache, exported, store, jax, exchange, channel):
     _, cid, path, packet, static, jit, out_shm_name, out_ipc, reads, writes = msg
     t0 = time.perf_counter()
     try:
-        args = tuple(_read_store(store, reads)) + tuple(exchange.decode(packet, to="jax"))
+        args = tuple(_read_store(store, reads)) + tuple(exchange.decode(packet, to="jax", channel=channel))
         t1 = time.perf_counter()
         key = (path, static, jit)
         fn = cache.get(key)
@@ -236,7 +238,7 @@ def _run_call(msg, cache, exported, store, jax, exchange):
                 )
             store.update(zip(writes, written, strict=True))
         t2 = time.perf_counter()
-        out, ob = exchange.encode(result, shm_name=out_shm_name, use_ipc=out_ipc)
+        out, ob = exchange.encode(result, shm_name=out_shm_name, use_ipc=out_ipc, channel=channel)
         if ob.ipc_ptr is not None:
             exported[cid] = exchange.Outbound(ipc_ptr=ob.ipc_ptr)
         t3 = time.perf_counter()
@@ -251,6 +253,7 @@ def _run_call(msg, cache, exported, store, jax, exchange):
             "out_ipc_bytes": out.ipc_bytes,
             "out_inline_bytes": out.inline_bytes,
             "resident_bytes": _store_bytes(store, exchange),
+            "channel": channel.stats(),
         }
         return ("ok", cid, out, stats)
     except BaseException as e:  # reported to the driver; the worker keeps serving
@@ -260,14 +263,14 @@ def _run_call(msg, cache, exported, store, jax, exchange):
 
 
 def _store_op(op):
-    """Wrap a resident-store operation ``op(msg, exported, store, jax, exchange) -> (value, stats)``
-    into a reply like a call's (errors are reported, the worker keeps serving)."""
+    """Wrap a resident-store operation ``op(msg, exported, store, jax, exchange, channel) -> (value,
+    stats)`` into a reply like a call's (errors are reported, the worker keeps serving)."""
 
     @functools.wraps(op)
-    def run(msg, exported, store, jax, exchange):
+    def run(msg, exported, store, jax, exchange, channel):
         cid = msg[1]
         try:
-            packet, stats = op(msg, exported, store, jax, exchange)
+            packet, stats = op(msg, exported, store, jax, exchange, channel)
             for way in ("in", "out"):
                 for path in ("shm", "ipc", "inline"):
                     stats.setdefault(f"{way}_{path}_bytes", 0)
@@ -286,10 +289,10 @@ def _empty(exchange, value=None):
 
 
 @_store_op
-def _put(msg, exported, store, jax, exchange):
+def _put(msg, exported, store, jax, exchange, channel):
     _, cid, name, packet = msg
     t0 = time.perf_counter()
-    store[name] = jax.block_until_ready(exchange.decode(packet, to="jax"))
+    store[name] = jax.block_until_ready(exchange.decode(packet, to="jax", channel=channel))
     return _empty(exchange), {
         "decode_s": time.perf_counter() - t0,
         "in_shm_bytes": packet.shm_bytes,
@@ -299,11 +302,11 @@ def _put(msg, exported, store, jax, exchange):
 
 
 @_store_op
-def _get(msg, exported, store, jax, exchange):
+def _get(msg, exported, store, jax, exchange, channel):
     _, cid, name, out_shm_name, out_ipc = msg
     t0 = time.perf_counter()
     (value,) = _read_store(store, (name,))
-    out, ob = exchange.encode(value, shm_name=out_shm_name, use_ipc=out_ipc)
+    out, ob = exchange.encode(value, shm_name=out_shm_name, use_ipc=out_ipc, channel=channel)
     if ob.ipc_ptr is not None:
         exported[cid] = exchange.Outbound(ipc_ptr=ob.ipc_ptr)
     return out, {
@@ -315,14 +318,14 @@ def _get(msg, exported, store, jax, exchange):
 
 
 @_store_op
-def _drop(msg, exported, store, jax, exchange):
+def _drop(msg, exported, store, jax, exchange, channel):
     for name in msg[2]:
         store.pop(name, None)
     return _empty(exchange), {}
 
 
 @_store_op
-def _list(msg, exported, store, jax, exchange):
+def _list(msg, exported, store, jax, exchange, channel):
     return _empty(exchange, {n: exchange.nbytes(v) for n, v in store.items()}), {}
 
 
