@@ -259,3 +259,111 @@ def test_offload_with_mps_on_a_cpu_starts_and_stops_its_own_daemon(tmp_path, mon
     finally:
         step.close()
     assert step._own_daemon is None and not own.running and not _mock_processes(own.run_dir)
+
+
+# ----------------------------------------------------------------------- SM quotas in plans
+
+
+def _mock_mps_on_path(tmp_path, monkeypatch):
+    """MOCK nvidia-cuda-mps-control / -server on PATH (tests/test_mps.py); no real MPS here."""
+    from test_mps import FAKE_CONTROL, FAKE_SERVER
+
+    from rose_jax.mps.plan import MPS_PIPE_VAR
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("nvidia-cuda-mps-control", FAKE_CONTROL), ("nvidia-cuda-mps-server", FAKE_SERVER)):
+        (bindir / name).write_text(text.format(python=sys.executable))
+        (bindir / name).chmod(0o755)
+    monkeypatch.setenv("FAKE_MPS_MODE", "ok")
+    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
+    monkeypatch.delenv(MPS_PIPE_VAR, raising=False)
+
+
+def _children() -> set[int]:
+    """Live child processes (multiprocessing's resource tracker aside)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _timed(target, state):
+    """End-to-end timing of two plans in turns (what the search's quota step is given)."""
+
+    def timed(plan_a, plan_b):
+        steps = [search.compile_step(search.apply_plan(target, p), host=True) for p in (plan_a, plan_b)]
+        try:
+            (_, ta), (_, tb) = measure.time_alternating(steps, state, 1, 1)
+            return ta, tb
+        finally:
+            for s in steps:
+                base.close(s)
+
+    return timed
+
+
+def test_quota_step_plumbing_with_a_mock_mps_daemon(tmp_path, monkeypatch):
+    """MOCK daemon (CPU: the quota variables change nothing, only the plumbing is real): the
+    offload plan's two branches are exported and timed alone in probe workers at each quota of
+    the grid, the slack-aware search chooses a split, the plan is timed with and without it, and
+    the chosen worker quota rides in the plan's params (so in the plan cache) into a worker that
+    is born with it; no daemon or process is left behind."""
+    from rose_jax.optimize import quotas
+    from rose_jax.optimize.registry import transform_by_name
+    from test_mps import _mock_processes
+
+    _mock_mps_on_path(tmp_path, monkeypatch)
+    children = _children()
+    c = ppo.PPOConfig(num_envs=8, unroll_length=8, num_minibatches=2, num_epochs=1,
+                      policy_hidden_sizes=(16,), value_hidden_sizes=(16,))
+    env = envs.make("pendulum")
+    fn, state = ppo.epoch(c, env, 2, num_eval_envs=4, eval_length=20), ppo.init(c, env, jax.random.PRNGKey(5))
+    plan, records = quotas.choose_plan_quotas(
+        [O.offload_component("evaluate")], fn, state, mode="search", timed=_timed(fn, state),
+        noise=1e9, grid=(40, 60), refine_rounds=0,
+    )
+    (rec,) = records
+    assert rec.status == "applied", rec.reason
+    assert rec.branches == ["driver: the step without 'evaluate'", "worker: 'evaluate'"]
+    tried = {(p["branch"], p["quota"]) for p in rec.points}
+    assert tried == {(b, q) for b in (0, 1) for q in (40, 50, 60)}  # the grid and the even split
+    assert all(p["seconds"] > 0 for p in rec.points)
+    assert sum(rec.quotas) <= 100 and rec.applied == {"quota": rec.quotas[1]}
+    assert rec.e2e_with_s > 0 and rec.e2e_without_s > 0 and "slack-aware split" in rec.reason
+    (t,) = plan
+    assert dict(t.params)["quota"] == rec.quotas[1]
+
+    again = transform_by_name(t.name, t.to_json()["params"])  # what a cache hit rebuilds
+    assert again.params == t.params
+    step = offload.OffloadedStep(fn, "evaluate", use_mps=True, quota=dict(again.params)["quota"])
+    with pytest.warns(UserWarning, match="not an MPS client"):
+        step(state)
+        step.drain()
+    own = step._own_daemon
+    try:
+        (info,) = step._pool.info.values()
+        assert info.birth_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(rec.quotas[1]) and info.mps
+    finally:
+        step.close()
+    assert not _mock_processes(own.run_dir) and _children() == children
+
+
+def test_quota_step_is_skipped_without_mps_with_the_reason():
+    """The real path on this CPU: no GPU, so no MPS: a kept multi-process plan carries no quota
+    and the report says why (inside the search, nothing measured for it)."""
+    from rose_jax.optimize import quotas
+
+    plan, records = quotas.choose_plan_quotas(
+        [O.offload_component("evaluate")], epoch, None, mode="auto",
+        timed=lambda a, b: pytest.fail("nothing may be timed without MPS"), noise=0.0,
+    )
+    (rec,) = records
+    assert rec.status == "skipped" and "no GPU" in rec.reason and "SM quotas need MPS" in rec.reason
+    assert dict(plan[0].params)["quota"] is None
+    _, off = quotas.choose_plan_quotas([O.unroll_scans(2)], epoch, None, mode="auto", timed=None, noise=0.0)
+    assert off == []  # nothing multi-process: no quota step

@@ -832,7 +832,7 @@ class _RecordingExecutor(processes.InlineExecutor):
         return super().run_resident(spec, sent, groups, layout, options)
 
 
-def _inline_processes(made: list):
+def _inline_processes(made: list, name: str = "toy_inline_processes", params: tuple = ()):
     """A host-level transform: env groups in processes, run by the InlineExecutor (in process)."""
 
     def to_host(p):
@@ -840,7 +840,7 @@ def _inline_processes(made: list):
         made.append(pc)
         return p._replace(collect=pc, host=True, groups=2, mode="processes")
 
-    return T.Transform("toy_inline_processes", (), O.group_rollout(2).tolerance, "host",
+    return T.Transform(name, params, O.group_rollout(2).tolerance, "host",
                        lambda tree: (True, "synthetic"), to_host)
 
 
@@ -859,16 +859,21 @@ def test_search_checks_a_processes_candidate_under_equality_options(toy_setup):
         return out.replace(x=out.x + _sleep(0.05)), data
 
     made: list = []
+    cand = _inline_processes(made, "group_rollout", (("groups", 2), ("mode", "processes")))
     _, report = O.optimize(
-        program._replace(collect=slow_collect), state, candidates=[_inline_processes(made)],
+        program._replace(collect=slow_collect), state, candidates=[cand],
         n_iters=2, repeats=1, local=False, equality_options=CPU_OPTIONS,
     )
     (rec,) = report.candidates
-    assert "failed" not in rec.reason and rec.equal, rec.reason
+    assert "failed" not in rec.reason and rec.equal and rec.kept, rec.reason
     # timed as compiled plainly, checked compiled with the options
     assert made[0].executor.options_seen == {(), tuple(sorted(CPU_OPTIONS.items()))}
     st = made[0].stats()
     assert st["mode"] == "resident" and st["counts"]["sync"] == 2
+    # the kept multi-process plan: no MPS on this CPU, so its quota step is skipped, with the reason
+    (q,) = report.quotas
+    assert q["status"] == "skipped" and "SM quotas need MPS" in q["reason"] and q["quotas"] is None
+    assert "quotas for group_rollout(groups=2, mode='processes'): skipped" in O.format_report(report)
 
 
 def test_search_refuses_a_slower_processes_candidate_on_its_measured_time(toy_setup):

@@ -288,6 +288,42 @@ class OffloadedStep(HostStep):
                 self._pool = None
 
 
+# ------------------------------------------------------------------------------ branches
+
+
+class Branch(NamedTuple):
+    """One of the two concurrent halves of an offloaded step, serialized for a probe worker:
+    ``name``, the ``jax.export`` blob and its digest, and example inputs (host arrays)."""
+
+    name: str
+    blob: bytes
+    digest: str
+    args: tuple
+
+
+def branches(fn: Callable, component: str, state: Any) -> list[Branch]:
+    """The two branches that run at the same time once ``component`` is offloaded: the rest of
+    the step (in the driver) and the component (in the worker), each exported with its inputs
+    at ``state`` (the component's inputs computed by running the rest once here). For the
+    slack-aware quota search, which times each alone in a worker at a few SM quotas."""
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(state)
+    split = split_component(closed, component, state_output_count(out_shape))
+    leaves = [np.asarray(x) for x in jax.device_get(jax.tree.leaves(state))]
+    kept = jax.jit(compat.as_fun(split.kept))
+    outs = kept(*leaves)
+    n_kept = split.n_outputs - len(split.positions)
+    cut = tuple(np.asarray(x) for x in jax.device_get(list(outs[n_kept:])))
+    out = []
+    for name, half, args in (
+        (f"driver: the step without {component!r}", split.kept, tuple(leaves)),
+        (f"worker: {component!r}", split.part, cut),
+    ):
+        shapes = [jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in args]
+        blob = bytes(jax_export.export(jax.jit(compat.as_fun(half)))(*shapes).serialize())
+        out.append(Branch(name, blob, hashlib.sha256(blob).hexdigest()[:16], args))
+    return out
+
+
 # ------------------------------------------------------------------------------ the transform
 
 

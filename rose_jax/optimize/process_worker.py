@@ -10,6 +10,7 @@ and runs one of:
 * :func:`run_compiled`: one of the above jitted with XLA compiler options (the search's equality
   check under deterministic ops), compiled once per (function, options, static arguments);
 * :func:`run_exported`: a ``jax.export``-serialized computation (an offloaded component);
+* :func:`time_exported`: seconds per call of one (a branch timed alone at this worker's SM quota);
 * :func:`compile_events`: how many times this process traced and compiled (recompile checks).
 
 The driver side is :mod:`rose_jax.optimize.processes` and :mod:`rose_jax.optimize.offload`.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import time
 from typing import Any, Callable
 
 import jax
@@ -33,6 +35,7 @@ from rose_jax.optimize.registry import transform_by_name
 WORKER_COLLECT = "rose_jax.optimize.process_worker:worker_collect"
 WORKER_ROLLOUT = "rose_jax.optimize.process_worker:worker_rollout"
 WORKER_RESTORE = "rose_jax.optimize.process_worker:worker_restore"
+TIME_EXPORTED = "rose_jax.optimize.process_worker:time_exported"
 WORKER_COMPILED = "rose_jax.optimize.process_worker:run_compiled"
 COMPILE_EVENTS = "rose_jax.optimize.process_worker:compile_events"
 RUN_EXPORTED = "rose_jax.optimize.process_worker:run_exported"
@@ -151,14 +154,33 @@ def compile_events() -> dict[str, int]:
 _LOADED: dict[str, Callable] = {}
 
 
-def run_exported(blob: Any, *args: Any, digest: str, compiler_options: tuple = ()) -> tuple:
-    """In a worker (``jit=False``, ``reads=(blob name,)``): run the serialized ``part`` on ``args``.
-
-    The ``jax.export`` blob is deserialized and jitted once per ``digest``; later calls reuse it.
-    """
+def _loaded(blob: Any, digest: str, compiler_options: tuple = ()) -> Callable:
+    """The serialized computation ``blob``, deserialized and jitted once per ``digest``."""
     fn = _LOADED.get(digest)
     if fn is None:
         exported = jax_export.deserialize(bytearray(np.asarray(blob, dtype=np.uint8).tobytes()))
         fn = jax.jit(exported.call, compiler_options=dict(compiler_options) or None)
         _LOADED[digest] = fn
-    return tuple(fn(*args))
+    return fn
+
+
+def run_exported(blob: Any, *args: Any, digest: str, compiler_options: tuple = ()) -> tuple:
+    """In a worker (``jit=False``, ``reads=(blob name,)``): run the serialized ``part`` on ``args``.
+
+    The ``jax.export`` blob is deserialized and jitted once per ``digest``; later calls reuse it.
+    """
+    return tuple(_loaded(blob, digest, compiler_options)(*args))
+
+
+def time_exported(blob: Any, *args: Any, digest: str, repeats: int = 2) -> np.ndarray:
+    """In a worker (``jit=False``, ``reads=(blob name,)``): median seconds of one call of the
+    serialized computation on ``args`` (after one untimed call that compiles), as a () float64."""
+    fn = _loaded(blob, digest)
+    args = jax.device_put(args)
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(max(1, int(repeats))):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return np.asarray(np.median(times), np.float64)

@@ -65,6 +65,9 @@ class PlanReport:
     search_time_s: float = 0.0
     measurements: int = 0  # timed runs done by this call (0 on a cache hit)
     notes: list[str] = dataclasses.field(default_factory=list)
+    # the quota step per multi-process transform of the plan (rose_jax.optimize.quotas.QuotaRecord)
+    quotas: list[dict] = dataclasses.field(default_factory=list)
+    windows: dict = dataclasses.field(default_factory=dict)  # where the search's windows came from
 
     def to_json(self) -> dict:
         return _clean(dataclasses.asdict(self))
@@ -133,4 +136,14 @@ def format_report(report: PlanReport) -> str:
     for r in rows:
         cells = [str(r[i])[:48].ljust(widths[i]) for i in range(len(widths))]
         lines.append("  ".join(cells) + "  " + str(r[-1]))
+    for q in report.quotas:
+        lines.append(f"quotas for {q['transform']}: {q['status']}: {q['reason']}")
+        for b, name in enumerate(q.get("branches") or []):
+            pts = sorted((p["quota"], p["seconds"]) for p in q.get("points") or [] if p["branch"] == b)
+            if pts:
+                tried = ", ".join(f"{qq}%: {_fmt_s(sec)}" for qq, sec in pts)
+                chosen = q["quotas"][b] if q.get("quotas") else "-"
+                lines.append(f"  {name}: alone at {tried}; chosen {chosen}%")
+    if report.windows:
+        lines.append(f"windows: {report.windows.get('source')}: {report.windows.get('reason')}")
     return head + "\n" + "\n".join(lines) + ("\nnotes: " + "; ".join(report.notes) if report.notes else "")

@@ -47,7 +47,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 
 from rose_jax import trace as rtrace
-from rose_jax.optimize import base, measure
+from rose_jax.optimize import base, measure, quotas
 from rose_jax.optimize import cache as plan_cache
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import HostStep, Tolerance, Transform
@@ -99,6 +99,11 @@ class OptimizeOptions:
       plans are checked either way. Env groups in worker processes that are not faster are
       refused on their measured time without an equality check in both settings when the check
       runs under ``equality_options`` (it would recompile every worker's rollout).
+    quotas: SM quotas for the kept plan's worker processes (:mod:`rose_jax.optimize.quotas`, inside
+      the search time, cached with the plan): ``"auto"`` where MPS is available (elsewhere skipped,
+      with the reason in the report), ``"search"`` also without (e.g. a mock daemon), ``"off"``.
+    quota_grid / quota_refine_rounds: the quotas each branch is first timed alone at, and the
+      refinement rounds of the slack-aware search around its choice.
     """
 
     windows: Sequence[Any] | None = None
@@ -116,6 +121,9 @@ class OptimizeOptions:
     equality_options: dict | str | None = "auto"
     equality_iters: int | None = None
     check_slower: bool = True
+    quotas: str = "auto"
+    quota_grid: tuple[int, ...] = (30, 50, 70)
+    quota_refine_rounds: int = 1
 
     def __post_init__(self):
         if self.n_iters < 1 or self.repeats < 1:
@@ -126,6 +134,12 @@ class OptimizeOptions:
             raise ValueError(f"optimize: equality must be one of {EQUALITY_MODES}, got {self.equality!r}")
         if self.equality_iters is not None and int(self.equality_iters) < 1:
             raise ValueError(f"optimize: equality_iters must be >= 1, got {self.equality_iters}")
+        if self.quotas not in quotas.QUOTA_MODES:
+            raise ValueError(f"optimize: quotas must be one of {quotas.QUOTA_MODES}, got {self.quotas!r}")
+        if not self.quota_grid or any(
+            isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100 for q in self.quota_grid
+        ):
+            raise ValueError(f"optimize: quota_grid must be ints in 1..100, got {self.quota_grid!r}")
 
     @property
     def eq_iters(self) -> int:
@@ -537,6 +551,30 @@ class _Search:
             )
         return True, "local ok"
 
+    # -- quotas ----------------------------------------------------------------------------
+    def time_plans(self, plan_a: list[Transform], plan_b: list[Transform]):
+        """Two plans timed end to end in turns (each with its own worker processes)."""
+        steps = []
+        try:
+            for plan in (plan_a, plan_b):
+                steps.append(compile_step(apply_plan(self.target, plan), host=_is_host(plan)))
+            (_, ta), (_, tb) = measure.time_alternating(steps, self.state, self.opts.n_iters, self.opts.repeats)
+            self.report.measurements += 2 * self.opts.repeats
+            return ta, tb
+        finally:
+            for step in steps:
+                base.close(step)
+
+    def plan_quotas(self, plan: list[Transform]) -> list[Transform]:
+        """The kept plan with SM quotas for its worker processes (see :mod:`~.quotas`)."""
+        opts = self.opts
+        plan, records = quotas.choose_plan_quotas(
+            plan, self.target, self.state, mode=opts.quotas, timed=self.time_plans, noise=self.spread,
+            grid=opts.quota_grid, refine_rounds=opts.quota_refine_rounds, say=self.say,
+        )
+        self.report.quotas = [dataclasses.asdict(r) for r in records]
+        return plan
+
     # -- the two loops -------------------------------------------------------------------
     def measure_candidates(self, cands: list[Candidate], tree, ptree) -> list[tuple[Transform, float, Any]]:
         """Each legal candidate (up to ``max_candidates``) alone; returns the kept ones with their
@@ -652,6 +690,10 @@ def optimize(
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
     plan, best_time, best_cmp = search.combine(search.measure_candidates(cands, tree, ptree))
+    plan = search.plan_quotas(plan)
+    for q in report.quotas:  # the plan's time with the quotas applied, in baseline units
+        if q["status"] == "applied" and q["e2e_without_s"]:
+            best_time *= q["e2e_with_s"] / q["e2e_without_s"]
 
     if not search.reference_built:
         report.notes.append(
