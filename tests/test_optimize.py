@@ -653,6 +653,22 @@ def test_search_without_check_slower_skips_equality_of_slower_candidates_only():
     assert "equality not checked" in O.format_report(only_slow)
 
 
+def test_windows_profile_without_a_gpu_falls_back_to_the_looptree_with_the_reason():
+    """windows="profile" profiles first where NVML can sample a GPU; on this CPU it says why not
+    (in the report and the log) and searches the LoopTree's loops, the same candidates as None."""
+    logged: list[str] = []
+    _, report = O.optimize(
+        slow_iteration, EXAMPLE, windows="profile", candidates=[drop_sleep()], n_iters=1, repeats=2,
+        log=logged.append,
+    )
+    w = report.windows
+    assert w["source"] == "looptree" and "no SM activity can be sampled" in w["reason"]
+    assert any("LoopTree-only search" in line for line in logged)
+    assert "windows: looptree" in O.format_report(report) and report.plan  # the search still ran
+    with pytest.raises(ValueError, match="windows must be None, 'profile' or a list of Windows"):
+        O.optimize(slow_iteration, EXAMPLE, windows="nvml")
+
+
 def test_search_rejects_illegal_and_mixing_group_candidates():
     program = toy.toy_program(8, 5, variant="mixing")
     cands = [O.group_rollout(2, "interleaved"), O.unroll_scans(2, where="no_such_loop")]

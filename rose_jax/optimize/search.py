@@ -1,6 +1,6 @@
 """The window-guided search: candidates -> legality -> local timing -> end-to-end validation.
 
-    fast_step, report = optimize(program_or_iteration, state, windows=profile_windows)
+    fast_step, report = optimize(program_or_iteration, state, windows="profile")
     print(format_report(report))
 
 For every low-activity window (from :mod:`rose_jax.profile`; without windows, every loop of the
@@ -46,6 +46,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 
+from rose_jax import profile as rp
 from rose_jax import trace as rtrace
 from rose_jax.optimize import base, measure, quotas
 from rose_jax.optimize import cache as plan_cache
@@ -73,8 +74,10 @@ DETERMINISTIC = {"xla_gpu_deterministic_ops": True}
 class OptimizeOptions:
     """How :func:`optimize` searches (every field has the keyword of ``optimize(...)``).
 
-    windows: ``rose_jax.profile`` Windows (``path``, ``idle_sm_seconds_per_iteration``); None:
-      candidates for every loop of the LoopTree by cost.
+    windows: ``rose_jax.profile`` Windows (``path``, ``idle_sm_seconds_per_iteration``);
+      ``"profile"``: profile the untransformed iteration first (``rose_jax.profile.profile``, NVML
+      SM activity) and search its low-activity windows (without a GPU / NVML: said in the report,
+      and the LoopTree-only search); None: candidates for every loop of the LoopTree by cost.
     candidates: explicit Transforms to try instead of generated ones.
     n_iters: iterations per timed run (and before the equality check); repeats: timed runs.
     cache_dir: directory of the plan cache (None: no cache).
@@ -106,7 +109,7 @@ class OptimizeOptions:
       refinement rounds of the slack-aware search around its choice.
     """
 
-    windows: Sequence[Any] | None = None
+    windows: Sequence[Any] | str | None = None
     candidates: Sequence[Transform] | None = None
     n_iters: int = 3
     repeats: int = 3
@@ -134,6 +137,9 @@ class OptimizeOptions:
             raise ValueError(f"optimize: equality must be one of {EQUALITY_MODES}, got {self.equality!r}")
         if self.equality_iters is not None and int(self.equality_iters) < 1:
             raise ValueError(f"optimize: equality_iters must be >= 1, got {self.equality_iters}")
+        w = self.windows
+        if w is not None and w != "profile" and (isinstance(w, str) or not isinstance(w, (list, tuple))):
+            raise ValueError(f"optimize: windows must be None, 'profile' or a list of Windows, got {w!r}")
         if self.quotas not in quotas.QUOTA_MODES:
             raise ValueError(f"optimize: quotas must be one of {quotas.QUOTA_MODES}, got {self.quotas!r}")
         if not self.quota_grid or any(
@@ -630,6 +636,37 @@ class _Search:
         return plan, best_time, best_cmp
 
 
+def resolve_windows(windows: Any, fn: Callable, state: Any, say: Callable[[str], None]) -> tuple[Any, dict]:
+    """The windows the candidates follow and a JSON record of where they came from.
+
+    ``"profile"`` profiles ``fn`` on ``state`` (component segments, 2 levels, NVML SM activity)
+    and returns its low-activity windows; where no GPU / NVML can be sampled it says so and
+    returns None (the LoopTree-only search) without profiling."""
+    if windows is None:
+        return None, {"source": "looptree", "reason": "no windows given: candidates for every loop by cost"}
+    if windows != "profile":
+        return windows, {"source": "given", "reason": f"{len(windows)} window(s) given"}
+    ok, why = rp.available()
+    if not ok:
+        reason = f"windows='profile' but no SM activity can be sampled ({why}): LoopTree-only search"
+        say(f"[optimize] {reason}")
+        return None, {"source": "looptree", "reason": reason}
+    t0 = time.perf_counter()
+    say("[optimize] profiling the baseline (component segments, NVML SM activity) for its windows")
+    tl = rp.profile(jax.jit(fn), state, levels=2, repeats=2)
+    if tl.activity is None:
+        reason = f"profile has no activity series ({tl.metadata.get('activity')}): LoopTree-only search"
+        return None, {"source": "looptree", "reason": reason, "profile_s": time.perf_counter() - t0}
+    found = rp.find_windows(tl)
+    top = [
+        {"path": w.path, "duration_s": w.duration_s, "idle_sm_seconds_per_iteration": w.idle_sm_seconds_per_iteration}
+        for w in found[:8]
+    ]
+    reason = f"{len(found)} low-activity window(s) from the profile ({why})"
+    say(f"[optimize] {reason}")
+    return found, {"source": "profile", "reason": reason, "profile_s": time.perf_counter() - t0, "top": top}
+
+
 def optimize(
     target: Callable | Program, example_state: Any, options: OptimizeOptions | None = None, /, **kwargs
 ):
@@ -677,6 +714,7 @@ def optimize(
         say(f"[optimize] cache hit for {name}: plan {[t.label for t in transforms] or 'baseline'}")
         return compile_step(result, host=_is_host(transforms)), old
 
+    windows, report.windows = resolve_windows(opts.windows, base_fn, example_state, say)
     say(f"[optimize] {name}: baseline x2 ({opts.repeats} repeats of {opts.n_iters} iterations)")
     search = _Search(target, example_state, opts, report)
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
@@ -686,7 +724,7 @@ def optimize(
     tree = rtrace.trace(base_fn, example_state, arg_names=["state"])
     ptree = trace_program(program, example_state) if program is not None else None
     if opts.candidates is None:
-        cands = generate_candidates(tree, program, search.baseline, opts.windows, jax.default_backend())
+        cands = generate_candidates(tree, program, search.baseline, windows, jax.default_backend())
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
     plan, best_time, best_cmp = search.combine(search.measure_candidates(cands, tree, ptree))
