@@ -418,9 +418,11 @@ def _optimized_step_maker(job: Job, log):
         from rose_jax import optimize as rj_optimize
 
         program = job.algo.unit_program(job.config, job.env, **job.program_kwargs())
+        # profile windows first and SM quotas for multi-process plans (each says in the report
+        # why it was skipped where there is no GPU / MPS)
         step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(),
                                             env_name=job.env_name, batch_size=job.config.num_envs,
-                                            log=log)
+                                            windows="profile", quotas="auto", log=log)
         log(rj_optimize.format_report(report))
         return step
 
