@@ -1061,3 +1061,35 @@ def test_processes_mode_on_gpu():
     assert st["mode"] == "resident", st["reason"]
     iters = [r for r in st["per_iteration"] if r["kind"] == "iteration"]
     assert [r["upload_bytes"] for r in iters] == [state.x.nbytes, 0]
+
+
+@pytest.mark.slow
+def test_env_groups_experiment_smoke_on_cpu(tmp_path):
+    """benchmarks.experiments.env_groups --smoke: every row runs on this CPU (pendulum, tiny) and
+    the results are written; env groups equal the fused iteration with no recompile after the
+    first; the quota step says why it was skipped; nothing is left behind."""
+    import json
+
+    from benchmarks.experiments import env_groups
+
+    segments, children = _our_segments(), _children()
+    rows = env_groups.main(["--smoke", "--out", str(tmp_path)])
+    assert not [r for r in rows if "skipped" in r], rows
+    data = json.loads((tmp_path / "env_groups.json").read_text())
+    assert [r["name"] for r in data["rows"]] == [
+        "groups_4x32", "exchange", "groups_3x1024", "offload_8", "search_4x32"
+    ] and data["machine"]["command"]
+    for r in (r for r in rows if r["kind"] == "groups"):
+        assert r["equal"] and r["driver_compiles_after_first"] == 0 and r["worker_compiles_after_first"] == 0
+        assert r["mode"] == "resident" and r["processes_ms"] > 0 and r["fused_ms"] > 0
+    (x,) = (r for r in rows if r["kind"] == "exchange")
+    assert {(t["bytes"], t["staging"]) for t in x["round_trips"]} == {
+        (b, s) for b in x["sizes_bytes"] for s in (True, False)
+    }
+    assert x["driver_channel"]["segments_created"] == len(x["sizes_bytes"])  # one per size, then reused
+    (o,) = (r for r in rows if r["kind"] == "offload")
+    assert o["quota_status"] == "skipped" and "SM quotas need MPS" in o["quota_reason"] and o["offload_s"] > 0
+    (s,) = (r for r in rows if r["kind"] == "search")
+    assert not s["reason"].startswith("failed") and s["e2e_ms"] > 0
+    assert (tmp_path / "env_groups.md").exists() and (tmp_path / "env_groups.png").exists()
+    assert _children() == children and _our_segments() == segments

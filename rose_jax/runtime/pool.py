@@ -264,6 +264,8 @@ class WorkerPool:
     transport: "auto" | "shm" | "cuda_ipc" (default for every call; a call may override).
     startup_timeout: seconds for all workers to import JAX and report ready.
     inline_limit: arrays up to this many bytes travel inside the pickled message.
+    staging: use each worker's persistent staging buffers when nothing else is in flight on it
+      (see ``rose_jax.runtime.exchange``); False: a new segment / IPC buffer for every message.
     """
 
     def __init__(
@@ -274,6 +276,7 @@ class WorkerPool:
         transport: str = "auto",
         startup_timeout: float = 300.0,
         inline_limit: int = exchange.DEFAULT_INLINE_LIMIT,
+        staging: bool = True,
     ):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
@@ -282,6 +285,7 @@ class WorkerPool:
         self._requested_transport = transport
         self.startup_timeout = float(startup_timeout)
         self.inline_limit = int(inline_limit)
+        self.staging = bool(staging)
         self.transport: Transport | None = None
         self.last_stats: dict[str, dict] = {}
         self._workers: dict[str, _Worker] = {}
@@ -700,7 +704,7 @@ class WorkerPool:
         """Where call ``cid``'s inputs and outputs go: the worker's persistent staging buffers when
         nothing else is in flight on it (everything sent before was read and answered), else
         one-off segments."""
-        if any(p.worker == worker_name for p in self._pending.values()):
+        if not self.staging or any(p.worker == worker_name for p in self._pending.values()):
             return f"{self._prefix}{cid}i", f"{self._prefix}{cid}o"
         i = self._workers[worker_name].index
         return exchange.Staged(f"{self._prefix}w{i}i"), exchange.Staged(f"{self._prefix}w{i}o")

@@ -1,0 +1,471 @@
+"""Several processes on one GPU (issue 18): env groups in worker processes vs the fused iteration,
+the exchange's round trips, and the offloaded evaluation with slack-aware SM quotas vs without.
+
+    python -m benchmarks.experiments.env_groups --mps-client   # the H200 run (< 8 min; --budget-s guards it)
+    python -m benchmarks.experiments.env_groups --smoke        # CPU plumbing check (pendulum, tiny; temp dir)
+
+Workload: PPO on MJX ant (``envs.make("ant", backend="mjx")``), the suite's PPO hyperparameters
+(unroll 10, 16 minibatches, 4 epochs, value 5x256). Rows, in order; each is contained (a failing
+row is reported, the next one runs) and a row whose estimated cost no longer fits ``--budget-s``
+is skipped with that reason:
+
+1. ``groups_4x32`` / ``groups_3x1024`` (2048 envs, policy 4x32 or 3x1024): the fused iteration
+   (one jitted program) and ``group_rollout(G, "processes")`` (G worker processes, env state
+   resident in them), timed in turns. Per iteration: the driver's overhead (the collect's wall
+   time outside the workers' round trip), the exchange's overhead (the round trip outside the
+   workers' rollouts), the learn step; traces/compiles after the first iteration, in the driver
+   and in every worker (must be 0); equality after one iteration from the same state.
+2. ``exchange``: one worker, round trips of 1 MB and 64 MB (jax GPU arrays: CUDA IPC where the
+   runtime chose it) through the persistent staging buffers vs a new buffer per message.
+3. ``offload_2048`` / ``offload_8192``: Brax's train loop unit (``ppo.epoch``: ``--epoch-env-steps``
+   of training, then an evaluation of ``--eval-envs`` envs for a whole episode), as in
+   ``optimizer_speedup --unit epoch``: the untransformed epoch, the evaluation offloaded to a
+   worker without a quota, and with the quota the slack-aware search chose (branches timed alone
+   at ``--quota-grid``), all timed in turns; the search's points and choice are kept.
+4. ``search_4x32``: ``rose_jax.optimize.optimize`` over ``group:G:processes`` for the 4x32 row: its
+   verdict and reason (refused quickly with the measured times when not faster, never an exception).
+
+Results: ``benchmarks/results/multiprocess/env_groups.{json,md,png}`` (machine, versions, command,
+date), written atomically after every row; a short table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+from rose_jax.io import atomic_write_json, atomic_write_text
+
+from benchmarks import common
+from benchmarks.common import fmt, log
+
+# worker processes share the GPU with this driver: it must not grab 75% of the memory at its
+# first JAX call (read when JAX starts its GPU backend)
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+DEFAULT_OUT = os.path.join(common.RESULTS_DIR, "multiprocess")
+POLICIES = {"4x32": (32,) * 4, "3x1024": (1024,) * 3}
+SMOKE_POLICIES = {"4x32": (8,), "3x1024": (32, 32)}
+MB = 1 << 20
+# seconds a row takes on the H200 (compiles included, from a cold compilation cache): what the
+# budget check adds to the elapsed time before starting a row
+ESTIMATE_S = {"groups": 80.0, "exchange": 25.0, "offload": 130.0, "search": 70.0}
+
+
+# ----------------------------------------------------------------------------------- workloads
+
+
+def ppo_setup(args, num_envs: int, policy: tuple[int, ...]):
+    """``(ppo, env, config, program, state)`` of this run's PPO workload."""
+    import jax
+
+    import envs
+    from algos import ppo
+    from benchmarks.suite import workloads as S
+
+    if args.smoke:
+        env_name, env_kw = "pendulum", ()
+        over = dict(unroll_length=4, num_minibatches=2, num_epochs=1, value_hidden_sizes=(8,))
+    else:
+        env_name, env_kw = "ant", (("backend", "mjx"),)
+        over = dict(S.PPO_HP, reward_scaling=S.REWARD_SCALING["ant"])
+    config = ppo.PPOConfig(**{**over, "num_envs": num_envs, "policy_hidden_sizes": policy, "seed": args.seed})
+    env = envs.make(env_name, **dict(env_kw))
+    program = ppo.program(config, env, env_name=env_name, env_kwargs=env_kw)
+    state = ppo.init(config, env, jax.random.PRNGKey(args.seed))
+    return ppo, env, config, program, state
+
+
+def _median(xs) -> float | None:
+    import numpy as np
+
+    xs = [x for x in xs if x is not None]
+    return float(np.median(xs)) if xs else None
+
+
+# ------------------------------------------------------------------------------- env groups
+
+
+def groups_row(args, label: str) -> dict:
+    import jax
+
+    from rose_jax import optimize as O
+    from rose_jax.optimize import measure, process_worker, search
+
+    policy = (SMOKE_POLICIES if args.smoke else POLICIES)[label]
+    _, _, config, program, state = ppo_setup(args, args.num_envs, policy)
+    steps = config.num_envs * config.unroll_length
+    name = f"groups_{label}"
+    fused = jax.jit(program.iteration())
+    t = O.group_rollout(args.groups, "processes")
+    grouped = t.apply(program)
+    pc, step = grouped.collect, search.compile_step(grouped)
+    try:
+        log(f"{name}: fused vs {args.groups} env groups in processes (compiles, workers start)")
+        ref_one, _ = fused(state)
+        one = step.sync_state(step(state)[0])  # starts the workers, compiles everywhere
+        cmp = measure.compare_trees(one, ref_one, t.tolerance.rtol, t.tolerance.atol)
+        pool = pc.executor.pool
+        worker_events = {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names}
+        driver_events = process_worker.compile_events()
+        n_before = len(pc.stats()["per_iteration"])
+        (_, tf), (_, tp) = measure.time_alternating([fused, step], state, args.iters, args.repeats)
+        driver_after = process_worker.compile_events()
+        worker_after = {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names}
+        records = [r for r in pc.stats()["per_iteration"][n_before:] if r["kind"] == "iteration"]
+        timed = records[-args.iters * args.repeats:]
+        worker_stats = dict(pool.last_stats)
+        st = pc.stats()
+    finally:
+        step.close()
+    run_s = max(s.get("run_s", 0.0) for s in worker_stats.values())
+    collect_s = _median([r["wall_s"] for r in timed])
+    workers_s = _median([r["workers_s"] for r in timed])
+    row = {
+        "name": name, "kind": "groups", "policy": label, "num_envs": config.num_envs,
+        "groups": args.groups, "steps_per_iteration": steps,
+        "fused_ms": tf.median * 1e3, "processes_ms": tp.median * 1e3,
+        "speedup": tf.median / tp.median,
+        "fused_turns_ms": [x * 1e3 for x in tf.per_iter_s], "processes_turns_ms": [x * 1e3 for x in tp.per_iter_s],
+        "collect_ms": collect_s * 1e3, "workers_round_trip_ms": workers_s * 1e3,
+        "worker_rollout_ms": run_s * 1e3,
+        "driver_overhead_ms": (collect_s - workers_s) * 1e3,
+        "exchange_overhead_ms": (workers_s - run_s) * 1e3,
+        "learn_ms": (tp.median - collect_s) * 1e3,
+        "driver_compiles_after_first": sum(driver_after[k] - driver_events[k] for k in driver_events),
+        "worker_compiles_after_first": sum(
+            worker_after[w][k] - worker_events[w][k] for w in worker_events for k in worker_events[w]
+        ),
+        "equal": cmp.equal, "max_abs_diff": cmp.max_abs, "max_rel_diff": cmp.max_rel,
+        "tolerance_rtol": t.tolerance.rtol, "mode": st["mode"], "reason": st["reason"],
+        "transport": st["transport"], "sent_bytes_per_iteration": timed[-1]["sent_bytes"] if timed else None,
+        "received_bytes_per_iteration": timed[-1]["received_bytes"] if timed else None,
+        "worker_stats": worker_stats,
+    }
+    log(
+        f"{name}: fused {row['fused_ms']:.1f} / processes {row['processes_ms']:.1f} ms/iter "
+        f"({row['speedup']:.3f}x); driver {row['driver_overhead_ms']:.2f} ms, exchange "
+        f"{row['exchange_overhead_ms']:.2f} ms, rollout {row['worker_rollout_ms']:.1f} ms, learn "
+        f"{row['learn_ms']:.1f} ms; compiles after the first: driver {row['driver_compiles_after_first']}, "
+        f"workers {row['worker_compiles_after_first']}; equal={cmp.equal} (max|d| {cmp.max_abs:.2g})"
+    )
+    return row
+
+
+def search_row(args) -> dict:
+    from rose_jax import optimize as O
+    from rose_jax.optimize import base
+
+    _, _, config, program, state = ppo_setup(args, args.num_envs, (SMOKE_POLICIES if args.smoke else POLICIES)["4x32"])
+    t0 = time.perf_counter()
+    step, report = O.optimize(
+        program, state, candidates=[O.group_rollout(args.groups, "processes")], n_iters=2,
+        repeats=2, local=False, max_candidates=1, log=lambda s: log(f"search_4x32: {s}"),
+    )
+    base.close(step)
+    (rec,) = report.candidates
+    return {
+        "name": "search_4x32", "kind": "search", "num_envs": config.num_envs, "candidate": rec.label,
+        "kept": rec.kept, "reason": rec.reason, "equal": rec.equal, "speedup": rec.speedup,
+        "e2e_ms": (rec.e2e_time_s or 0) * 1e3, "baseline_ms": (rec.e2e_baseline_s or 0) * 1e3,
+        "search_s": time.perf_counter() - t0, "plan": [p["label"] for p in report.plan],
+        "report_text": O.format_report(report),
+    }
+
+
+# --------------------------------------------------------------------------------- exchange
+
+
+def exchange_row(args) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from rose_jax.mps import WorkerSpec
+    from rose_jax.runtime import start_workers
+
+    sizes = (256 << 10, MB) if args.smoke else (MB, 64 * MB)
+    env = {} if jax.default_backend() == "gpu" else {"JAX_PLATFORMS": "cpu"}
+    out: dict[str, Any] = {"name": "exchange", "kind": "exchange", "sizes_bytes": list(sizes), "round_trips": []}
+    with start_workers([WorkerSpec("x", env=env)], transport="auto") as pool:
+        out["transport"] = f"{pool.transport.kind}: {pool.transport.reason}"
+        for size in sizes:
+            x = jnp.arange(size // 4, dtype=jnp.float32)
+            for staging in (True, False):
+                pool.staging = staging
+                n = args.round_trips if size <= MB else max(3, args.round_trips // 4)
+                back = pool.call("x", "rose_jax.runtime.probes:identity", x)  # warm (compile, map)
+                assert bool(np.array_equal(np.asarray(back), np.asarray(x)))
+                times = []
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(pool.call("x", "rose_jax.runtime.probes:identity", x))
+                    times.append(time.perf_counter() - t0)
+                rec = {"bytes": size, "staging": staging, "n": n, "median_ms": float(np.median(times)) * 1e3,
+                       "min_ms": float(np.min(times)) * 1e3}
+                out["round_trips"].append(rec)
+                log(f"exchange: {size / MB:g} MB round trip, {'staged' if staging else 'one-off'}: "
+                    f"{rec['median_ms']:.3f} ms (median of {n})")
+        out["driver_channel"] = pool.channel_stats()["x"]
+    return out
+
+
+# ---------------------------------------------------------------------------------- offload
+
+
+def offload_row(args, num_envs: int) -> dict:
+    import jax
+
+    from rose_jax import optimize as O
+    from rose_jax.optimize import base, measure, quotas, search
+
+    ppo, env, config, _, state = ppo_setup(args, num_envs, (SMOKE_POLICIES if args.smoke else POLICIES)["4x32"])
+    per_iteration = config.num_envs * config.unroll_length
+    k = max(1, math.ceil(args.epoch_env_steps / per_iteration))
+    eval_length = args.eval_length or env.episode_length
+    fn = ppo.epoch(config, env, k, num_eval_envs=args.eval_envs, eval_length=eval_length)
+    name = f"offload_{num_envs}"
+    base_step = jax.jit(fn)
+    timings: dict[str, Any] = {}
+
+    def timed(plan_a, plan_b):  # the quota step's end-to-end timing, with the baseline in the turns
+        steps = [search.compile_step(search.apply_plan(fn, p), host=True) for p in (plan_a, plan_b)]
+        try:
+            (_, tb), (_, ta), (_, tq) = measure.time_alternating([base_step, *steps], state, 1, args.repeats)
+            timings.update(base=tb, none=ta, quota=tq)
+            return ta, tq
+        finally:
+            for s in steps:
+                base.close(s)
+
+    log(f"{name}: epoch = {k} iterations ({k * per_iteration:,} env steps) + eval {args.eval_envs} x {eval_length}")
+    t0 = time.perf_counter()
+    _, (rec,) = quotas.choose_plan_quotas(
+        [O.offload_component("evaluate")], fn, state, mode=args.quotas, timed=timed, noise=0.0,
+        grid=tuple(args.quota_grid), refine_rounds=args.quota_refine_rounds, say=lambda s: log(f"{name}: {s}"),
+    )
+    quota_s = time.perf_counter() - t0
+    if "none" not in timings:  # no quota step (no MPS): the plan without quotas against the baseline
+        step = search.compile_step(search.apply_plan(fn, [O.offload_component("evaluate")]), host=True)
+        try:
+            (_, tb), (_, ta) = measure.time_alternating([base_step, step], state, 1, args.repeats)
+            timings.update(base=tb, none=ta)
+        finally:
+            base.close(step)
+    tb, ta, tq = timings["base"], timings["none"], timings.get("quota")
+    row = {
+        "name": name, "kind": "offload", "num_envs": num_envs, "iterations_per_epoch": k,
+        "env_steps_per_epoch": k * per_iteration, "eval_envs": args.eval_envs, "eval_length": eval_length,
+        "baseline_s": tb.median, "offload_s": ta.median, "offload_quota_s": tq.median if tq else None,
+        "baseline_steps_per_s": k * per_iteration / tb.median,
+        "offload_steps_per_s": k * per_iteration / ta.median,
+        "offload_quota_steps_per_s": k * per_iteration / tq.median if tq else None,
+        "speedup_no_quota": tb.median / ta.median, "speedup_quota": tb.median / tq.median if tq else None,
+        "quota_status": rec.status, "quota_reason": rec.reason, "quotas": rec.quotas,
+        "worker_quota": rec.applied.get("quota"), "branches": rec.branches, "points": rec.points,
+        "predicted_join_s": rec.predicted_join_s, "predicted_even_join_s": rec.predicted_even_join_s,
+        "quota_step_s": quota_s,
+    }
+    log(
+        f"{name}: baseline {tb.median:.3f} / offload {ta.median:.3f} / offload+quota "
+        f"{fmt(tq.median if tq else None, '.3f')} s/epoch; quotas {rec.status}: {rec.reason}"
+    )
+    return row
+
+
+# ----------------------------------------------------------------------------------- output
+
+
+def table(rows: list[dict]) -> str:
+    lines = []
+    g = [r for r in rows if r.get("kind") == "groups"]
+    if g:
+        lines.append(common.markdown_table(
+            ["row", "fused ms/iter", "processes ms/iter", "speedup", "driver ms", "exchange ms", "rollout ms",
+             "learn ms", "recompiles (driver/workers)", "equal"],
+            [[r["name"], r["fused_ms"], r["processes_ms"], f"{r['speedup']:.3f}x", r["driver_overhead_ms"],
+              r["exchange_overhead_ms"], r["worker_rollout_ms"], r["learn_ms"],
+              f"{r['driver_compiles_after_first']}/{r['worker_compiles_after_first']}", r["equal"]] for r in g]))
+    x = [r for r in rows if r.get("kind") == "exchange"]
+    for r in x:
+        lines.append(f"\nexchange ({r['transport']}):\n")
+        lines.append(common.markdown_table(
+            ["bytes", "staged ms", "one-off ms"],
+            [[f"{size / MB:g} MB",
+              next(t["median_ms"] for t in r["round_trips"] if t["bytes"] == size and t["staging"]),
+              next(t["median_ms"] for t in r["round_trips"] if t["bytes"] == size and not t["staging"])]
+             for size in r["sizes_bytes"]]))
+    o = [r for r in rows if r.get("kind") == "offload"]
+    if o:
+        lines.append("")
+        lines.append(common.markdown_table(
+            ["row", "baseline s/epoch", "offload s/epoch", "offload+quota s/epoch", "quotas (driver, worker)",
+             "quota step"],
+            [[r["name"], r["baseline_s"], r["offload_s"], fmt(r["offload_quota_s"], ".3f"),
+              str(r["quotas"] or "-"), r["quota_status"]] for r in o]))
+    s = [r for r in rows if r.get("kind") == "search"]
+    for r in s:
+        lines.append(f"\nsearch over {r['candidate']}: {'KEPT' if r['kept'] else 'refused'} in "
+                     f"{r['search_s']:.1f}s: {r['reason']}")
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"\n{r['name']}: skipped: {r['skipped']}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [k for k in ("groups", "exchange", "offload") if any(r.get("kind") == k for r in rows)]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
+    for ax, kind in zip(axes[0], panels, strict=True):
+        rs = [r for r in rows if r.get("kind") == kind]
+        if kind == "groups":
+            xs = range(len(rs))
+            ax.bar([i - 0.2 for i in xs], [r["fused_ms"] for r in rs], 0.4, label="fused")
+            ax.bar([i + 0.2 for i in xs], [r["processes_ms"] for r in rs], 0.4, label="env groups in processes")
+            ax.set_xticks(list(xs), [r["policy"] for r in rs])
+            ax.set_ylabel("ms / iteration")
+        elif kind == "exchange":
+            r = rs[0]
+            sizes = r["sizes_bytes"]
+            for j, staging in enumerate((True, False)):
+                ms = [next(t["median_ms"] for t in r["round_trips"] if t["bytes"] == s and t["staging"] == staging)
+                      for s in sizes]
+                ax.bar([i + 0.4 * j - 0.2 for i in range(len(sizes))], ms, 0.4,
+                       label="staged" if staging else "one-off")
+            ax.set_xticks(range(len(sizes)), [f"{s / MB:g} MB" for s in sizes])
+            ax.set_ylabel("ms / round trip")
+        else:
+            xs = range(len(rs))
+            for j, (key, lab) in enumerate((("baseline_s", "epoch"), ("offload_s", "offload"),
+                                            ("offload_quota_s", "offload + quota"))):
+                ax.bar([i + 0.27 * (j - 1) for i in xs], [r.get(key) or 0 for r in rs], 0.27, label=lab)
+            ax.set_xticks(list(xs), [str(r["num_envs"]) for r in rs])
+            ax.set_ylabel("s / epoch")
+        ax.set_title(kind, fontsize=9)
+        ax.legend(fontsize=7)
+    common.save_plot(fig, path)
+    plt.close(fig)
+
+
+def write_results(rows: list[dict], args, out_dir: str) -> str:
+    text = table(rows)
+    meta = common.machine_info()
+    atomic_write_json(os.path.join(out_dir, "env_groups.json"),
+                      {"machine": meta, "argv": sys.argv[1:], "wall_s": common.elapsed(), "rows": rows})
+    notes = (
+        "Env groups: the same PPO iteration fused (one jitted program) and with its rollout in "
+        f"{args.groups} worker processes (env state resident), timed in turns; driver = collect wall time "
+        "outside the workers' round trip, exchange = round trip outside the rollouts. Offload: Brax's "
+        "train loop epoch (training, then an evaluation) with the evaluation in a worker, with and "
+        "without the SM quota the slack-aware search chose (branches timed alone at the grid's quotas)."
+    )
+    detail = "\n".join(f"\n## {r['name']}\n\n```\n{r['report_text']}\n```" for r in rows if "report_text" in r)
+    atomic_write_text(os.path.join(out_dir, "env_groups.md"),
+                      f"# env_groups\n\ncommand: `{meta.get('command')}` ({meta.get('date')})\n\n{notes}\n\n"
+                      f"{text}\n{detail}\n")
+    if any("skipped" not in r for r in rows):
+        plot(rows, os.path.join(out_dir, "env_groups.png"))
+    return text
+
+
+# ------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="CPU plumbing check: pendulum, tiny sizes, temp dir")
+    p.add_argument("--out", default=None, help=f"output dir (default {DEFAULT_OUT}; --smoke: a temp dir)")
+    p.add_argument("--budget-s", type=float, default=450.0, help="skip rows whose estimate no longer fits")
+    p.add_argument("--mps-client", action="store_true",
+                   help="run as a client of a fresh MPS daemon (started and stopped by a parent process)")
+    p.add_argument("--num-envs", type=int, default=2048, help="envs of the env-group rows")
+    p.add_argument("--offload-envs", type=int, nargs="+", default=[2048, 8192])
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--round-trips", type=int, default=20)
+    p.add_argument("--epoch-env-steps", type=int, default=500_000)
+    p.add_argument("--eval-envs", type=int, default=128)
+    p.add_argument("--eval-length", type=int, default=0, help="eval steps (0: the env's episode length)")
+    p.add_argument("--quotas", choices=["auto", "search", "off"], default="auto")
+    p.add_argument("--quota-grid", type=int, nargs="+", default=[30, 70])
+    p.add_argument("--quota-refine-rounds", type=int, default=0)
+    p.add_argument("--rows", nargs="+", default=["groups_4x32", "exchange", "groups_3x1024", "offload", "search"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile-cache", default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
+                   help="JAX persistent compilation cache dir, shared with the workers ('' to disable)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.num_envs, args.offload_envs, args.iters, args.repeats = 8, [8], 2, 2
+        args.round_trips, args.epoch_env_steps, args.eval_envs, args.eval_length = 5, 64, 4, 20
+        args.budget_s = max(args.budget_s, 1e9)
+    return args
+
+
+def plan_rows(args) -> list[tuple[str, str, Callable[[], dict]]]:
+    """``(name, kind, run)`` of the selected rows, in order."""
+    out = []
+    for sel in args.rows:
+        if sel.startswith("groups_"):
+            out.append((sel, "groups", lambda label=sel[len("groups_"):]: groups_row(args, label)))
+        elif sel == "exchange":
+            out.append(("exchange", "exchange", lambda: exchange_row(args)))
+        elif sel == "offload":
+            out += [(f"offload_{n}", "offload", lambda n=n: offload_row(args, n)) for n in args.offload_envs]
+        elif sel == "search":
+            out.append(("search_4x32", "search", lambda: search_row(args)))
+        else:
+            raise SystemExit(f"unknown row {sel!r} (groups_4x32, groups_3x1024, exchange, offload, search)")
+    return out
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    if args.mps_client and not os.environ.get("ROSE_MPS_CLIENT"):
+        from rose_jax.mps import run_as_client
+
+        raise SystemExit(run_as_client([sys.executable, "-m", __spec__.name, *sys.argv[1:]], log=log))
+    import jax
+
+    if args.compile_cache:  # worker processes inherit the cache through the environment
+        common.enable_compile_cache(args.compile_cache)
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", args.compile_cache)
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+    out_dir = args.out or (tempfile.mkdtemp(prefix="rose_env_groups_") if args.smoke else DEFAULT_OUT)
+    os.makedirs(out_dir, exist_ok=True)
+    log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; output {out_dir}")
+    rows: list[dict] = []
+    start = time.perf_counter()
+    text = ""
+    for name, kind, run in plan_rows(args):
+        spent = time.perf_counter() - start
+        estimate = 0.0 if args.smoke else ESTIMATE_S[kind]
+        if spent + estimate > args.budget_s:
+            log(f"{name}: skipped (budget: {spent:.0f}s spent + ~{estimate:.0f}s > {args.budget_s:.0f}s)")
+            rows.append({"name": name, "kind": kind, "skipped": f"time budget ({spent:.0f}s spent, ~{estimate:.0f}s needed)"})
+        else:
+            try:
+                rows.append(run())
+            except Exception as e:  # noqa: BLE001 - one failing row is reported, the next one runs
+                log(f"{name}: FAILED: {type(e).__name__}: {e}")
+                rows.append({"name": name, "kind": kind, "skipped": f"failed: {type(e).__name__}: {str(e)[:200]}"})
+        text = write_results(rows, args, out_dir)
+    log(f"done in {common.elapsed():.1f}s; results in {out_dir}")
+    print("\n" + text + "\n", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
