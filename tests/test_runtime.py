@@ -451,3 +451,33 @@ def test_resident_values_over_cuda_ipc():
         assert bool(jnp.array_equal(back["v"], 3.0 * x))
         p.drop_resident("g", "x", "y")
         assert p.resident("g") == {}
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_staging_buffers_are_reused():
+    """Over CUDA IPC, repeated calls of one size go through the worker's persistent device staging
+    buffers: allocated and opened once on each side (no cudaMalloc / IpcOpenMemHandle per call),
+    results equal; a larger message replaces the buffer; closing leaves nothing behind."""
+    if jax.default_backend() != "gpu":
+        pytest.skip(f"needs a CUDA GPU (JAX backend is {jax.default_backend()!r})")
+    from rose_jax.runtime import cuda_ipc
+
+    support = cuda_ipc.probe()
+    if not support.available:
+        pytest.skip(support.reason)
+    children = _children()
+    with start_workers([WorkerSpec("g", mem_fraction=0.2)], transport="auto") as p:
+        assert p.transport.kind == "cuda_ipc", p.transport
+        x = jnp.arange(2**20, dtype=jnp.float32)
+        for k in range(4):
+            out = p.call("g", P + "scale", x, static={"factor": float(k)})
+            assert isinstance(out, jax.Array) and bool(jnp.array_equal(out, k * x))
+            if k == 0:
+                first = (p.channel_stats()["g"], p.last_stats["g"]["channel"])
+        assert (p.channel_stats()["g"], p.last_stats["g"]["channel"]) == first
+        assert first[0]["device_allocations"] == 1 and first[1]["device_opens"] == 1  # driver -> worker
+        assert first[1]["device_allocations"] == 1 and first[0]["device_opens"] == 1  # worker -> driver
+        y = jnp.arange(2**22, dtype=jnp.float32)
+        assert bool(jnp.array_equal(p.call("g", P + "identity", y), y))
+        assert p.channel_stats()["g"]["device_allocations"] == 2
+    assert _children() == children and _shm_entries() == set()
