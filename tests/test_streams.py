@@ -200,7 +200,9 @@ def test_region_holding_a_loop_is_refused():
 
 def test_ppo_policy_value_coupled_by_global_norm_clip_is_refused(ppo_clipped):
     fn, state, tree = ppo_clipped
-    ok, why = streams.stream_overlap("policy", "value", mode="state", where="update/minibatch_step").legal(tree)
+    ok, why = streams.stream_overlap("policy", "value", mode="state", where="update/minibatch_step").legal(
+        tree
+    )
     assert not ok
     assert "coupled" in why and "clip_by_global_norm" in why and "global norm" in why
 
@@ -274,7 +276,9 @@ def test_split_compile_sac_with_donation_and_named_options(sac_setup, sac_refere
     _assert_same(out, ref, streams.SPLIT_TOLERANCE)
     assert step.stats()["stages"] == ["collect", "train_steps"]
     det = step.with_compiler_options({"xla_gpu_deterministic_ops": True})
-    assert det.options == ("default", "concurrent") and det.extra_options == {"xla_gpu_deterministic_ops": True}
+    assert det.options == ("default", "concurrent") and det.extra_options == {
+        "xla_gpu_deterministic_ops": True
+    }
     with pytest.raises(ValueError, match="unknown option set"):
         streams.ChainedStep(fn, None, ("default", "fastest"))
     ok, why = streams.split_compile(("no_such",)).legal(rtrace.trace(fn, state, arg_names=["state"]))
@@ -310,7 +314,11 @@ def test_child_that_aborts_is_refused_remembered_and_the_driver_lives(tmp_path):
     args = (jnp.ones((4, 3)), jnp.ones((3, 2)))
     # a deliberate crash: the child calls os.abort() before compiling (standing in for XLA's abort)
     out = isolate.check(
-        f, args, label="crashy", cache_dir=str(tmp_path), fingerprint="fp0",
+        f,
+        args,
+        label="crashy",
+        cache_dir=str(tmp_path),
+        fingerprint="fp0",
         env={isolate.DELIBERATE_ABORT_VAR: "1"},
     )
     assert not out.ok and out.reason.startswith("XLA aborted: ")
@@ -359,8 +367,16 @@ def test_overlap_benchmark_smoke(tmp_path):
     rows = {r["workload"]: r for r in data["rows"]}
     assert "components on streams (two MLP chains)" in rows
     for r in data["rows"]:
-        assert {"workload", "baseline_env_steps_per_s", "rose_env_steps_per_s", "speedup", "equal",
-                "max_abs_diff", "plan", "search_s"} <= set(r)
+        assert {
+            "workload",
+            "baseline_env_steps_per_s",
+            "rose_env_steps_per_s",
+            "speedup",
+            "equal",
+            "max_abs_diff",
+            "plan",
+            "search_s",
+        } <= set(r)
         assert r.get("error") is None, r
         assert r["equal"] is True, r
     assert (out / "results.md").exists() and (out / "results.png").exists()

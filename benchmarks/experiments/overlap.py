@@ -28,7 +28,7 @@ the single-jit loop AND equal to it: one iteration from the same state compiled 
     python -m benchmarks.experiments.overlap                          # H200, all rows that fit --budget-s 450
     python -m benchmarks.experiments.overlap --rows micro sac --brax off                 # ~7 min on the H200
     python -m benchmarks.experiments.overlap --rows ppo-ant-4096 ppo-ant-2048 --merge --brax off   # ~7 min
-    python -m benchmarks.experiments.overlap --rows ppo-ant-4096-3x512 --merge           # + Brax if time remains
+    python -m benchmarks.experiments.overlap --rows ppo-ant-4096-3x512 --merge           # + Brax if time
     python -m benchmarks.experiments.overlap --smoke                  # CPU plumbing check, tiny sizes
 
 Writes ``results.json``, ``results.md`` and ``results.png`` (atomically) into ``--out``
@@ -119,12 +119,25 @@ def _with(base: tuple, **kw) -> tuple:
 def rows_for(smoke: bool) -> list[Row]:
     if smoke:
         sac_tiny = _with(
-            SAC_HIGH_UPDATE, num_envs=4, batch_size=16, grad_updates_per_step=2, max_replay_size=2048,
-            min_replay_size=64, policy_hidden_sizes=(16, 16), q_hidden_sizes=(16, 16), num_timesteps=100_000,
+            SAC_HIGH_UPDATE,
+            num_envs=4,
+            batch_size=16,
+            grad_updates_per_step=2,
+            max_replay_size=2048,
+            min_replay_size=64,
+            policy_hidden_sizes=(16, 16),
+            q_hidden_sizes=(16, 16),
+            num_timesteps=100_000,
         )
         ppo_tiny = _with(
-            PPO_ANT, num_envs=16, unroll_length=4, num_minibatches=2, num_epochs=1,
-            policy_hidden_sizes=(8, 8), value_hidden_sizes=(16, 16), num_timesteps=100_000,
+            PPO_ANT,
+            num_envs=16,
+            unroll_length=4,
+            num_minibatches=2,
+            num_epochs=1,
+            policy_hidden_sizes=(8, 8),
+            value_hidden_sizes=(16, 16),
+            num_timesteps=100_000,
         )
         return [
             Row(MICRO, "micro", width=8, batch=16, steps=20, blocks=2),
@@ -138,8 +151,15 @@ def rows_for(smoke: bool) -> list[Row]:
         Row("sac-hopper-128", "sac", "hopper", mjx, SAC_HIGH_UPDATE, k=20, brax_env="hopper"),
         Row("ppo-ant-4096", "ppo", "ant", mjx, _with(PPO_ANT, num_envs=4096), k=5, brax_env="ant"),
         Row("ppo-ant-2048", "ppo", "ant", mjx, _with(PPO_ANT, num_envs=2048), k=5, brax_env="ant"),
-        Row("ppo-ant-4096-3x512", "ppo", "ant", mjx,
-            _with(PPO_ANT, num_envs=4096, policy_hidden_sizes=(512,) * 3), k=5, brax_env="ant"),
+        Row(
+            "ppo-ant-4096-3x512",
+            "ppo",
+            "ant",
+            mjx,
+            _with(PPO_ANT, num_envs=4096, policy_hidden_sizes=(512,) * 3),
+            k=5,
+            brax_env="ant",
+        ),
     ]
 
 
@@ -266,10 +286,16 @@ def run_micro(row: Row, args, iso: Isolation) -> dict:
     if check is not None and not check.ok:
         return {"plan": "none", "refused": check.reason, "search_s": time.perf_counter() - t0}
     one_loop = fuse.fuse_scans(chains, "chain_a", "chain_b")
-    variants = {"two loops": jax.jit(chains), "one loop, no streams": jax.jit(one_loop), "streams": jax.jit(fast)}
+    variants = {
+        "two loops": jax.jit(chains),
+        "one loop, no streams": jax.jit(one_loop),
+        "streams": jax.jit(fast),
+    }
     times = {}
     for name, f in variants.items():
-        _, med, _, _ = time_blocks(lambda s, f=f: f(s), _copy(state, commit=name == "streams"), max(row.blocks, 5))
+        _, med, _, _ = time_blocks(
+            lambda s, f=f: f(s), _copy(state, commit=name == "streams"), max(row.blocks, 5)
+        )
         times[name] = med
     base_name = min(("two loops", "one loop, no streams"), key=times.get)
     ref = jax.jit(chains, compiler_options=DETERMINISTIC)(state)
@@ -347,14 +373,24 @@ def make_candidates(row: Row, fn, tree, max_candidates: int) -> tuple[list[Candi
     if split is not None and row.kind == "ppo":
         out.append(Candidate(split.label, "host", split.tolerance, split.summary, split=split))
     for name in ("concurrent", "concurrent_no_loops"):
-        out.append(Candidate(f"options({name})", "fn", EXACT,
-                             f"the whole iteration compiled with XLA options {name!r}: {streams.OPTION_SETS[name]}",
-                             fn=fn, options=streams.OPTION_SETS[name]))
+        out.append(
+            Candidate(
+                f"options({name})",
+                "fn",
+                EXACT,
+                f"the whole iteration compiled with XLA options {name!r}: {streams.OPTION_SETS[name]}",
+                fn=fn,
+                options=streams.OPTION_SETS[name],
+            )
+        )
         if row.kind == "ppo":
             break
     for t, why in stream_cands[:1]:
-        out.append(Candidate(t.label + " + options(concurrent)", "fn", t.tolerance, why, fn=t.apply(fn),
-                             options=concurrent))
+        out.append(
+            Candidate(
+                t.label + " + options(concurrent)", "fn", t.tolerance, why, fn=t.apply(fn), options=concurrent
+            )
+        )
     for t, why in stream_cands[:2]:
         out.append(Candidate(t.label, "fn", t.tolerance, why, fn=t.apply(fn)))
     if split is not None and row.kind != "ppo":
@@ -378,8 +414,10 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
     base_loop = kloop(fn, k, donate=donate)
     compile_s, base_s, base_times, s_ref = time_blocks(lambda s: base_loop(s)[0], _copy(state0), row.blocks)
     single = k * env_steps / base_s
-    log(f"{row.name}: baseline {base_s * 1e3:.1f} ms / {k} iterations = {single:,.0f} env-steps/s "
-        f"(compile {compile_s:.1f} s)")
+    log(
+        f"{row.name}: baseline {base_s * 1e3:.1f} ms / {k} iterations = {single:,.0f} env-steps/s "
+        f"(compile {compile_s:.1f} s)"
+    )
     t_search = time.perf_counter()
     tree = rtrace.trace(fn, state0, arg_names=["state"])
     cands, refused = make_candidates(row, fn, tree, args.max_candidates)
@@ -388,7 +426,9 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
     for c in cands:
         if c.kind == "fn" and iso.wanted():
             checks[c.label] = [
-                iso.submit(lambda s, f=c.fn: kloop(f, k)(s), (state0,), c.options, f"{row.name}:{c.label}:loop"),
+                iso.submit(
+                    lambda s, f=c.fn: kloop(f, k)(s), (state0,), c.options, f"{row.name}:{c.label}:loop"
+                ),
                 iso.submit(c.fn, (state0,), {**c.options, **DETERMINISTIC}, f"{row.name}:{c.label}:det"),
             ]
     base_det = jax.jit(fn, compiler_options=DETERMINISTIC)
@@ -413,7 +453,9 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
                 rec["isolation"] = "; ".join(o.reason for o in outcomes)
             if c.kind == "fn":
                 t0 = time.perf_counter()
-                compiled = kloop(c.fn, k, c.options, donate=donate).lower(_copy(state0, commit=True)).compile()
+                compiled = (
+                    kloop(c.fn, k, c.options, donate=donate).lower(_copy(state0, commit=True)).compile()
+                )
                 rec["compile_s"] = time.perf_counter() - t0
                 ready.append((c, lambda s, compiled=compiled: compiled(s)[0]))
             else:
@@ -439,7 +481,9 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
                 c.record["step"] = step
             first, med, times, _ = time_blocks(call, _copy(state0, commit=c.kind == "fn"), row.blocks)
             rec.setdefault("compile_s", first)
-            rec.update(block_ms=[t * 1e3 for t in times], env_steps_per_s=k * env_steps / med, speedup=base_s / med)
+            rec.update(
+                block_ms=[t * 1e3 for t in times], env_steps_per_s=k * env_steps / med, speedup=base_s / med
+            )
             if c.kind == "host":
                 rec["split"] = {key: v for key, v in c.record["step"].stats().items() if key != "mode"}
             log(f"{row.name}: {c.label}: {k * env_steps / med:,.0f} env-steps/s ({base_s / med:.3f}x)")
@@ -472,8 +516,11 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
         c.record["reason"] = f"faster but not equal (max |diff| {c.record['max_abs_diff']:.3g})"
     for c in timed:
         if "reason" not in c.record:
-            c.record["reason"] = ("not faster than the single-jit loop" if c.record["speedup"] <= 1.0
-                                  else "faster, not checked: a faster candidate was kept")
+            c.record["reason"] = (
+                "not faster than the single-jit loop"
+                if c.record["speedup"] <= 1.0
+                else "faster, not checked: a faster candidate was kept"
+            )
     for c in cands:
         c.record.pop("step", None)
     repro = compare(ref2, ref, streams.STREAM_TOLERANCE) if ref is not None else None
@@ -524,32 +571,46 @@ def run_brax(row: Row, config) -> float:
 
 # ------------------------------------------------------------------------------ reports
 
-MD_HEADERS = ("workload", "baseline env-steps/s", "rose env-steps/s", "speedup", "equal", "max abs diff", "plan",
-              "search s")
+MD_HEADERS = (
+    "workload",
+    "baseline env-steps/s",
+    "rose env-steps/s",
+    "speedup",
+    "equal",
+    "max abs diff",
+    "plan",
+    "search s",
+)
 
 
 def _table_rows(rows: list[dict]) -> list[list[str]]:
     out = []
     for r in rows:
         if r.get("error") or r.get("skipped"):
-            out.append([r["workload"], "-", "-", "-", "-", "-", r.get("error") or f"skipped: {r['skipped']}", "-"])
+            out.append(
+                [r["workload"], "-", "-", "-", "-", "-", r.get("error") or f"skipped: {r['skipped']}", "-"]
+            )
             continue
-        out.append([
-            r["workload"],
-            fmt(r["baseline_env_steps_per_s"], ",.0f"),
-            fmt(r["rose_env_steps_per_s"], ",.0f"),
-            fmt(r["speedup"], ".3f") + "x",
-            str(r["equal"]) + (" (bitwise)" if r.get("bitwise") else ""),
-            fmt(r["max_abs_diff"], ".3g"),
-            r["plan"],
-            fmt(r["search_s"], ".0f"),
-        ])
+        out.append(
+            [
+                r["workload"],
+                fmt(r["baseline_env_steps_per_s"], ",.0f"),
+                fmt(r["rose_env_steps_per_s"], ",.0f"),
+                fmt(r["speedup"], ".3f") + "x",
+                str(r["equal"]) + (" (bitwise)" if r.get("bitwise") else ""),
+                fmt(r["max_abs_diff"], ".3g"),
+                r["plan"],
+                fmt(r["search_s"], ".0f"),
+            ]
+        )
     return out
 
 
 def markdown(rows: list[dict], machine: dict, args) -> str:
-    head = (f"# Overlap inside one program\n\n{machine['date']} on {machine.get('gpu', machine.get('backend'))}; "
-            f"jax {machine['jax']}; `{machine['command']}`\n\n")
+    head = (
+        f"# Overlap inside one program\n\n{machine['date']} on {machine.get('gpu', machine.get('backend'))}; "
+        f"jax {machine['jax']}; `{machine['command']}`\n\n"
+    )
     lines = [head, common.markdown_table(MD_HEADERS, _table_rows(rows)), ""]
     lines.append(
         "baseline = the better of our single-jit loop and Brax's own trainer (when it ran: "
@@ -568,11 +629,16 @@ def markdown(rows: list[dict], machine: dict, args) -> str:
             continue
         lines.append(f"plan: `{r['plan']}`: {r.get('plan_detail', '')}\n")
         if r.get("brax_env_steps_per_s") is not None:
-            lines.append(f"Brax: {r['brax_env_steps_per_s']:,.0f} env-steps/s; single-jit loop: "
-                         f"{r['single_jit_env_steps_per_s']:,.0f}\n")
+            lines.append(
+                f"Brax: {r['brax_env_steps_per_s']:,.0f} env-steps/s; single-jit loop: "
+                f"{r['single_jit_env_steps_per_s']:,.0f}\n"
+            )
         if r.get("times_ms"):
-            lines.append("times per call: " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["times_ms"].items())
-                         + f" (streams vs the two loops one after the other: {r['speedup_vs_two_loops']:.2f}x)\n")
+            lines.append(
+                "times per call: "
+                + ", ".join(f"{k} {v:.2f} ms" for k, v in r["times_ms"].items())
+                + f" (streams vs the two loops one after the other: {r['speedup_vs_two_loops']:.2f}x)\n"
+            )
         cands = r.get("candidates") or []
         if cands:
             lines.append("| candidate | env-steps/s | speedup | outcome |\n|---|---:|---:|---|")
@@ -580,14 +646,18 @@ def markdown(rows: list[dict], machine: dict, args) -> str:
                 outcome = c.get("reason") or c.get("refused") or c.get("error") or c.get("skipped") or "timed"
                 if c.get("refused"):
                     outcome = "refused: " + c["refused"]
-                lines.append(f"| {c['label']} | {fmt(c.get('env_steps_per_s'), ',.0f')} | "
-                             f"{fmt(c.get('speedup'), '.3f')} | {outcome} |")
+                lines.append(
+                    f"| {c['label']} | {fmt(c.get('env_steps_per_s'), ',.0f')} | "
+                    f"{fmt(c.get('speedup'), '.3f')} | {outcome} |"
+                )
             lines.append("")
             for c in cands:
                 lines.append(f"- `{c['label']}`: {c['summary']}")
                 if c.get("split"):
-                    lines.append(f"  - stages {c['split'].get('stages')}, options {c['split'].get('options')}, "
-                                 f"stage timings (ms) {c['split'].get('timings_ms')}")
+                    lines.append(
+                        f"  - stages {c['split'].get('stages')}, options {c['split'].get('options')}, "
+                        f"stage timings (ms) {c['split'].get('timings_ms')}"
+                    )
             lines.append("")
         for g in r.get("generator_refused") or []:
             lines.append(f"- refused by legality: `{g['label']}`: {g['reason']}")
@@ -607,7 +677,7 @@ def plot(rows: list[dict], path: str) -> None:
     xs = range(len(ok))
     ax.bar([x - 0.2 for x in xs], [1.0] * len(ok), width=0.4, label="baseline (best)")
     ax.bar([x + 0.2 for x in xs], [r["speedup"] for r in ok], width=0.4, label="rose-jax")
-    for x, r in zip(xs, ok):
+    for x, r in zip(xs, ok, strict=True):
         ax.text(x + 0.2, r["speedup"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(xs))
     ax.set_xticklabels([r["workload"].replace(" (", "\n(") for r in ok], fontsize=8)
@@ -630,8 +700,14 @@ def select_rows(rows: list[Row], patterns: list[str] | None) -> list[Row]:
     chosen = set()
     for p in patterns:
         exact = [r.name for r in rows if r.name == p]
-        chosen.update(exact or [r.name for r in rows if r.name.startswith(p) or (p == "micro" and r.kind == "micro")])
-    unknown = [p for p in patterns if not any(r.name.startswith(p) or (p == "micro" and r.kind == "micro") for r in rows)]
+        chosen.update(
+            exact or [r.name for r in rows if r.name.startswith(p) or (p == "micro" and r.kind == "micro")]
+        )
+    unknown = [
+        p
+        for p in patterns
+        if not any(r.name.startswith(p) or (p == "micro" and r.kind == "micro") for r in rows)
+    ]
     if unknown:
         raise SystemExit(f"overlap: no row matches {unknown}; rows: {', '.join(r.name for r in rows)}")
     return [r for r in rows if r.name in chosen]
@@ -642,14 +718,26 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU plumbing check with tiny sizes (pendulum)")
     p.add_argument("--rows", nargs="*", default=None, help="row name prefixes to run (micro, sac, ppo, ...)")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting work after this many seconds")
-    p.add_argument("--max-candidates", type=int, default=None, help="candidates timed per row (default 3; smoke 1)")
-    p.add_argument("--brax", choices=("auto", "on", "off"), default="auto",
-                   help="Brax's trainer as a baseline: auto = when time remains after all rows")
-    p.add_argument("--isolate", choices=("all", "first", "none"), default=None,
-                   help="candidate compiles in a child first: all (GPU default), first (CPU default), none")
+    p.add_argument(
+        "--max-candidates", type=int, default=None, help="candidates timed per row (default 3; smoke 1)"
+    )
+    p.add_argument(
+        "--brax",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="Brax's trainer as a baseline: auto = when time remains after all rows",
+    )
+    p.add_argument(
+        "--isolate",
+        choices=("all", "first", "none"),
+        default=None,
+        help="candidate compiles in a child first: all (GPU default), first (CPU default), none",
+    )
     p.add_argument("--merge", action="store_true", help="keep rows of an earlier results.json not run now")
     p.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT}; smoke: a temp dir)")
-    p.add_argument("--compile-cache", default="", help="JAX persistent compilation cache directory ('' = off)")
+    p.add_argument(
+        "--compile-cache", default="", help="JAX persistent compilation cache directory ('' = off)"
+    )
     args = p.parse_args(argv)
     if args.max_candidates is None:
         args.max_candidates = 1 if args.smoke else 3
@@ -679,7 +767,9 @@ def main(argv=None) -> list[dict]:
             continue
         t0 = time.perf_counter()
         try:
-            rec.update(run_micro(row, args, iso) if row.kind == "micro" else run_algo(row, args, iso, deadline))
+            rec.update(
+                run_micro(row, args, iso) if row.kind == "micro" else run_algo(row, args, iso, deadline)
+            )
             rec["speedup"] = rec["rose_env_steps_per_s"] / rec["baseline_env_steps_per_s"]
         except Exception as e:  # noqa: BLE001 - one failing row is reported, the script goes on
             rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
@@ -687,8 +777,8 @@ def main(argv=None) -> list[dict]:
             log(f"{row.name}: failed: {rec['error']}")
         rec["row_s"] = time.perf_counter() - t0
         rows.append(rec)
-    # Brax's trainer last, cheapest first, while time remains
-    for rec, row in zip(rows, selected):
+    # Brax's trainer last, in row order, while time remains
+    for rec, row in zip(rows, selected, strict=True):
         cfg = rec.pop("_config_env", None)
         if cfg is None or row.brax_env is None or args.brax == "off" or args.smoke:
             continue
@@ -699,7 +789,9 @@ def main(argv=None) -> list[dict]:
         try:
             log(f"{row.name}: Brax's own trainer")
             rec["brax_env_steps_per_s"] = run_brax(row, cfg[0])
-            rec["baseline_env_steps_per_s"] = max(rec["single_jit_env_steps_per_s"], rec["brax_env_steps_per_s"])
+            rec["baseline_env_steps_per_s"] = max(
+                rec["single_jit_env_steps_per_s"], rec["brax_env_steps_per_s"]
+            )
             if rec["brax_env_steps_per_s"] > rec["single_jit_env_steps_per_s"]:
                 rec["baseline"] = "Brax train"
             rec["speedup"] = rec["rose_env_steps_per_s"] / rec["baseline_env_steps_per_s"]
@@ -712,11 +804,20 @@ def main(argv=None) -> list[dict]:
             old = json.load(f).get("rows", [])
         names = {r["workload"] for r in rows}
         order = [r.name for r in rows_for(args.smoke)]
-        rows = sorted([r for r in old if r["workload"] not in names] + rows,
-                      key=lambda r: order.index(r["workload"]) if r["workload"] in order else len(order))
+        rows = sorted(
+            [r for r in old if r["workload"] not in names] + rows,
+            key=lambda r: order.index(r["workload"]) if r["workload"] in order else len(order),
+        )
     machine = common.machine_info()
-    doc = {"rows": rows, "machine": machine, "command": machine["command"], "date": machine["date"],
-           "budget_s": args.budget_s, "wall_s": common.elapsed(), "smoke": args.smoke}
+    doc = {
+        "rows": rows,
+        "machine": machine,
+        "command": machine["command"],
+        "date": machine["date"],
+        "budget_s": args.budget_s,
+        "wall_s": common.elapsed(),
+        "smoke": args.smoke,
+    }
     atomic_write_json(os.path.join(out_dir, "results.json"), doc)
     atomic_write_text(os.path.join(out_dir, "results.md"), markdown(rows, machine, args))
     plot(rows, os.path.join(out_dir, "results.png"))

@@ -106,7 +106,9 @@ def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
     env = plan.worker_environment(plan.WorkerSpec("isolate"))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     if jax.default_backend() == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
     env.update({str(k): str(v) for k, v in (extra or {}).items()})
@@ -155,7 +157,9 @@ def check(
         blob = exported.serialize()
     except Exception as e:  # noqa: BLE001 - any export failure refuses the candidate, with its text
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return Outcome(False, f"not isolated: jax.export failed ({type(e).__name__}: {msg})", time.perf_counter() - t0)
+        return Outcome(
+            False, f"not isolated: jax.export failed ({type(e).__name__}: {msg})", time.perf_counter() - t0
+        )
     with tempfile.TemporaryDirectory(prefix="rose-isolate-") as tmp:
         with open(os.path.join(tmp, "program.bin"), "wb") as f:
             f.write(bytes(blob))
@@ -180,7 +184,11 @@ def check(
                 )
                 code = proc.returncode
             except subprocess.TimeoutExpired:
-                return Outcome(False, f"timed out: the isolated compile ran past {timeout:.0f} s", time.perf_counter() - t0)
+                return Outcome(
+                    False,
+                    f"timed out: the isolated compile ran past {timeout:.0f} s",
+                    time.perf_counter() - t0,
+                )
         with open(err_path, errors="replace") as f:
             stderr = f.read()
         result_path = os.path.join(tmp, "result.json")
@@ -190,7 +198,9 @@ def check(
                 result = json.load(f)
     seconds = time.perf_counter() - t0
     if code == 0 and result is not None and result.get("ok"):
-        return Outcome(True, f"compiled and ran in a child process ({result.get('compile_s', 0):.1f} s compile)", seconds)
+        return Outcome(
+            True, f"compiled and ran in a child process ({result.get('compile_s', 0):.1f} s compile)", seconds
+        )
     if result is not None and not result.get("ok"):
         reason = f"XLA compile failed: {result.get('error', '?')}"
     elif code < 0:
@@ -229,13 +239,18 @@ def _child(directory: str) -> int:
         exported = jax_export.deserialize(bytearray(f.read()))
     result_path = os.path.join(directory, "result.json")
     if os.environ.get(DELIBERATE_ABORT_VAR) == "1":
-        print(f"F0000 00:00:00 rose_jax.optimize.isolate: deliberate abort ({DELIBERATE_ABORT_VAR}=1, a test)",
-              file=sys.stderr, flush=True)
+        print(
+            f"F0000 00:00:00 rose_jax.optimize.isolate: deliberate abort ({DELIBERATE_ABORT_VAR}=1, a test)",
+            file=sys.stderr,
+            flush=True,
+        )
         os.abort()
     try:
         args = [_zeros(shape, dtype) for shape, dtype in spec["args"]]
         t0 = time.perf_counter()
-        compiled = jax.jit(exported.call, compiler_options=spec["compiler_options"] or None).lower(*args).compile()
+        compiled = (
+            jax.jit(exported.call, compiler_options=spec["compiler_options"] or None).lower(*args).compile()
+        )
         compile_s = time.perf_counter() - t0
         jax.block_until_ready(compiled(*args))
         result = {"ok": True, "compile_s": compile_s, "run_s": time.perf_counter() - t0 - compile_s}
@@ -251,6 +266,8 @@ def _child(directory: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not os.path.isdir(sys.argv[1]):
-        print("usage: python -m rose_jax.optimize.isolate <dir with program.bin and spec.json>", file=sys.stderr)
+        print(
+            "usage: python -m rose_jax.optimize.isolate <dir with program.bin and spec.json>", file=sys.stderr
+        )
         sys.exit(2)
     sys.exit(_child(sys.argv[1]))

@@ -231,7 +231,11 @@ def flatten_body(jaxpr: Any) -> FlatBody:
                 sub = {v: key(a) for v, a in zip(inner.invars, e.invars, strict=True)}
                 sub.update({v: Const(c) for v, c in zip(inner.constvars, inner_consts, strict=True)})
                 walk([C.prefixed(q, e) for q in inner.eqns], instance + (idx,), sub)
-                inner_key = {v: (sub[v] if v in sub else (instance + (idx,), v)) for v in inner.outvars if not C.is_literal(v)}
+                inner_key = {
+                    v: (sub[v] if v in sub else (instance + (idx,), v))
+                    for v in inner.outvars
+                    if not C.is_literal(v)
+                }
                 for ov, iv in zip(e.outvars, inner.outvars, strict=True):
                     if not C.is_dropvar(ov):
                         local[ov] = iv if C.is_literal(iv) else inner_key[iv]
@@ -294,8 +298,8 @@ class RegionPlan(NamedTuple):
         sizes = "/".join(str(len(r)) for r in self.regions)
         shared = f"; shared prelude: {self.shared}" if self.shared else ""
         return (
-            f"in each step of {loop}: {on} ({sizes} equations), overlapped; "
-            f"{len(self.prelude)} equation(s) before and {len(self.epilogue)} after on the main stream{shared}"
+            f"in each step of {loop}: {on} ({sizes} equations), overlapped; {len(self.prelude)} "
+            f"equation(s) before and {len(self.epilogue)} after on the main stream{shared}"
         )
 
 
@@ -369,7 +373,12 @@ def plan_regions(body: FlatBody, regions: dict[str, Sequence[int]], shared: str 
             continue
         (epilogue if any(_is_val(a) and a in everything for a in op.invars) else prelude).append(i)
     return RegionPlan(
-        body, tuple(names), tuple(tuple(sorted(set(regions[n]))) for n in names), tuple(prelude), tuple(epilogue), shared
+        body,
+        tuple(names),
+        tuple(tuple(sorted(set(regions[n]))) for n in names),
+        tuple(prelude),
+        tuple(epilogue),
+        shared,
     )
 
 
@@ -384,10 +393,14 @@ def _relative_components(eqn: Any, outer: Sequence[str]) -> tuple[str, ...]:
 def component_region_indices(body: FlatBody, names: Sequence[str], outer: Sequence[str] = ()) -> dict:
     """name -> op indices of ``body`` inside ``rose_jax.component(name)`` (``outer``: the
     components enclosing the level, which the equations' name stacks may repeat)."""
-    return {n: [i for i, op in enumerate(body.ops) if n in _relative_components(op.eqn, outer)] for n in names}
+    return {
+        n: [i for i, op in enumerate(body.ops) if n in _relative_components(op.eqn, outer)] for n in names
+    }
 
 
-def slice_regions(body: FlatBody, targets: dict[str, Sequence[Any]], owned: dict[str, Sequence[Any]]) -> tuple[dict[str, list[int]], str]:
+def slice_regions(
+    body: FlatBody, targets: dict[str, Sequence[Any]], owned: dict[str, Sequence[Any]]
+) -> tuple[dict[str, list[int]], str]:
     """Regions that produce each group's ``targets`` (keys), and what the groups share.
 
     A group's region is the backward slice of its targets minus what other groups' slices
@@ -412,17 +425,19 @@ def slice_regions(body: FlatBody, targets: dict[str, Sequence[Any]], owned: dict
         joins = [i for i in coupled if len(sources[i]) >= 2] or coupled
         src = sorted({g for i in coupled for g in sources[i]})
         where = collections.Counter(_where_computed(ops[j].eqn) for j in joins).most_common(2)
+        feed = "both updates" if len(src) > 1 else "the other updates"
         raise ValueError(
             f"{' and '.join(names)} are coupled: {len(joins)} equation(s) combine values computed from "
-            f"{' and '.join(src)}'s state and feed {'both updates' if len(src) > 1 else 'the other updates'}, at "
+            f"{' and '.join(src)}'s state and feed {feed}, at "
             f"{'; '.join(w for w, _ in where)}{_why_phrase([ops[j].eqn for j in joins])}"
         )
     regions = {g: sorted(slices[g] - set(shared)) for g in names}
     note = ""
     if shared:
         top = collections.Counter(_where_computed(ops[j].eqn) for j in shared).most_common(2)
-        note = f"{len(shared)} equation(s) read by several groups and computed from no group's state, once " + (
-            "(" + "; ".join(w for w, _ in top) + ")"
+        note = (
+            f"{len(shared)} equation(s) read by several groups and computed from no group's state, once "
+            + ("(" + "; ".join(w for w, _ in top) + ")")
         )
     return regions, note
 
@@ -477,7 +492,9 @@ def scan_labels(closed: Any, input_labels: Sequence[str | None]) -> dict[tuple, 
     return out
 
 
-def _group_slots(labels: Sequence[str | None], scan: C.ScanParams, groups: Sequence[str]) -> dict[str, list[int]]:
+def _group_slots(
+    labels: Sequence[str | None], scan: C.ScanParams, groups: Sequence[str]
+) -> dict[str, list[int]]:
     """group -> carry slot indices whose path names the group (a slot naming two is an error)."""
     nc = scan.num_consts
     slots: dict[str, list[int]] = {g: [] for g in groups}
@@ -561,7 +578,9 @@ def _run_region(plan: RegionPlan, k: int, env: dict) -> None:
 class StreamInterpreter(I.Interpreter):
     """Rebuilds the chosen scans with their body's regions on their own streams."""
 
-    def __init__(self, select: Callable[[I.Site], bool], plan_for: Callable[[I.Site, C.ScanParams], RegionPlan]):
+    def __init__(
+        self, select: Callable[[I.Site], bool], plan_for: Callable[[I.Site, C.ScanParams], RegionPlan]
+    ):
         super().__init__(select, self._on_scan)
         self.plan_for = plan_for
         self.plans: list[tuple[str, RegionPlan]] = []
@@ -596,7 +615,9 @@ def _evaluate(closed: Any, out_shape: Any, labels: dict, flat: list, select, pla
     """``closed`` evaluated by a :class:`StreamInterpreter` (its scans' body ``labels`` from
     :func:`scan_labels`), results in ``out_shape``'s structure."""
     jx, consts = C.open_and_consts(closed)
-    interp = StreamInterpreter(select, lambda site, scan: plan_for_labels(site, scan, labels[site.address][1]))
+    interp = StreamInterpreter(
+        select, lambda site, scan: plan_for_labels(site, scan, labels[site.address][1])
+    )
     outs = interp.eval(jx, consts, flat)
     if not interp.plans:
         raise ValueError("stream_overlap: no loop of this function matches")
@@ -681,13 +702,13 @@ def stream_overlap(
 
     def legal(tree) -> tuple[bool, str]:
         labels = scan_labels(tree.jaxpr, list(tree.input_paths))
-        hits = [
-            (s, lab) for s, lab in labels.values()
-            if wanted(s, C.scan_params(s.eqn.params), lab)
-        ]
+        hits = [(s, lab) for s, lab in labels.values() if wanted(s, C.scan_params(s.eqn.params), lab)]
         if not hits:
             what = "components" if mode == "components" else "carried state named"
-            return False, f"no loop{'' if where is None else f' at where={where!r}'} holds {what} {', '.join(names)}"
+            return (
+                False,
+                f"no loop{'' if where is None else f' at where={where!r}'} holds {what} {', '.join(names)}",
+            )
         texts = []
         for site, lab in hits:
             scan = C.scan_params(site.eqn.params)
@@ -762,7 +783,12 @@ def _zip_loops(a: str, b: str) -> Transform:
         if ia in needed:
             first, second = (a, b) if sa.address[-1][0] == ia else (b, a)
             raise ValueError(f"{second!r} reads what {first!r} computes: they are dependent")
-        return sa, sb, f"{sa.path_str()} on stream 1 and {sb.path_str()} on stream 2, zipped step by step ({pa.length} steps)"
+        return (
+            sa,
+            sb,
+            f"{sa.path_str()} on stream 1 and {sb.path_str()} on stream 2, zipped step by step "
+            f"({pa.length} steps)",
+        )
 
     def legal(tree):
         try:
@@ -801,7 +827,8 @@ def _zip_loops(a: str, b: str) -> Transform:
         "fn",
         legal,
         apply,
-        summary=f"loops {a!r} and {b!r} zipped into one, each step of {a!r} on stream 1 and of {b!r} on stream 2",
+        summary=f"loops {a!r} and {b!r} zipped into one, each step of {a!r} on stream 1 and of {b!r} "
+        "on stream 2",
     )
 
 
@@ -855,7 +882,8 @@ def _stage_starts(eqns: Sequence[Any], boundaries: Sequence[str] | None) -> tupl
         idx = [i for i, t in enumerate(tops) if t == (b,)]
         if not idx:
             raise ValueError(
-                f"split_compile: {b!r} is not a top-level component of the function (top level: {', '.join(order) or 'none'})"
+                f"split_compile: {b!r} is not a top-level component of the function "
+                f"(top level: {', '.join(order) or 'none'})"
             )
         starts.append(idx[0])
     if starts != sorted(starts) or len(set(starts)) != len(starts):
@@ -968,7 +996,9 @@ class ChainedStep(HostStep):
         self.option_sets = tuple(option_sets) if option_sets is not None else tuple(OPTION_SETS)
         unknown = [o for o in self.option_sets if o not in OPTION_SETS]
         if unknown or not self.option_sets:
-            raise ValueError(f"ChainedStep: option_sets must name some of {', '.join(OPTION_SETS)}, got {option_sets!r}")
+            raise ValueError(
+                f"ChainedStep: option_sets must name some of {', '.join(OPTION_SETS)}, got {option_sets!r}"
+            )
         self.refusals: dict[str, str] = {}
         self._chain: _Chain | None = None
         self._compiled: list[Callable] | None = None
@@ -979,7 +1009,10 @@ class ChainedStep(HostStep):
     # -- the call ---------------------------------------------------------------------------
     def __call__(self, *args):
         flat = jax.tree.leaves(args)
-        key = (jax.tree.structure(args), tuple((getattr(x, "shape", ()), str(getattr(x, "dtype", ""))) for x in flat))
+        key = (
+            jax.tree.structure(args),
+            tuple((getattr(x, "shape", ()), str(getattr(x, "dtype", ""))) for x in flat),
+        )
         if self._compiled is None or key != self._key:
             self._prepare(args, flat)
             self._key = key
@@ -1044,17 +1077,26 @@ class ChainedStep(HostStep):
             k, name = item
             stage = self._chain.stages[k]
             opts = {**(OPTION_SETS[name] if gpu else {}), **self.extra_options}
-            return iso.check(stage.fn, stage.in_specs, compiler_options=opts, label=f"{stage.name}:{name}",
-                             cache_dir=self.cache_dir)
+            return iso.check(
+                stage.fn,
+                stage.in_specs,
+                compiler_options=opts,
+                label=f"{stage.name}:{name}",
+                cache_dir=self.cache_dir,
+            )
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            return dict(zip(todo, pool.map(one, todo)))
+            return dict(zip(todo, pool.map(one, todo), strict=True))
 
     def _measure(self, flat) -> tuple[str, ...]:
         gpu = _platform() == "gpu"
         sets = list(self.option_sets) if gpu else ["default"]
         use_child = gpu if self.isolate is None else self.isolate
-        checks = self.isolation_checks([(k, n) for k in range(len(self._chain.stages)) for n in sets]) if use_child else {}
+        checks = (
+            self.isolation_checks([(k, n) for k in range(len(self._chain.stages)) for n in sets])
+            if use_child
+            else {}
+        )
         values = list(flat)
         chosen = []
         for k, stage in enumerate(self._chain.stages):
@@ -1078,7 +1120,9 @@ class ChainedStep(HostStep):
                 if t < best_t:
                     best, best_t, best_run = name, t, run
             if best is None:
-                raise ValueError(f"split_compile: every option set was refused for stage {stage.name!r}: {times}")
+                raise ValueError(
+                    f"split_compile: every option set was refused for stage {stage.name!r}: {times}"
+                )
             chosen.append(best)
             self.timings[stage.name] = times
             values.extend(best_run(*stage_args))
@@ -1115,7 +1159,10 @@ def split_compile(
         how = "measured per stage" if opts == "measure" else ", ".join(opts)
         if len(names) == 1:
             return True, f"the whole iteration ({names[0]}) as one program with its own XLA options ({how})"
-        return True, f"stages {' | '.join(names)} compiled separately (XLA options: {how}), chained on the device"
+        return (
+            True,
+            f"stages {' | '.join(names)} compiled separately (XLA options: {how}), chained on the device",
+        )
 
     def apply(target):
         if isinstance(target, Program):
@@ -1134,8 +1181,8 @@ def split_compile(
         "host",
         legal,
         apply,
-        summary=f"the iteration split before {where} into separately compiled programs chained on the device, "
-        f"XLA options {'measured per stage' if opts == 'measure' else opts}",
+        summary=f"the iteration split before {where} into separately compiled programs chained on the "
+        f"device, XLA options {'measured per stage' if opts == 'measure' else opts}",
     )
 
 
