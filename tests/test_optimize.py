@@ -926,7 +926,7 @@ def test_processes_iteration_compiles_once(ppo16):
     """The driver's per-iteration work in processes mode: after the first iteration nothing is
     traced or compiled again, neither by ``Program.iteration()`` (whose learn is jitted, not run
     op by op) nor by the search's step; the results equal the single-process iteration."""
-    program, state, ref, _, _ = ppo16
+    program, state, ref, moved, _ = ppo16
     tol = O.group_rollout(2).tolerance.rtol
     for make in (lambda p: p.iteration(), search.compile_step):
         pc = processes.ProcessCollect(program, 2, executor=processes.InlineExecutor())
@@ -940,9 +940,14 @@ def test_processes_iteration_compiles_once(ppo16):
         jax.block_until_ready(s)
         per_iteration = (time.perf_counter() - t0) / 2
         assert process_worker.compile_events() == before  # zero traces and compiles
-        assert per_iteration < 2.0  # op-by-op learn took ~8 s per iteration here
-        cmp = measure.compare_trees(pc.sync_state(s), ref, tol)
+        cmp = measure.compare_trees(pc.sync_state(s), ref, tol)  # (compiles the env fetch's concat)
         assert cmp.equal, cmp.reason
+        # a start state placed otherwise (committed to the device, as states that came back over
+        # CUDA IPC are; the first one was not) runs the same executables too
+        before = process_worker.compile_events()
+        jax.block_until_ready(step(jax.device_put(moved, jax.devices()[0]))[0])
+        assert process_worker.compile_events() == before
+        assert per_iteration < 2.0  # op-by-op learn took ~8 s per iteration here
         pc.close()
 
 
@@ -1081,6 +1086,7 @@ def test_env_groups_experiment_smoke_on_cpu(tmp_path):
     ] and data["machine"]["command"]
     for r in (r for r in rows if r["kind"] == "groups"):
         assert r["equal"] and r["driver_compiles_after_first"] == 0 and r["worker_compiles_after_first"] == 0
+        assert r["envs_differing"] == 0 and r["equal_to_sequential_groups"] and r["worker_rollout_ms"] > 0
         assert r["mode"] == "resident" and r["processes_ms"] > 0 and r["fused_ms"] > 0
     (x,) = (r for r in rows if r["kind"] == "exchange")
     assert {(t["bytes"], t["staging"]) for t in x["round_trips"]} == {

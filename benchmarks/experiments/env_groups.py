@@ -54,7 +54,7 @@ SMOKE_POLICIES = {"4x32": (8,), "3x1024": (32, 32)}
 MB = 1 << 20
 # seconds a row takes on the H200 (compiles included, from a cold compilation cache): what the
 # budget check adds to the elapsed time before starting a row
-ESTIMATE_S = {"groups": 80.0, "exchange": 25.0, "offload": 130.0, "search": 70.0}
+ESTIMATE_S = {"groups": 70.0, "exchange": 15.0, "offload": 200.0, "search": 70.0}
 
 
 # ----------------------------------------------------------------------------------- workloads
@@ -91,6 +91,23 @@ def _median(xs) -> float | None:
 # ------------------------------------------------------------------------------- env groups
 
 
+def envs_differing(a: Any, b: Any, rtol: float) -> int:
+    """How many envs (leading axis of every leaf) differ beyond ``rtol`` of the leaf's largest
+    magnitude in any leaf: a few envs = chaotic divergence (another termination), all = a bug."""
+    import jax
+    import numpy as np
+
+    bad = None
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        if x.ndim == 0:
+            continue
+        scale = max(float(np.nanmax(np.abs(y))) if y.size else 0.0, 1e-12)
+        d = (np.abs(x - y) > rtol * scale).reshape(x.shape[0], -1).any(axis=1)
+        bad = d if bad is None else bad | d
+    return int(bad.sum()) if bad is not None else 0
+
+
 def groups_row(args, label: str) -> dict:
     import jax
 
@@ -102,30 +119,32 @@ def groups_row(args, label: str) -> dict:
     steps = config.num_envs * config.unroll_length
     name = f"groups_{label}"
     fused = jax.jit(program.iteration())
+    sequential = jax.jit(O.group_rollout(args.groups, "sequential").apply(program).iteration())
     t = O.group_rollout(args.groups, "processes")
     grouped = t.apply(program)
     pc, step = grouped.collect, search.compile_step(grouped)
     try:
         log(f"{name}: fused vs {args.groups} env groups in processes (compiles, workers start)")
         ref_one, _ = fused(state)
+        seq_one, _ = sequential(state)
         one = step.sync_state(step(state)[0])  # starts the workers, compiles everywhere
-        cmp = measure.compare_trees(one, ref_one, t.tolerance.rtol, t.tolerance.atol)
         pool = pc.executor.pool
         worker_events = {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names}
         driver_events = process_worker.compile_events()
         n_before = len(pc.stats()["per_iteration"])
         (_, tf), (_, tp) = measure.time_alternating([fused, step], state, args.iters, args.repeats)
+        records = [r for r in pc.stats()["per_iteration"][n_before:] if r["kind"] == "iteration"]
         driver_after = process_worker.compile_events()
         worker_after = {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names}
-        records = [r for r in pc.stats()["per_iteration"][n_before:] if r["kind"] == "iteration"]
-        timed = records[-args.iters * args.repeats:]
-        worker_stats = dict(pool.last_stats)
         st = pc.stats()
     finally:
         step.close()
-    run_s = max(s.get("run_s", 0.0) for s in worker_stats.values())
-    collect_s = _median([r["wall_s"] for r in timed])
-    workers_s = _median([r["workers_s"] for r in timed])
+    tol = t.tolerance
+    cmp = measure.compare_trees(one, ref_one, tol.rtol, tol.atol)
+    cmp_seq = measure.compare_trees(one, seq_one, tol.rtol, tol.atol)
+    collect_s = _median([r["wall_s"] for r in records])
+    workers_s = _median([r["workers_s"] for r in records])
+    run_s = _median([r.get("worker_run_s") for r in records])
     row = {
         "name": name, "kind": "groups", "policy": label, "num_envs": config.num_envs,
         "groups": args.groups, "steps_per_iteration": steps,
@@ -133,26 +152,30 @@ def groups_row(args, label: str) -> dict:
         "speedup": tf.median / tp.median,
         "fused_turns_ms": [x * 1e3 for x in tf.per_iter_s], "processes_turns_ms": [x * 1e3 for x in tp.per_iter_s],
         "collect_ms": collect_s * 1e3, "workers_round_trip_ms": workers_s * 1e3,
-        "worker_rollout_ms": run_s * 1e3,
+        "worker_rollout_ms": run_s * 1e3 if run_s is not None else None,
         "driver_overhead_ms": (collect_s - workers_s) * 1e3,
-        "exchange_overhead_ms": (workers_s - run_s) * 1e3,
+        "exchange_overhead_ms": (workers_s - run_s) * 1e3 if run_s is not None else None,
         "learn_ms": (tp.median - collect_s) * 1e3,
         "driver_compiles_after_first": sum(driver_after[k] - driver_events[k] for k in driver_events),
         "worker_compiles_after_first": sum(
             worker_after[w][k] - worker_events[w][k] for w in worker_events for k in worker_events[w]
         ),
-        "equal": cmp.equal, "max_abs_diff": cmp.max_abs, "max_rel_diff": cmp.max_rel,
-        "tolerance_rtol": t.tolerance.rtol, "mode": st["mode"], "reason": st["reason"],
-        "transport": st["transport"], "sent_bytes_per_iteration": timed[-1]["sent_bytes"] if timed else None,
-        "received_bytes_per_iteration": timed[-1]["received_bytes"] if timed else None,
-        "worker_stats": worker_stats,
+        "equal": cmp.equal, "max_abs_diff": cmp.max_abs, "max_rel_diff": cmp.max_rel, "worst_leaf": cmp.worst,
+        "envs_differing": envs_differing(one.env_state, ref_one.env_state, 1e-3),
+        "equal_to_sequential_groups": cmp_seq.equal, "max_abs_diff_sequential": cmp_seq.max_abs,
+        "envs_differing_sequential": envs_differing(one.env_state, seq_one.env_state, 1e-3),
+        "tolerance_rtol": tol.rtol, "mode": st["mode"], "reason": st["reason"],
+        "transport": st["transport"], "sent_bytes_per_iteration": records[-1]["sent_bytes"] if records else None,
+        "received_bytes_per_iteration": records[-1]["received_bytes"] if records else None,
     }
     log(
         f"{name}: fused {row['fused_ms']:.1f} / processes {row['processes_ms']:.1f} ms/iter "
         f"({row['speedup']:.3f}x); driver {row['driver_overhead_ms']:.2f} ms, exchange "
-        f"{row['exchange_overhead_ms']:.2f} ms, rollout {row['worker_rollout_ms']:.1f} ms, learn "
+        f"{fmt(row['exchange_overhead_ms'], '.2f')} ms, rollout {fmt(row['worker_rollout_ms'])} ms, learn "
         f"{row['learn_ms']:.1f} ms; compiles after the first: driver {row['driver_compiles_after_first']}, "
-        f"workers {row['worker_compiles_after_first']}; equal={cmp.equal} (max|d| {cmp.max_abs:.2g})"
+        f"workers {row['worker_compiles_after_first']}; vs fused: equal={cmp.equal} (max|d| {cmp.max_abs:.2g}, "
+        f"{row['envs_differing']} envs differ); vs sequential groups: equal={cmp_seq.equal} "
+        f"({row['envs_differing_sequential']} envs differ)"
     )
     return row
 
@@ -236,7 +259,9 @@ def offload_row(args, num_envs: int) -> dict:
     def timed(plan_a, plan_b):  # the quota step's end-to-end timing, with the baseline in the turns
         steps = [search.compile_step(search.apply_plan(fn, p), host=True) for p in (plan_a, plan_b)]
         try:
-            (_, tb), (_, ta), (_, tq) = measure.time_alternating([base_step, *steps], state, 1, args.repeats)
+            (_, tb), (_, ta), (_, tq) = measure.time_alternating(
+                [base_step, *steps], state, 1, args.offload_repeats
+            )
             timings.update(base=tb, none=ta, quota=tq)
             return ta, tq
         finally:
@@ -253,7 +278,7 @@ def offload_row(args, num_envs: int) -> dict:
     if "none" not in timings:  # no quota step (no MPS): the plan without quotas against the baseline
         step = search.compile_step(search.apply_plan(fn, [O.offload_component("evaluate")]), host=True)
         try:
-            (_, tb), (_, ta) = measure.time_alternating([base_step, step], state, 1, args.repeats)
+            (_, tb), (_, ta) = measure.time_alternating([base_step, step], state, 1, args.offload_repeats)
             timings.update(base=tb, none=ta)
         finally:
             base.close(step)
@@ -287,10 +312,12 @@ def table(rows: list[dict]) -> str:
     if g:
         lines.append(common.markdown_table(
             ["row", "fused ms/iter", "processes ms/iter", "speedup", "driver ms", "exchange ms", "rollout ms",
-             "learn ms", "recompiles (driver/workers)", "equal"],
+             "learn ms", "recompiles (driver/workers)", "equal (envs differing) vs fused / vs groups"],
             [[r["name"], r["fused_ms"], r["processes_ms"], f"{r['speedup']:.3f}x", r["driver_overhead_ms"],
-              r["exchange_overhead_ms"], r["worker_rollout_ms"], r["learn_ms"],
-              f"{r['driver_compiles_after_first']}/{r['worker_compiles_after_first']}", r["equal"]] for r in g]))
+              fmt(r["exchange_overhead_ms"], ".2f"), fmt(r["worker_rollout_ms"]), r["learn_ms"],
+              f"{r['driver_compiles_after_first']}/{r['worker_compiles_after_first']}",
+              f"{r['equal']} ({r['envs_differing']}) / {r['equal_to_sequential_groups']} "
+              f"({r['envs_differing_sequential']})"] for r in g]))
     x = [r for r in rows if r.get("kind") == "exchange"]
     for r in x:
         lines.append(f"\nexchange ({r['transport']}):\n")
@@ -394,7 +421,8 @@ def parse_args(argv=None):
     p.add_argument("--offload-envs", type=int, nargs="+", default=[2048, 8192])
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--offload-repeats", type=int, default=2, help="timed epochs per variant (in turns)")
     p.add_argument("--round-trips", type=int, default=20)
     p.add_argument("--epoch-env-steps", type=int, default=500_000)
     p.add_argument("--eval-envs", type=int, default=128)

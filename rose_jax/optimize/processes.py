@@ -346,6 +346,7 @@ class RuntimeExecutor:
         self.groups, self.quotas, self.transport, self.timeout = groups, quotas, transport, timeout
         self._daemon, self._own_daemon, self._use_mps = daemon, None, use_mps
         self._pool = None
+        self._last_stats: list[dict] = []
 
     @property
     def pool(self):
@@ -388,7 +389,14 @@ class RuntimeExecutor:
     def _all(self, submit: Callable[[Any, str, int], Any]) -> list:
         pool = self._ensure()
         handles = [submit(pool, f"group{g}", g) for g in range(self.groups)]
-        return pool.wait(handles, self.timeout)
+        out = pool.wait(handles, self.timeout)
+        self._last_stats = [pool.last_stats.get(f"group{g}") or {} for g in range(self.groups)]
+        return out
+
+    def worker_run_s(self) -> float | None:
+        """Seconds the slowest group's function ran in its worker, in the last call (None before)."""
+        runs = [s["run_s"] for s in self._last_stats if s.get("run_s") is not None]
+        return max(runs) if runs else None
 
     def run_groups(self, spec, states, groups, options=()):
         static = {"spec": spec, "groups": groups}
@@ -522,7 +530,7 @@ class ProcessCollect(HostStep):
             if not plan.resident:
                 return self._call_full(state, t0, plan.reason, options)
             upload, upload_bytes = self._upload(state, plan, fns, force=False)
-        leaves = self._leaves(state, plan)
+        leaves = _commit(self._leaves(state, plan))
         sent = tuple(leaves[i] for i in plan.layout.sent)
         t1 = time.perf_counter()
         try:
@@ -531,7 +539,7 @@ class ProcessCollect(HostStep):
             self._lost()  # some workers may have stepped their envs, others not
             raise
         t2 = time.perf_counter()
-        changed, used = fns["merge"](outs)
+        changed, used = _commit(fns["merge"](outs))
         for i, x in zip(plan.layout.changed, changed, strict=True):
             leaves[i] = x
         used_at = dict(zip(plan.layout.data_used, used, strict=True))
@@ -540,6 +548,7 @@ class ProcessCollect(HostStep):
         )
         self._version += 1
         new_state = self._with_marker(jax.tree_util.tree_unflatten(plan.layout.treedef, leaves))
+        run_s = getattr(self.executor, "worker_run_s", lambda: None)()
         self._record(
             "iteration",
             sent_bytes=self.groups * _tree_bytes(sent),
@@ -548,6 +557,7 @@ class ProcessCollect(HostStep):
             upload_bytes=upload_bytes,
             wall_s=time.perf_counter() - t0,
             workers_s=t2 - t1,
+            worker_run_s=run_s,
         )
         return new_state, data
 
@@ -612,7 +622,8 @@ class ProcessCollect(HostStep):
         "restore": the last two from :meth:`put_env`), mode ("resident" | "full"), version,
         sent_bytes (driver -> workers, per-iteration inputs), received_bytes (workers -> driver),
         upload ("put" | "restore" | None: the env state uploaded in this call), upload_bytes,
-        total_bytes (their sum), wall_s, workers_s}``; summing ``total_bytes`` over records
+        total_bytes (their sum), wall_s (the whole call), workers_s (the groups' round trip),
+        worker_run_s (the slowest group's function inside its worker; None in process)}``; summing ``total_bytes`` over records
         counts every byte once. ``last_iteration``: the newest "iteration" record; ``counts``:
         calls per kind (uploads inside iterations included).
         """
@@ -725,7 +736,7 @@ class ProcessCollect(HostStep):
                 kind, nbytes = "restore", 0
             else:
                 self._origin = None
-                slices = fns["split"](tuple(env_leaves))
+                slices = fns["split"](tuple(_commit(env_leaves)))
                 self.executor.put(ORIGIN if self.keep_origin else ENV, slices)
                 if self.keep_origin:
                     self.executor.restore(ORIGIN, ENV)
@@ -744,11 +755,11 @@ class ProcessCollect(HostStep):
 
     def _call_full(self, state, t0: float, why: str, options: tuple = ()):
         """Whole states both ways (the resident plan is off: ``why``)."""
-        states = self._split(state)
+        states = self._split(_commit(state))
         t1 = time.perf_counter()
         outs = self.executor.run_groups(self.program.spec, states, self.groups, options)
         t2 = time.perf_counter()
-        result = self._merge(outs)
+        result = _commit(self._merge(outs))
         self._record(
             "iteration",
             sent_bytes=sum(_tree_bytes(s) for s in states),
@@ -814,6 +825,18 @@ class _CompiledCollect(HostStep):
 
     def with_compiler_options(self, compiler_options: dict | None) -> HostStep:
         return self.collect.with_compiler_options(compiler_options)
+
+
+def _commit(tree):
+    """``tree`` with its array leaves committed to the default device (no copy for those that are).
+
+    What reaches a jitted function (the workers' rollouts, the driver's learn) must be placed the
+    same way every iteration: the user's first state is typically uncommitted, later states and
+    the workers' outputs (CUDA IPC) are committed, and jit compiles once per placement."""
+    device = jax.devices()[0]
+    return jax.tree.map(
+        lambda x: jax.device_put(x, device) if isinstance(x, (jax.Array, np.ndarray)) else x, tree
+    )
 
 
 def _weakrefs(xs) -> list | None:

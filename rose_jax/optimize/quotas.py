@@ -100,13 +100,16 @@ def probe_branches(
             env = () if jax.default_backend() == "gpu" else (("JAX_PLATFORMS", "cpu"),)
             for q, bs in sorted(by_quota.items()):
                 spec = mps_plan.WorkerSpec(PROBE, quota=q, env=env)
-                with runtime.start_workers([spec], daemon=given, transport="shm") as pool:
+                with runtime.start_workers([spec], daemon=given, transport="auto") as pool:
                     for b in sorted(set(bs)):
                         br = branches[b]
                         name = f"rose.probe.{br.digest}"
                         pool.put_resident(PROBE, name, np.frombuffer(br.blob, np.uint8), timeout=timeout)
+                        # device arrays travel over CUDA IPC where the pool has it (an env batch can
+                        # be larger than /dev/shm)
+                        args = tuple(jax.device_put(a) for a in br.args)
                         t = pool.call(
-                            PROBE, TIME_EXPORTED, *br.args, static={"digest": br.digest, "repeats": repeats},
+                            PROBE, TIME_EXPORTED, *args, static={"digest": br.digest, "repeats": repeats},
                             jit=False, reads=(name,), timeout=timeout,
                         )
                         pool.drop_resident(PROBE, name)

@@ -230,7 +230,10 @@ def encode(
 
 
 def decode(packet: Packet, *, to: str, channel: Channel | None = None) -> Any:
-    """Rebuild the pytree; to="jax" (worker: arrays on the default device) or "numpy" (driver).
+    """Rebuild the pytree; to="jax" (worker: arrays committed to the default device, whichever path
+    they came by: a jitted function sees the same argument placement every call, so it never
+    recompiles because one call's inputs came inline and the next one's over CUDA IPC) or
+    "numpy" (driver).
 
     A staged packet is read through ``channel``'s mappings (opened once); without a channel its
     buffers are opened for this message only."""
@@ -271,7 +274,7 @@ def decode(packet: Packet, *, to: str, channel: Channel | None = None) -> Any:
     if to == "jax":
         for i, leaf in enumerate(out):
             if isinstance(leaf, (np.ndarray, np.generic)):
-                out[i] = jax.device_put(np.array(leaf, copy=True))
+                out[i] = jax.device_put(np.array(leaf, copy=True), jax.devices()[0])
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -283,8 +286,9 @@ def _host_to_device(name: str, refs) -> list[jax.Array]:
 def _to_device(views: list[np.ndarray]) -> list[jax.Array]:
     """Device copies of views into a segment, waited for (the segment is reused or unmapped next)."""
     on_cpu = jax.default_backend() == "cpu"
+    device = jax.devices()[0]
     # The CPU client may alias a host buffer instead of copying it: copy out of the segment.
-    arrays = [jax.device_put(np.array(v, copy=True) if on_cpu else v) for v in views]
+    arrays = [jax.device_put(np.array(v, copy=True) if on_cpu else v, device) for v in views]
     del views
     jax.block_until_ready(arrays)
     return arrays
