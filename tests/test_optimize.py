@@ -1087,6 +1087,7 @@ def test_env_groups_experiment_smoke_on_cpu(tmp_path):
     for r in (r for r in rows if r["kind"] == "groups"):
         assert r["equal"] and r["driver_compiles_after_first"] == 0 and r["worker_compiles_after_first"] == 0
         assert r["envs_differing"] == 0 and r["equal_to_sequential_groups"] and r["worker_rollout_ms"] > 0
+        assert r["envs_differing_inline"] == 0 and r["max_abs_diff_inline"] == 0.0  # the exchange is exact
         assert r["mode"] == "resident" and r["processes_ms"] > 0 and r["fused_ms"] > 0
     (x,) = (r for r in rows if r["kind"] == "exchange")
     assert {(t["bytes"], t["staging"]) for t in x["round_trips"]} == {

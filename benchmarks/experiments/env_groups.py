@@ -112,7 +112,7 @@ def groups_row(args, label: str) -> dict:
     import jax
 
     from rose_jax import optimize as O
-    from rose_jax.optimize import measure, process_worker, search
+    from rose_jax.optimize import measure, process_worker, processes, search
 
     policy = (SMOKE_POLICIES if args.smoke else POLICIES)[label]
     _, _, config, program, state = ppo_setup(args, args.num_envs, policy)
@@ -120,6 +120,10 @@ def groups_row(args, label: str) -> dict:
     name = f"groups_{label}"
     fused = jax.jit(program.iteration())
     sequential = jax.jit(O.group_rollout(args.groups, "sequential").apply(program).iteration())
+    # the workers' functions run here, one group after the other: the same computation as in the
+    # workers without the exchange (tells a transport fault from the groups' own divergence)
+    inline = processes.ProcessCollect(program, args.groups, executor=processes.InlineExecutor())
+    inline_step = search.compile_step(program._replace(collect=inline, host=True, groups=args.groups))
     t = O.group_rollout(args.groups, "processes")
     grouped = t.apply(program)
     pc, step = grouped.collect, search.compile_step(grouped)
@@ -127,6 +131,8 @@ def groups_row(args, label: str) -> dict:
         log(f"{name}: fused vs {args.groups} env groups in processes (compiles, workers start)")
         ref_one, _ = fused(state)
         seq_one, _ = sequential(state)
+        inline_one = inline_step.sync_state(inline_step(state)[0])
+        inline.close()
         one = step.sync_state(step(state)[0])  # starts the workers, compiles everywhere
         pool = pc.executor.pool
         worker_events = {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names}
@@ -164,6 +170,9 @@ def groups_row(args, label: str) -> dict:
         "envs_differing": envs_differing(one.env_state, ref_one.env_state, 1e-3),
         "equal_to_sequential_groups": cmp_seq.equal, "max_abs_diff_sequential": cmp_seq.max_abs,
         "envs_differing_sequential": envs_differing(one.env_state, seq_one.env_state, 1e-3),
+        "envs_differing_inline": envs_differing(one.env_state, inline_one.env_state, 1e-3),
+        "envs_differing_fused_vs_sequential": envs_differing(seq_one.env_state, ref_one.env_state, 1e-3),
+        "max_abs_diff_inline": measure.compare_trees(one, inline_one).max_abs,
         "tolerance_rtol": tol.rtol, "mode": st["mode"], "reason": st["reason"],
         "transport": st["transport"], "sent_bytes_per_iteration": records[-1]["sent_bytes"] if records else None,
         "received_bytes_per_iteration": records[-1]["received_bytes"] if records else None,
@@ -175,7 +184,9 @@ def groups_row(args, label: str) -> dict:
         f"{row['learn_ms']:.1f} ms; compiles after the first: driver {row['driver_compiles_after_first']}, "
         f"workers {row['worker_compiles_after_first']}; vs fused: equal={cmp.equal} (max|d| {cmp.max_abs:.2g}, "
         f"{row['envs_differing']} envs differ); vs sequential groups: equal={cmp_seq.equal} "
-        f"({row['envs_differing_sequential']} envs differ)"
+        f"({row['envs_differing_sequential']} envs differ); vs the same worker functions in this process: "
+        f"{row['envs_differing_inline']} envs differ; fused vs sequential groups: "
+        f"{row['envs_differing_fused_vs_sequential']} envs differ"
     )
     return row
 
@@ -312,12 +323,13 @@ def table(rows: list[dict]) -> str:
     if g:
         lines.append(common.markdown_table(
             ["row", "fused ms/iter", "processes ms/iter", "speedup", "driver ms", "exchange ms", "rollout ms",
-             "learn ms", "recompiles (driver/workers)", "equal (envs differing) vs fused / vs groups"],
+             "learn ms", "recompiles (driver/workers)",
+             "equal (envs differing) vs fused / vs groups / vs in-process workers"],
             [[r["name"], r["fused_ms"], r["processes_ms"], f"{r['speedup']:.3f}x", r["driver_overhead_ms"],
               fmt(r["exchange_overhead_ms"], ".2f"), fmt(r["worker_rollout_ms"]), r["learn_ms"],
               f"{r['driver_compiles_after_first']}/{r['worker_compiles_after_first']}",
               f"{r['equal']} ({r['envs_differing']}) / {r['equal_to_sequential_groups']} "
-              f"({r['envs_differing_sequential']})"] for r in g]))
+              f"({r['envs_differing_sequential']}) / ({r['envs_differing_inline']})"] for r in g]))
     x = [r for r in rows if r.get("kind") == "exchange"]
     for r in x:
         lines.append(f"\nexchange ({r['transport']}):\n")

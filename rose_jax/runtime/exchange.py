@@ -271,10 +271,12 @@ def decode(packet: Packet, *, to: str, channel: Channel | None = None) -> Any:
             arrays = cuda_ipc.import_arrays(packet.ipc, refs)
         for (i, _), a in zip(dev, arrays, strict=True):
             out[i] = a
-    if to == "jax":
-        for i, leaf in enumerate(out):
-            if isinstance(leaf, (np.ndarray, np.generic)):
-                out[i] = jax.device_put(np.array(leaf, copy=True), jax.devices()[0])
+    device = jax.devices()[0]
+    for i, leaf in enumerate(out):
+        if to == "jax" and isinstance(leaf, (np.ndarray, np.generic)):
+            out[i] = jax.device_put(np.array(leaf, copy=True), device)
+        elif isinstance(leaf, jax.Array):  # e.g. a DLPack import: committed like the others
+            out[i] = jax.device_put(leaf, device)
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
