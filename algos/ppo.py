@@ -126,7 +126,13 @@ class PPOConfig:
             fail("num_evals", self.num_evals, "None or a non-negative int")
         if not isinstance(self.deterministic_eval, bool):
             fail("deterministic_eval", self.deterministic_eval, "a bool")
-        if self.num_updates_per_batch is not None:  # Brax's name wins over num_epochs
+        if self.num_updates_per_batch is not None:  # Brax's name for num_epochs
+            default_epochs = type(self).__dataclass_fields__["num_epochs"].default
+            if self.num_epochs not in (default_epochs, self.num_updates_per_batch):
+                raise ValueError(
+                    f"PPOConfig: num_epochs={self.num_epochs} and num_updates_per_batch="
+                    f"{self.num_updates_per_batch} disagree (the same setting); give one of them"
+                )
             object.__setattr__(self, "num_epochs", self.num_updates_per_batch)
 
         for name in ("num_timesteps", "num_envs", "unroll_length", "num_minibatches", "num_epochs"):

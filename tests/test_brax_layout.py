@@ -8,6 +8,7 @@ tiny Brax env.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -266,6 +267,8 @@ def test_brax_keyword_errors_are_one_line():
     with pytest.raises(ValueError, match="action_repeat"):
         ppo.PPOConfig(action_repeat=0)
     assert ppo.PPOConfig(num_updates_per_batch=7).num_epochs == 7
+    with pytest.raises(ValueError, match="disagree"):  # e.g. --preset brax with --set num_epochs=8
+        dataclasses.replace(ppo.PPOConfig(num_updates_per_batch=2), num_epochs=8)
 
 
 def test_action_repeat_sums_rewards_and_counts_physics_steps():
