@@ -152,12 +152,19 @@ def groups_row(args, label: str) -> dict:
     workers_s = _median([r["workers_s"] for r in records])
     run_s = _median([r.get("worker_run_s") for r in records])
     row = {
-        "name": name, "kind": "groups", "policy": label, "num_envs": config.num_envs,
-        "groups": args.groups, "steps_per_iteration": steps,
-        "fused_ms": tf.median * 1e3, "processes_ms": tp.median * 1e3,
+        "name": name,
+        "kind": "groups",
+        "policy": label,
+        "num_envs": config.num_envs,
+        "groups": args.groups,
+        "steps_per_iteration": steps,
+        "fused_ms": tf.median * 1e3,
+        "processes_ms": tp.median * 1e3,
         "speedup": tf.median / tp.median,
-        "fused_turns_ms": [x * 1e3 for x in tf.per_iter_s], "processes_turns_ms": [x * 1e3 for x in tp.per_iter_s],
-        "collect_ms": collect_s * 1e3, "workers_round_trip_ms": workers_s * 1e3,
+        "fused_turns_ms": [x * 1e3 for x in tf.per_iter_s],
+        "processes_turns_ms": [x * 1e3 for x in tp.per_iter_s],
+        "collect_ms": collect_s * 1e3,
+        "workers_round_trip_ms": workers_s * 1e3,
         "worker_rollout_ms": run_s * 1e3 if run_s is not None else None,
         "driver_overhead_ms": (collect_s - workers_s) * 1e3,
         "exchange_overhead_ms": (workers_s - run_s) * 1e3 if run_s is not None else None,
@@ -166,15 +173,22 @@ def groups_row(args, label: str) -> dict:
         "worker_compiles_after_first": sum(
             worker_after[w][k] - worker_events[w][k] for w in worker_events for k in worker_events[w]
         ),
-        "equal": cmp.equal, "max_abs_diff": cmp.max_abs, "max_rel_diff": cmp.max_rel, "worst_leaf": cmp.worst,
+        "equal": cmp.equal,
+        "max_abs_diff": cmp.max_abs,
+        "max_rel_diff": cmp.max_rel,
+        "worst_leaf": cmp.worst,
         "envs_differing": envs_differing(one.env_state, ref_one.env_state, 1e-3),
-        "equal_to_sequential_groups": cmp_seq.equal, "max_abs_diff_sequential": cmp_seq.max_abs,
+        "equal_to_sequential_groups": cmp_seq.equal,
+        "max_abs_diff_sequential": cmp_seq.max_abs,
         "envs_differing_sequential": envs_differing(one.env_state, seq_one.env_state, 1e-3),
         "envs_differing_inline": envs_differing(one.env_state, inline_one.env_state, 1e-3),
         "envs_differing_fused_vs_sequential": envs_differing(seq_one.env_state, ref_one.env_state, 1e-3),
         "max_abs_diff_inline": measure.compare_trees(one, inline_one).max_abs,
-        "tolerance_rtol": tol.rtol, "mode": st["mode"], "reason": st["reason"],
-        "transport": st["transport"], "sent_bytes_per_iteration": records[-1]["sent_bytes"] if records else None,
+        "tolerance_rtol": tol.rtol,
+        "mode": st["mode"],
+        "reason": st["reason"],
+        "transport": st["transport"],
+        "sent_bytes_per_iteration": records[-1]["sent_bytes"] if records else None,
         "received_bytes_per_iteration": records[-1]["received_bytes"] if records else None,
     }
     log(
@@ -182,7 +196,8 @@ def groups_row(args, label: str) -> dict:
         f"({row['speedup']:.3f}x); driver {row['driver_overhead_ms']:.2f} ms, exchange "
         f"{fmt(row['exchange_overhead_ms'], '.2f')} ms, rollout {fmt(row['worker_rollout_ms'])} ms, learn "
         f"{row['learn_ms']:.1f} ms; compiles after the first: driver {row['driver_compiles_after_first']}, "
-        f"workers {row['worker_compiles_after_first']}; vs fused: equal={cmp.equal} (max|d| {cmp.max_abs:.2g}, "
+        f"workers {row['worker_compiles_after_first']}; vs fused: equal={cmp.equal} "
+        f"(max|d| {cmp.max_abs:.2g}, "
         f"{row['envs_differing']} envs differ); vs sequential groups: equal={cmp_seq.equal} "
         f"({row['envs_differing_sequential']} envs differ); vs the same worker functions in this process: "
         f"{row['envs_differing_inline']} envs differ; fused vs sequential groups: "
@@ -195,19 +210,35 @@ def search_row(args) -> dict:
     from rose_jax import optimize as O
     from rose_jax.optimize import base
 
-    _, _, config, program, state = ppo_setup(args, args.num_envs, (SMOKE_POLICIES if args.smoke else POLICIES)["4x32"])
+    _, _, config, program, state = ppo_setup(
+        args, args.num_envs, (SMOKE_POLICIES if args.smoke else POLICIES)["4x32"]
+    )
     t0 = time.perf_counter()
     step, report = O.optimize(
-        program, state, candidates=[O.group_rollout(args.groups, "processes")], n_iters=2,
-        repeats=2, local=False, max_candidates=1, log=lambda s: log(f"search_4x32: {s}"),
+        program,
+        state,
+        candidates=[O.group_rollout(args.groups, "processes")],
+        n_iters=2,
+        repeats=2,
+        local=False,
+        max_candidates=1,
+        log=lambda s: log(f"search_4x32: {s}"),
     )
     base.close(step)
     (rec,) = report.candidates
     return {
-        "name": "search_4x32", "kind": "search", "num_envs": config.num_envs, "candidate": rec.label,
-        "kept": rec.kept, "reason": rec.reason, "equal": rec.equal, "speedup": rec.speedup,
-        "e2e_ms": (rec.e2e_time_s or 0) * 1e3, "baseline_ms": (rec.e2e_baseline_s or 0) * 1e3,
-        "search_s": time.perf_counter() - t0, "plan": [p["label"] for p in report.plan],
+        "name": "search_4x32",
+        "kind": "search",
+        "num_envs": config.num_envs,
+        "candidate": rec.label,
+        "kept": rec.kept,
+        "reason": rec.reason,
+        "equal": rec.equal,
+        "speedup": rec.speedup,
+        "e2e_ms": (rec.e2e_time_s or 0) * 1e3,
+        "baseline_ms": (rec.e2e_baseline_s or 0) * 1e3,
+        "search_s": time.perf_counter() - t0,
+        "plan": [p["label"] for p in report.plan],
         "report_text": O.format_report(report),
     }
 
@@ -225,7 +256,12 @@ def exchange_row(args) -> dict:
 
     sizes = (256 << 10, MB) if args.smoke else (MB, 64 * MB)
     env = {} if jax.default_backend() == "gpu" else {"JAX_PLATFORMS": "cpu"}
-    out: dict[str, Any] = {"name": "exchange", "kind": "exchange", "sizes_bytes": list(sizes), "round_trips": []}
+    out: dict[str, Any] = {
+        "name": "exchange",
+        "kind": "exchange",
+        "sizes_bytes": list(sizes),
+        "round_trips": [],
+    }
     with start_workers([WorkerSpec("x", env=env)], transport="auto") as pool:
         out["transport"] = f"{pool.transport.kind}: {pool.transport.reason}"
         for size in sizes:
@@ -240,11 +276,18 @@ def exchange_row(args) -> dict:
                     t0 = time.perf_counter()
                     jax.block_until_ready(pool.call("x", "rose_jax.runtime.probes:identity", x))
                     times.append(time.perf_counter() - t0)
-                rec = {"bytes": size, "staging": staging, "n": n, "median_ms": float(np.median(times)) * 1e3,
-                       "min_ms": float(np.min(times)) * 1e3}
+                rec = {
+                    "bytes": size,
+                    "staging": staging,
+                    "n": n,
+                    "median_ms": float(np.median(times)) * 1e3,
+                    "min_ms": float(np.min(times)) * 1e3,
+                }
                 out["round_trips"].append(rec)
-                log(f"exchange: {size / MB:g} MB round trip, {'staged' if staging else 'one-off'}: "
-                    f"{rec['median_ms']:.3f} ms (median of {n})")
+                log(
+                    f"exchange: {size / MB:g} MB round trip, {'staged' if staging else 'one-off'}: "
+                    f"{rec['median_ms']:.3f} ms (median of {n})"
+                )
         out["driver_channel"] = pool.channel_stats()["x"]
     return out
 
@@ -258,7 +301,9 @@ def offload_row(args, num_envs: int) -> dict:
     from rose_jax import optimize as O
     from rose_jax.optimize import base, measure, quotas, search
 
-    ppo, env, config, _, state = ppo_setup(args, num_envs, (SMOKE_POLICIES if args.smoke else POLICIES)["4x32"])
+    ppo, env, config, _, state = ppo_setup(
+        args, num_envs, (SMOKE_POLICIES if args.smoke else POLICIES)["4x32"]
+    )
     per_iteration = config.num_envs * config.unroll_length
     k = max(1, math.ceil(args.epoch_env_steps / per_iteration))
     eval_length = args.eval_length or env.episode_length
@@ -279,11 +324,21 @@ def offload_row(args, num_envs: int) -> dict:
             for s in steps:
                 base.close(s)
 
-    log(f"{name}: epoch = {k} iterations ({k * per_iteration:,} env steps) + eval {args.eval_envs} x {eval_length}")
+    log(
+        f"{name}: epoch = {k} iterations ({k * per_iteration:,} env steps) + eval "
+        f"{args.eval_envs} x {eval_length}"
+    )
     t0 = time.perf_counter()
     _, (rec,) = quotas.choose_plan_quotas(
-        [O.offload_component("evaluate")], fn, state, mode=args.quotas, timed=timed, noise=0.0,
-        grid=tuple(args.quota_grid), refine_rounds=args.quota_refine_rounds, say=lambda s: log(f"{name}: {s}"),
+        [O.offload_component("evaluate")],
+        fn,
+        state,
+        mode=args.quotas,
+        timed=timed,
+        noise=0.0,
+        grid=tuple(args.quota_grid),
+        refine_rounds=args.quota_refine_rounds,
+        say=lambda s: log(f"{name}: {s}"),
     )
     quota_s = time.perf_counter() - t0
     if "none" not in timings:  # no quota step (no MPS): the plan without quotas against the baseline
@@ -295,16 +350,29 @@ def offload_row(args, num_envs: int) -> dict:
             base.close(step)
     tb, ta, tq = timings["base"], timings["none"], timings.get("quota")
     row = {
-        "name": name, "kind": "offload", "num_envs": num_envs, "iterations_per_epoch": k,
-        "env_steps_per_epoch": k * per_iteration, "eval_envs": args.eval_envs, "eval_length": eval_length,
-        "baseline_s": tb.median, "offload_s": ta.median, "offload_quota_s": tq.median if tq else None,
+        "name": name,
+        "kind": "offload",
+        "num_envs": num_envs,
+        "iterations_per_epoch": k,
+        "env_steps_per_epoch": k * per_iteration,
+        "eval_envs": args.eval_envs,
+        "eval_length": eval_length,
+        "baseline_s": tb.median,
+        "offload_s": ta.median,
+        "offload_quota_s": tq.median if tq else None,
         "baseline_steps_per_s": k * per_iteration / tb.median,
         "offload_steps_per_s": k * per_iteration / ta.median,
         "offload_quota_steps_per_s": k * per_iteration / tq.median if tq else None,
-        "speedup_no_quota": tb.median / ta.median, "speedup_quota": tb.median / tq.median if tq else None,
-        "quota_status": rec.status, "quota_reason": rec.reason, "quotas": rec.quotas,
-        "worker_quota": rec.applied.get("quota"), "branches": rec.branches, "points": rec.points,
-        "predicted_join_s": rec.predicted_join_s, "predicted_even_join_s": rec.predicted_even_join_s,
+        "speedup_no_quota": tb.median / ta.median,
+        "speedup_quota": tb.median / tq.median if tq else None,
+        "quota_status": rec.status,
+        "quota_reason": rec.reason,
+        "quotas": rec.quotas,
+        "worker_quota": rec.applied.get("quota"),
+        "branches": rec.branches,
+        "points": rec.points,
+        "predicted_join_s": rec.predicted_join_s,
+        "predicted_even_join_s": rec.predicted_even_join_s,
         "quota_step_s": quota_s,
     }
     log(
@@ -321,36 +389,90 @@ def table(rows: list[dict]) -> str:
     lines = []
     g = [r for r in rows if r.get("kind") == "groups"]
     if g:
-        lines.append(common.markdown_table(
-            ["row", "fused ms/iter", "processes ms/iter", "speedup", "driver ms", "exchange ms", "rollout ms",
-             "learn ms", "recompiles (driver/workers)",
-             "equal (envs differing) vs fused / vs groups / vs in-process workers"],
-            [[r["name"], r["fused_ms"], r["processes_ms"], f"{r['speedup']:.3f}x", r["driver_overhead_ms"],
-              fmt(r["exchange_overhead_ms"], ".2f"), fmt(r["worker_rollout_ms"]), r["learn_ms"],
-              f"{r['driver_compiles_after_first']}/{r['worker_compiles_after_first']}",
-              f"{r['equal']} ({r['envs_differing']}) / {r['equal_to_sequential_groups']} "
-              f"({r['envs_differing_sequential']}) / ({r['envs_differing_inline']})"] for r in g]))
+        lines.append(
+            common.markdown_table(
+                [
+                    "row",
+                    "fused ms/iter",
+                    "processes ms/iter",
+                    "speedup",
+                    "driver ms",
+                    "exchange ms",
+                    "rollout ms",
+                    "learn ms",
+                    "recompiles (driver/workers)",
+                    "equal (envs differing) vs fused / vs groups / vs in-process workers",
+                ],
+                [
+                    [
+                        r["name"],
+                        r["fused_ms"],
+                        r["processes_ms"],
+                        f"{r['speedup']:.3f}x",
+                        r["driver_overhead_ms"],
+                        fmt(r["exchange_overhead_ms"], ".2f"),
+                        fmt(r["worker_rollout_ms"]),
+                        r["learn_ms"],
+                        f"{r['driver_compiles_after_first']}/{r['worker_compiles_after_first']}",
+                        f"{r['equal']} ({r['envs_differing']}) / {r['equal_to_sequential_groups']} "
+                        f"({r['envs_differing_sequential']}) / ({r['envs_differing_inline']})",
+                    ]
+                    for r in g
+                ],
+            )
+        )
     x = [r for r in rows if r.get("kind") == "exchange"]
     for r in x:
         lines.append(f"\nexchange ({r['transport']}):\n")
-        lines.append(common.markdown_table(
-            ["bytes", "staged ms", "one-off ms"],
-            [[f"{size / MB:g} MB",
-              next(t["median_ms"] for t in r["round_trips"] if t["bytes"] == size and t["staging"]),
-              next(t["median_ms"] for t in r["round_trips"] if t["bytes"] == size and not t["staging"])]
-             for size in r["sizes_bytes"]]))
+        lines.append(
+            common.markdown_table(
+                ["bytes", "staged ms", "one-off ms"],
+                [
+                    [
+                        f"{size / MB:g} MB",
+                        next(t["median_ms"] for t in r["round_trips"] if t["bytes"] == size and t["staging"]),
+                        next(
+                            t["median_ms"]
+                            for t in r["round_trips"]
+                            if t["bytes"] == size and not t["staging"]
+                        ),
+                    ]
+                    for size in r["sizes_bytes"]
+                ],
+            )
+        )
     o = [r for r in rows if r.get("kind") == "offload"]
     if o:
         lines.append("")
-        lines.append(common.markdown_table(
-            ["row", "baseline s/epoch", "offload s/epoch", "offload+quota s/epoch", "quotas (driver, worker)",
-             "quota step"],
-            [[r["name"], r["baseline_s"], r["offload_s"], fmt(r["offload_quota_s"], ".3f"),
-              str(r["quotas"] or "-"), r["quota_status"]] for r in o]))
+        lines.append(
+            common.markdown_table(
+                [
+                    "row",
+                    "baseline s/epoch",
+                    "offload s/epoch",
+                    "offload+quota s/epoch",
+                    "quotas (driver, worker)",
+                    "quota step",
+                ],
+                [
+                    [
+                        r["name"],
+                        r["baseline_s"],
+                        r["offload_s"],
+                        fmt(r["offload_quota_s"], ".3f"),
+                        str(r["quotas"] or "-"),
+                        r["quota_status"],
+                    ]
+                    for r in o
+                ],
+            )
+        )
     s = [r for r in rows if r.get("kind") == "search"]
     for r in s:
-        lines.append(f"\nsearch over {r['candidate']}: {'KEPT' if r['kept'] else 'refused'} in "
-                     f"{r['search_s']:.1f}s: {r['reason']}")
+        lines.append(
+            f"\nsearch over {r['candidate']}: {'KEPT' if r['kept'] else 'refused'} in "
+            f"{r['search_s']:.1f}s: {r['reason']}"
+        )
     for r in rows:
         if "skipped" in r:
             lines.append(f"\n{r['name']}: skipped: {r['skipped']}")
@@ -372,23 +494,36 @@ def plot(rows: list[dict], path: str) -> None:
         if kind == "groups":
             xs = range(len(rs))
             ax.bar([i - 0.2 for i in xs], [r["fused_ms"] for r in rs], 0.4, label="fused")
-            ax.bar([i + 0.2 for i in xs], [r["processes_ms"] for r in rs], 0.4, label="env groups in processes")
+            ax.bar(
+                [i + 0.2 for i in xs], [r["processes_ms"] for r in rs], 0.4, label="env groups in processes"
+            )
             ax.set_xticks(list(xs), [r["policy"] for r in rs])
             ax.set_ylabel("ms / iteration")
         elif kind == "exchange":
             r = rs[0]
             sizes = r["sizes_bytes"]
             for j, staging in enumerate((True, False)):
-                ms = [next(t["median_ms"] for t in r["round_trips"] if t["bytes"] == s and t["staging"] == staging)
-                      for s in sizes]
-                ax.bar([i + 0.4 * j - 0.2 for i in range(len(sizes))], ms, 0.4,
-                       label="staged" if staging else "one-off")
+                ms = [
+                    next(
+                        t["median_ms"]
+                        for t in r["round_trips"]
+                        if t["bytes"] == s and t["staging"] == staging
+                    )
+                    for s in sizes
+                ]
+                ax.bar(
+                    [i + 0.4 * j - 0.2 for i in range(len(sizes))],
+                    ms,
+                    0.4,
+                    label="staged" if staging else "one-off",
+                )
             ax.set_xticks(range(len(sizes)), [f"{s / MB:g} MB" for s in sizes])
             ax.set_ylabel("ms / round trip")
         else:
             xs = range(len(rs))
-            for j, (key, lab) in enumerate((("baseline_s", "epoch"), ("offload_s", "offload"),
-                                            ("offload_quota_s", "offload + quota"))):
+            for j, (key, lab) in enumerate(
+                (("baseline_s", "epoch"), ("offload_s", "offload"), ("offload_quota_s", "offload + quota"))
+            ):
                 ax.bar([i + 0.27 * (j - 1) for i in xs], [r.get(key) or 0 for r in rs], 0.27, label=lab)
             ax.set_xticks(list(xs), [str(r["num_envs"]) for r in rs])
             ax.set_ylabel("s / epoch")
@@ -401,8 +536,10 @@ def plot(rows: list[dict], path: str) -> None:
 def write_results(rows: list[dict], args, out_dir: str) -> str:
     text = table(rows)
     meta = common.machine_info()
-    atomic_write_json(os.path.join(out_dir, "env_groups.json"),
-                      {"machine": meta, "argv": sys.argv[1:], "wall_s": common.elapsed(), "rows": rows})
+    atomic_write_json(
+        os.path.join(out_dir, "env_groups.json"),
+        {"machine": meta, "argv": sys.argv[1:], "wall_s": common.elapsed(), "rows": rows},
+    )
     notes = (
         "Env groups: the same PPO iteration fused (one jitted program) and with its rollout in "
         f"{args.groups} worker processes (env state resident), timed in turns; driver = collect wall time "
@@ -410,10 +547,14 @@ def write_results(rows: list[dict], args, out_dir: str) -> str:
         "train loop epoch (training, then an evaluation) with the evaluation in a worker, with and "
         "without the SM quota the slack-aware search chose (branches timed alone at the grid's quotas)."
     )
-    detail = "\n".join(f"\n## {r['name']}\n\n```\n{r['report_text']}\n```" for r in rows if "report_text" in r)
-    atomic_write_text(os.path.join(out_dir, "env_groups.md"),
-                      f"# env_groups\n\ncommand: `{meta.get('command')}` ({meta.get('date')})\n\n{notes}\n\n"
-                      f"{text}\n{detail}\n")
+    detail = "\n".join(
+        f"\n## {r['name']}\n\n```\n{r['report_text']}\n```" for r in rows if "report_text" in r
+    )
+    atomic_write_text(
+        os.path.join(out_dir, "env_groups.md"),
+        f"# env_groups\n\ncommand: `{meta.get('command')}` ({meta.get('date')})\n\n{notes}\n\n"
+        f"{text}\n{detail}\n",
+    )
     if any("skipped" not in r for r in rows):
         plot(rows, os.path.join(out_dir, "env_groups.png"))
     return text
@@ -427,8 +568,11 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="CPU plumbing check: pendulum, tiny sizes, temp dir")
     p.add_argument("--out", default=None, help=f"output dir (default {DEFAULT_OUT}; --smoke: a temp dir)")
     p.add_argument("--budget-s", type=float, default=450.0, help="skip rows whose estimate no longer fits")
-    p.add_argument("--mps-client", action="store_true",
-                   help="run as a client of a fresh MPS daemon (started and stopped by a parent process)")
+    p.add_argument(
+        "--mps-client",
+        action="store_true",
+        help="run as a client of a fresh MPS daemon (started and stopped by a parent process)",
+    )
     p.add_argument("--num-envs", type=int, default=2048, help="envs of the env-group rows")
     p.add_argument("--offload-envs", type=int, nargs="+", default=[2048, 8192])
     p.add_argument("--groups", type=int, default=2)
@@ -442,10 +586,15 @@ def parse_args(argv=None):
     p.add_argument("--quotas", choices=["auto", "search", "off"], default="auto")
     p.add_argument("--quota-grid", type=int, nargs="+", default=[30, 70])
     p.add_argument("--quota-refine-rounds", type=int, default=0)
-    p.add_argument("--rows", nargs="+", default=["groups_4x32", "exchange", "groups_3x1024", "offload", "search"])
+    p.add_argument(
+        "--rows", nargs="+", default=["groups_4x32", "exchange", "groups_3x1024", "offload", "search"]
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compile-cache", default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
-                   help="JAX persistent compilation cache dir, shared with the workers ('' to disable)")
+    p.add_argument(
+        "--compile-cache",
+        default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
+        help="JAX persistent compilation cache dir, shared with the workers ('' to disable)",
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.num_envs, args.offload_envs, args.iters, args.repeats = 8, [8], 2, 2
@@ -459,7 +608,8 @@ def plan_rows(args) -> list[tuple[str, str, Callable[[], dict]]]:
     out = []
     for sel in args.rows:
         if sel.startswith("groups_"):
-            out.append((sel, "groups", lambda label=sel[len("groups_"):]: groups_row(args, label)))
+            label = sel.removeprefix("groups_")
+            out.append((sel, "groups", lambda label=label: groups_row(args, label)))
         elif sel == "exchange":
             out.append(("exchange", "exchange", lambda: exchange_row(args)))
         elif sel == "offload":
@@ -494,13 +644,21 @@ def main(argv=None) -> list[dict]:
         estimate = 0.0 if args.smoke else ESTIMATE_S[kind]
         if spent + estimate > args.budget_s:
             log(f"{name}: skipped (budget: {spent:.0f}s spent + ~{estimate:.0f}s > {args.budget_s:.0f}s)")
-            rows.append({"name": name, "kind": kind, "skipped": f"time budget ({spent:.0f}s spent, ~{estimate:.0f}s needed)"})
+            rows.append(
+                {
+                    "name": name,
+                    "kind": kind,
+                    "skipped": f"time budget ({spent:.0f}s spent, ~{estimate:.0f}s needed)",
+                }
+            )
         else:
             try:
                 rows.append(run())
             except Exception as e:  # noqa: BLE001 - one failing row is reported, the next one runs
                 log(f"{name}: FAILED: {type(e).__name__}: {e}")
-                rows.append({"name": name, "kind": kind, "skipped": f"failed: {type(e).__name__}: {str(e)[:200]}"})
+                rows.append(
+                    {"name": name, "kind": kind, "skipped": f"failed: {type(e).__name__}: {str(e)[:200]}"}
+                )
         text = write_results(rows, args, out_dir)
     log(f"done in {common.elapsed():.1f}s; results in {out_dir}")
     print("\n" + text + "\n", flush=True)

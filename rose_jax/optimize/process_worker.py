@@ -124,7 +124,9 @@ def run_compiled(*args: Any, fn: str, compiler_options: tuple, **static: Any) ->
     key = (fn, compiler_options, tuple(sorted(static.items())))
     jitted = _COMPILED.get(key)
     if jitted is None:
-        jitted = jax.jit(functools.partial(_resolve(fn), **static), compiler_options=dict(compiler_options) or None)
+        jitted = jax.jit(
+            functools.partial(_resolve(fn), **static), compiler_options=dict(compiler_options) or None
+        )
         _COMPILED[key] = jitted
     return jitted(*args)
 

@@ -623,9 +623,9 @@ class ProcessCollect(HostStep):
         sent_bytes (driver -> workers, per-iteration inputs), received_bytes (workers -> driver),
         upload ("put" | "restore" | None: the env state uploaded in this call), upload_bytes,
         total_bytes (their sum), wall_s (the whole call), workers_s (the groups' round trip),
-        worker_run_s (the slowest group's function inside its worker; None in process)}``; summing ``total_bytes`` over records
-        counts every byte once. ``last_iteration``: the newest "iteration" record; ``counts``:
-        calls per kind (uploads inside iterations included).
+        worker_run_s (the slowest group's function inside its worker; None in process)}``;
+        summing ``total_bytes`` over records counts every byte once. ``last_iteration``: the newest
+        "iteration" record; ``counts``: calls per kind (uploads inside iterations included).
         """
         records = list(self._history)
         iters = [r for r in records if r["kind"] == "iteration"]

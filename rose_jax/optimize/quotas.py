@@ -109,8 +109,13 @@ def probe_branches(
                         # be larger than /dev/shm)
                         args = tuple(jax.device_put(a) for a in br.args)
                         t = pool.call(
-                            PROBE, TIME_EXPORTED, *args, static={"digest": br.digest, "repeats": repeats},
-                            jit=False, reads=(name,), timeout=timeout,
+                            PROBE,
+                            TIME_EXPORTED,
+                            *args,
+                            static={"digest": br.digest, "repeats": repeats},
+                            jit=False,
+                            reads=(name,),
+                            timeout=timeout,
                         )
                         pool.drop_resident(PROBE, name)
                         seconds[(b, q)] = float(t)
@@ -206,7 +211,11 @@ def _decide(t: Transform, target, state, rec: QuotaRecord, grid, refine_rounds, 
     rec.branches = [b.name for b in branches]
     say(f"[optimize] quotas for {t.label}: timing {len(branches)} branches alone at quotas {list(grid)}")
     result = search_quotas(
-        probe_branches(branches), len(branches), coarse=tuple(grid), refine_step=10, refine_rounds=refine_rounds
+        probe_branches(branches),
+        len(branches),
+        coarse=tuple(grid),
+        refine_step=10,
+        refine_rounds=refine_rounds,
     )
     rec.quotas, rec.even_quotas = list(result.quotas), list(result.even_quotas)
     rec.predicted_join_s, rec.predicted_even_join_s = result.predicted_join_s, result.predicted_even_join_s
@@ -215,7 +224,8 @@ def _decide(t: Transform, target, state, rec: QuotaRecord, grid, refine_rounds, 
     rec.applied = {"quota": worker_q}
     rec.reason = (
         f"slack-aware split {list(result.quotas)} (driver, worker): modelled join "
-        f"{result.predicted_join_s * 1e3:.1f} ms vs {result.predicted_even_join_s * 1e3:.1f} ms at the even split "
+        f"{result.predicted_join_s * 1e3:.1f} ms vs {result.predicted_even_join_s * 1e3:.1f} ms at the "
+        "even split "
         f"{list(result.even_quotas)}; the worker gets {worker_q}%, the driver (its share fixed at its "
         "start) is not limited"
     )

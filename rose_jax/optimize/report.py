@@ -9,6 +9,7 @@ import math
 
 from rose_jax.optimize import measure
 
+
 @dataclasses.dataclass
 class CandidateRecord:
     """One candidate's log line (all times in seconds per iteration)."""

@@ -564,7 +564,9 @@ class _Search:
         try:
             for plan in (plan_a, plan_b):
                 steps.append(compile_step(apply_plan(self.target, plan), host=_is_host(plan)))
-            (_, ta), (_, tb) = measure.time_alternating(steps, self.state, self.opts.n_iters, self.opts.repeats)
+            (_, ta), (_, tb) = measure.time_alternating(
+                steps, self.state, self.opts.n_iters, self.opts.repeats
+            )
             self.report.measurements += 2 * self.opts.repeats
             return ta, tb
         finally:
@@ -575,8 +577,15 @@ class _Search:
         """The kept plan with SM quotas for its worker processes (see :mod:`~.quotas`)."""
         opts = self.opts
         plan, records = quotas.choose_plan_quotas(
-            plan, self.target, self.state, mode=opts.quotas, timed=self.time_plans, noise=self.spread,
-            grid=opts.quota_grid, refine_rounds=opts.quota_refine_rounds, say=self.say,
+            plan,
+            self.target,
+            self.state,
+            mode=opts.quotas,
+            timed=self.time_plans,
+            noise=self.spread,
+            grid=opts.quota_grid,
+            refine_rounds=opts.quota_refine_rounds,
+            say=self.say,
         )
         self.report.quotas = [dataclasses.asdict(r) for r in records]
         return plan
@@ -659,7 +668,11 @@ def resolve_windows(windows: Any, fn: Callable, state: Any, say: Callable[[str],
         return None, {"source": "looptree", "reason": reason, "profile_s": time.perf_counter() - t0}
     found = rp.find_windows(tl)
     top = [
-        {"path": w.path, "duration_s": w.duration_s, "idle_sm_seconds_per_iteration": w.idle_sm_seconds_per_iteration}
+        {
+            "path": w.path,
+            "duration_s": w.duration_s,
+            "idle_sm_seconds_per_iteration": w.idle_sm_seconds_per_iteration,
+        }
         for w in found[:8]
     ]
     reason = f"{len(found)} low-activity window(s) from the profile ({why})"
