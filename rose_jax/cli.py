@@ -528,7 +528,9 @@ def _add_job_args(
     p: argparse.ArgumentParser, env_help: str, algo_help: str, env_required: bool = False
 ) -> None:
     p.add_argument("--env", help=env_help, required=env_required)
-    p.add_argument("--algo", choices=["ppo", "sac"], help=algo_help)
+    import algos  # the registry only (no JAX)
+
+    p.add_argument("--algo", choices=algos.names(), help=algo_help)
     p.add_argument("--backend", help="physics backend of Brax envs: mjx, generalized, positional, spring "
                                      "(default: the env's own)")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
