@@ -126,6 +126,24 @@ def test_masked_scan_equals_the_while_loop_bitwise(case, variant, unroll):
     assert t.tolerance.exact == (unroll is not True)
 
 
+def unbounded_outer(x):
+    """An outer loop without a bound (a float test) around the bounded solver loop."""
+    return jax.lax.while_loop(lambda v: v.sum() < 40.0, lambda v: v + jnp.abs(solver(v)[1]) * 0.1 + 1.0, x)
+
+
+@pytest.mark.parametrize("variant", ["where", "cond"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_inner_loop_rewritten_inside_an_outer_loop_left_as_it_is(variant, batched):
+    fn = jax.vmap(unbounded_outer) if batched else unbounded_outer
+    x = random_x(4, (5, 6) if batched else (6,))
+    plans = L.describe_loops(fn, x, variant=variant)
+    assert [p.ok for p in plans] == [False, True], [p.reason for p in plans]
+    new = L.bound_while_loops(variant).apply(fn)
+    # the outer while (batched: rebuilt as select-where-pred, as the primitive runs it) stays
+    assert "while" in primitives(new, x) and "scan" in primitives(new, x)
+    assert_bitwise(jax.jit(new)(x), jax.jit(fn)(x))
+
+
 def test_vmap_outside_the_transform_and_forward_mode():
     new = L.bound_while_loops("cond").apply(solver)
     x = random_x(1, (8, 6))
@@ -157,8 +175,12 @@ def test_bounds_of_counter_loops():
         a = jax.lax.while_loop(lambda c: c[0] < 10, lambda c: (c[0] + 3, c[1] * 2.0), (0, x))
         b = jax.lax.while_loop(lambda c: c[0] <= 10, lambda c: (c[0] + 2, c[1] * 2.0), (0, x))
         c = jax.lax.while_loop(lambda c: c[0] > 0, lambda c: (c[0] - 1, c[1] * 2.0), (7, x))
-        d = jax.lax.while_loop(lambda c: (c[0] < 4) & (c[1].sum() < 9.0), lambda c: (c[0] + 1, c[1] * 2.0), (0, x))
-        e = jax.lax.while_loop(lambda c: (c[1].sum() < 9.0) & (c[0] != 6), lambda c: (c[0] + 2, c[1] * 2.0), (0, x))
+        d = jax.lax.while_loop(
+            lambda c: (c[0] < 4) & (c[1].sum() < 9.0), lambda c: (c[0] + 1, c[1] * 2.0), (0, x)
+        )
+        e = jax.lax.while_loop(
+            lambda c: (c[1].sum() < 9.0) & (c[0] != 6), lambda c: (c[0] + 2, c[1] * 2.0), (0, x)
+        )
         return a[1] + b[1] + c[1] + d[1] + e[1]
 
     got = [(b.bound, b.exact) for b in bound_list(loops, jnp.ones(3))]
@@ -169,25 +191,51 @@ def test_bounds_of_vmapped_and_traced_starts():
     (b,) = bound_list(jax.vmap(solver), jnp.ones((5, 6)))
     assert (b.bound, b.exact, b.batched, b.counter) == (4, False, True, 0)
     # a fori_loop whose start is a traced constant (jnp.int32) inside jit: the range flows in
-    (b,) = bound_list(jax.jit(lambda x: jax.lax.fori_loop(jnp.int32(2), 6, lambda i, c: c + 1.0, x)), jnp.ones(2))
+    (b,) = bound_list(
+        jax.jit(lambda x: jax.lax.fori_loop(jnp.int32(2), 6, lambda i, c: c + 1.0, x)), jnp.ones(2)
+    )
     assert (b.bound, b.exact) == (4, True)
     # a start known only as a range: max(n, 1) with an unknown n, counting up to 8
-    (b,) = bound_list(lambda x, n: jax.lax.while_loop(
-        lambda c: c[0] < 8, lambda c: (c[0] + 1, c[1] + 1.0), (jnp.clip(n, 1, 5), x)), jnp.ones(2), 3)
+    (b,) = bound_list(
+        lambda x, n: jax.lax.while_loop(
+            lambda c: c[0] < 8, lambda c: (c[0] + 1, c[1] + 1.0), (jnp.clip(n, 1, 5), x)
+        ),
+        jnp.ones(2),
+        3,
+    )
     assert (b.bound, b.exact) == (7, False)
 
 
 @pytest.mark.parametrize(
     "name,loop,why",
     [
-        ("float test", lambda x: jax.lax.while_loop(lambda c: c.sum() < 9.0, lambda c: c * 2.0, x),
-         "no integer counter test"),
-        ("no constant step", lambda x: jax.lax.while_loop(
-            lambda c: c[0] < 4, lambda c: (c[0] + c[0] % 2, c[1]), (0, x)), "does not add a constant"),
-        ("unknown start", lambda x, n: jax.lax.while_loop(
-            lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1] * 2.0), (n, x)), "initial value is not statically known"),
-        ("counter goes the wrong way", lambda x: jax.lax.while_loop(
-            lambda c: c[0] < 4, lambda c: (c[0] - 1, c[1] * 2.0), (0, x)), "gives no bound"),
+        (
+            "float test",
+            lambda x: jax.lax.while_loop(lambda c: c.sum() < 9.0, lambda c: c * 2.0, x),
+            "no integer counter test",
+        ),
+        (
+            "no constant step",
+            lambda x: jax.lax.while_loop(lambda c: c[0] < 4, lambda c: (c[0] + c[0] % 2, c[1]), (0, x)),
+            "does not add a constant",
+        ),
+        (
+            "unknown start",
+            lambda x, n: jax.lax.while_loop(lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1] * 2.0), (n, x)),
+            "initial value is not statically known",
+        ),
+        (
+            "counter goes the wrong way",
+            lambda x: jax.lax.while_loop(lambda c: c[0] < 4, lambda c: (c[0] - 1, c[1] * 2.0), (0, x)),
+            "gives no bound",
+        ),
+        (
+            "counter could wrap around",
+            lambda x: jax.lax.while_loop(
+                lambda c: c[0] < 2**31 - 1, lambda c: (c[0] + 100, c[1]), (jnp.int32(2**31 - 11), x)
+            ),
+            "gives no bound",
+        ),
     ],
 )
 def test_loops_without_a_bound_are_refused_with_the_reason(name, loop, why):
@@ -258,7 +306,10 @@ def test_transform_api_where_spec_and_candidates():
     t = L.bound_while_loops("where", where="body")
     ok, why = t.legal(tree)
     assert ok and "at most 4 iterations" in why and "masked scan of 4 steps" in why
-    assert L.bound_while_loops(where="no_such_loop").legal(tree) == (False, "no while loop matches the while loops at where='no_such_loop'")
+    assert L.bound_while_loops(where="no_such_loop").legal(tree) == (
+        False,
+        "no while loop matches the while loops at where='no_such_loop'",
+    )
     assert t.level == "fn" and t.label.startswith("bound_while_loops(variant='where'")
     assert json.loads(json.dumps(t.to_json()))["params"]["variant"] == "where"
     cands = L.loop_candidates(tree)
@@ -284,7 +335,9 @@ def test_loop_tree_shows_the_bound_and_the_host_round_trip():
     exact = rtrace.trace(plain, jnp.ones(3))
     (w,) = [n for n in exact.walk() if n.kind == "while"]
     assert (w.trip_count, w.bound, w.loop_note()) == (5, 5, "")
-    free = rtrace.trace(lambda x: jax.lax.while_loop(lambda c: c.sum() < 9.0, lambda c: c * 2.0, x), jnp.ones(3))
+    free = rtrace.trace(
+        lambda x: jax.lax.while_loop(lambda c: c.sum() < 9.0, lambda c: c * 2.0, x), jnp.ones(3)
+    )
     (w,) = [n for n in free.walk() if n.kind == "while"]
     assert w.loop_note() == "data-dependent, no static bound: host round trip per iteration on GPU"
 
@@ -331,10 +384,19 @@ def test_mjx_env_steps_equal_bitwise(env_name, variants):
 @pytest.mark.slow
 def test_benchmark_smoke_mode_writes_results(tmp_path):
     pytest.importorskip("brax")
-    cmd = [sys.executable, "-m", "benchmarks.experiments.loops", "--smoke", "--out", str(tmp_path),
-           "--only", "physics/hopper"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.experiments.loops",
+        "--smoke",
+        "--out",
+        str(tmp_path),
+        "--only",
+        "physics/hopper",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"}
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["rows"]

@@ -182,14 +182,14 @@ class _Loop:
         self.cn, self.bn = self.info.cond_nconsts, self.info.body_nconsts
         self.ranges = list(ranges)
         self.ncarry = len(eqn.invars) - self.cn - self.bn
+        self.body_frame = _Frame(self.info.body)
 
     def init_range(self, k: int) -> Range | None:
         return self.ranges[self.cn + self.bn + k]
 
     def forwarded(self, k: int) -> bool:
         """The body returns carry slot ``k`` unchanged (a loop invariant)."""
-        out = self.info.body.outvars[k]
-        o = _origin(out, _Frame(self.info.body))
+        o = _origin(self.info.body.outvars[k], self.body_frame)
         return o is not None and o[0] == "invar" and o[1] == self.bn + k
 
     # -- terms of the condition -------------------------------------------------------------
@@ -253,9 +253,7 @@ class _Loop:
     # -- the counter ------------------------------------------------------------------------
     def step(self, k: int) -> int | None:
         """The constant ``c`` when the body returns ``carry[k] + c`` (``c != 0``), else None."""
-        body = self.info.body
-        frame = _Frame(body)
-        o = _origin(body.outvars[k], frame)
+        o = _origin(self.info.body.outvars[k], self.body_frame)
         for _ in range(8):
             if o is None or o[0] != "eqn":
                 return None
@@ -289,11 +287,16 @@ class _Loop:
         return r[0] if r is not None and r[0] == r[1] else None
 
 
-def _count(op: str, start: Range, limit: Range, step: int) -> tuple[int | None, bool]:
-    """``(at most this many iterations, exact)`` of ``i = start; while i <op> limit: i += step``."""
+def _count(op: str, start: Range, limit: Range, step: int, dtype: Range) -> tuple[int | None, bool]:
+    """``(at most this many iterations, exact)`` of ``i = start; while i <op> limit: i += step``
+    for a counter of integer range ``dtype`` (None where the counter could wrap around)."""
     a_lo, a_hi = start
     n_lo, n_hi = limit
     exact = a_lo == a_hi and n_lo == n_hi
+    if (op in ("lt", "le") and step > 0 and n_hi + step > dtype[1]) or (
+        op in ("gt", "ge") and step < 0 and n_lo + step < dtype[0]
+    ):
+        return None, False  # the last increment could overflow and wrap into the loop again
     if op == "lt" and step > 0:
         return max(0, -(-(n_hi - a_lo) // step)), exact
     if op == "le" and step > 0:
@@ -361,33 +364,43 @@ def while_bound(eqn: Any, ranges: Sequence[Range | None] | None = None) -> LoopB
             continue
         step = loop.step(k)
         if step is None:
-            why_not.append(f"carry[{k}] is tested ({_OP_TEXT[op]} {_range_text(limit)}) but the body "
-                           "does not add a constant to it")
+            why_not.append(
+                f"carry[{k}] is tested ({_OP_TEXT[op]} {_range_text(limit)}) but the body "
+                "does not add a constant to it"
+            )
             continue
         start = loop.init_range(k)
         if start is None:
-            why_not.append(f"carry[{k}] is tested ({_OP_TEXT[op]} {_range_text(limit)}) but its initial "
-                           "value is not statically known")
+            why_not.append(
+                f"carry[{k}] is tested ({_OP_TEXT[op]} {_range_text(limit)}) but its initial "
+                "value is not statically known"
+            )
             continue
-        n, exact = _count(op, start, limit, step)
+        n, exact = _count(op, start, limit, step, _full(loop.info.cond.invars[loop.cn + k]) or start)
         if n is None:
-            why_not.append(f"carry[{k}] {_OP_TEXT[op]} {_range_text(limit)} with step {step:+d} from "
-                           f"{_range_text(start)} gives no bound")
+            why_not.append(
+                f"carry[{k}] {_OP_TEXT[op]} {_range_text(limit)} with step {step:+d} from "
+                f"{_range_text(start)} gives no bound"
+            )
             continue
-        text = (f"counter carry[{k}] starts at {_range_text(start)}, steps {step:+d}, and the condition "
-                f"requires carry[{k}] {_OP_TEXT[op]} {_range_text(limit)}")
+        text = (
+            f"counter carry[{k}] starts at {_range_text(start)}, steps {step:+d}, and the condition "
+            f"requires carry[{k}] {_OP_TEXT[op]} {_range_text(limit)}"
+        )
         if best is None or n < best[0]:
             best = (n, exact, k, text)
     if best is None:
         reason = "; ".join(sorted(set(why_not))) or (
-            "the condition implies no integer counter test (carry <op> constant)")
+            "the condition implies no integer counter test (carry <op> constant)"
+        )
         return LoopBound(None, False, None, batched, "no static bound: " + reason)
     n, exact, k, text = best
     exact = exact and loop.exact_test(pred, frame)
     if exact:
         return LoopBound(n, True, k, batched, f"{text}: exactly {n} iterations")
-    return LoopBound(n, False, k, batched,
-                     f"{text}: at most {n} iterations (data-dependent: it may stop earlier)")
+    return LoopBound(
+        n, False, k, batched, f"{text}: at most {n} iterations (data-dependent: it may stop earlier)"
+    )
 
 
 # -------------------------------------------------------------- ranges across the program
@@ -489,15 +502,17 @@ def while_loop_bounds(closed_jaxpr: Any) -> dict[int, LoopBound]:
                 cn, bn = info.cond_nconsts, info.body_nconsts
                 seen.setdefault(id(eqn), []).append(while_bound(eqn, ins))
                 eqns_by_id[id(eqn)] = eqn
-                carry = ins[cn + bn:]
-                inv = [r if _forwards(info.body, bn + k, k) else None for k, r in enumerate(carry)]
+                carry = ins[cn + bn :]
+                fwd = _forwarded(info.body, bn, len(carry))
+                inv = [r if f else None for r, f in zip(carry, fwd, strict=True)]
                 level(info.cond, info.cond_consts, ins[:cn] + inv, depth + 1)
-                level(info.body, info.body_consts, ins[cn:cn + bn] + inv, depth + 1)
+                level(info.body, info.body_consts, ins[cn : cn + bn] + inv, depth + 1)
                 return inv
             if name == compat.SCAN:
                 s = compat.scan_info(eqn)
                 nc, nk = s.num_consts, s.num_carry
-                inv = [r if _forwards(s.body, nc + k, k) else None for k, r in enumerate(ins[nc:nc + nk])]
+                fwd = _forwarded(s.body, nc, nk)
+                inv = [r if f else None for r, f in zip(ins[nc : nc + nk], fwd, strict=True)]
                 xs = [None] * (len(ins) - nc - nk)
                 level(s.body, s.body_consts, ins[:nc] + inv + xs, depth + 1)
                 return inv + [None] * (nout - nk)
@@ -535,9 +550,14 @@ def while_loop_bounds(closed_jaxpr: Any) -> dict[int, LoopBound]:
     return out
 
 
-def _forwards(body: Any, in_idx: int, out_idx: int) -> bool:
-    o = _origin(body.outvars[out_idx], _Frame(body))
-    return o is not None and o[0] == "invar" and o[1] == in_idx
+def _forwarded(body: Any, offset: int, n: int) -> list[bool]:
+    """Per carry slot ``k < n``: the body returns its invar ``offset + k`` unchanged."""
+    frame = _Frame(body)
+    out = []
+    for k in range(n):
+        o = _origin(body.outvars[k], frame)
+        out.append(o is not None and o[0] == "invar" and o[1] == offset + k)
+    return out
 
 
 def bound_of(eqn: Any, bounds: dict[int, LoopBound] | None = None) -> LoopBound:

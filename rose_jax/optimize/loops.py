@@ -118,17 +118,23 @@ def plan_loops(
         if b.bound is None:
             reason = b.reason
         elif b.bound > max_bound:
-            reason = f"bound {b.bound} exceeds max_bound={max_bound} (a masked scan would run the body {b.bound} times)"
+            reason = (
+                f"bound {b.bound} exceeds max_bound={max_bound} (a masked scan runs its body {b.bound} times)"
+            )
         else:
             reason = effects_reason(eqn)
             if reason is None and variant == "where":
                 bad = [e for e in _inner_whiles(eqn) if not (id(e) in plans and plans[id(e)].ok)]
                 if bad:
-                    reason = (f"its body holds {len(bad)} while loop(s) that are not rewritten: the 'where' "
-                              "variant would run them on finished states (use variant='cond')")
+                    reason = (
+                        f"its body holds {len(bad)} while loop(s) that are not rewritten: the 'where' "
+                        "variant would run them on finished states (use variant='cond')"
+                    )
         path = site.path_str()
         if reason is None:
-            plans[id(eqn)] = LoopPlan(path, b, True, f"{path}: {b.reason} -> masked scan of {b.bound} steps", eqn)
+            plans[id(eqn)] = LoopPlan(
+                path, b, True, f"{path}: {b.reason} -> masked scan of {b.bound} steps", eqn
+            )
         else:
             plans[id(eqn)] = LoopPlan(path, b, False, f"{path}: {reason}", eqn)
     return [plans[id(s.eqn)] for s in sites]
@@ -156,7 +162,11 @@ def masked_scan(parts: I.WhileParts, bound: int, variant: str = "where", unroll:
 
 
 def rewrite_loops(
-    fn: Callable, variant: str = "where", where: Where = None, unroll: int | bool = 1, max_bound: int = MAX_BOUND
+    fn: Callable,
+    variant: str = "where",
+    where: Where = None,
+    unroll: int | bool = 1,
+    max_bound: int = MAX_BOUND,
 ) -> Callable:
     """``fn`` with each while loop that :func:`plan_loops` accepts run as a :func:`masked_scan`.
 
@@ -216,16 +226,21 @@ def bound_while_loops(
         raise ValueError(f"bound_while_loops: max_bound must be an int >= 1, got {max_bound!r}")
 
     def legal(tree):
-        if getattr(tree, "jaxpr", None) is None:
+        jaxpr = getattr(tree, "jaxpr", None)
+        if jaxpr is None:  # a ProgramTree: its collect's LoopTree
+            jaxpr = getattr(getattr(tree, "tree", None), "jaxpr", None)
+        if jaxpr is None:
             return False, "the LoopTree carries no jaxpr (trace it with rose_jax.trace.trace)"
-        plans = plan_loops(tree.jaxpr, where, variant, max_bound)
+        plans = plan_loops(jaxpr, where, variant, max_bound)
         if not plans:
             return False, f"no while loop matches {_where_text(where)}"
         ok = [p for p in plans if p.ok]
         refused = [p for p in plans if not p.ok]
         if not ok:
             return False, "no while loop can be bounded: " + "; ".join(_dedup(p.reason for p in refused))
-        text = f"{len(ok)} while loop(s) become masked scans ({variant}): " + "; ".join(_dedup(p.reason for p in ok))
+        text = f"{len(ok)} while loop(s) become masked scans ({variant}): " + "; ".join(
+            _dedup(p.reason for p in ok)
+        )
         if refused:
             text += f"; {len(refused)} left as they are: " + "; ".join(_dedup(p.reason for p in refused))
         return True, text
@@ -267,7 +282,9 @@ def loop_candidates(tree: Any, max_bound: int = MAX_BOUND) -> list[Transform]:
     return out
 
 
-def describe_loops(fn: Callable, *args, variant: str = "where", max_bound: int = MAX_BOUND, **kwargs) -> list[LoopPlan]:
+def describe_loops(
+    fn: Callable, *args, variant: str = "where", max_bound: int = MAX_BOUND, **kwargs
+) -> list[LoopPlan]:
     """:func:`plan_loops` of ``fn(*args, **kwargs)`` (traced, not run): every while loop, its bound
     and whether :func:`bound_while_loops` rewrites it."""
     closed, _ = I.trace(fn, *args, **kwargs)

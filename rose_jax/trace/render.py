@@ -40,6 +40,8 @@ def _paths(paths, n: int) -> str:
 def format_node(node: Node, show_paths: int = 3) -> str:
     """One line: kind, name, trips, part, components, cost, reads/writes summaries."""
     head = node.label()
+    if node.loop_note():
+        head += f" ({node.loop_note()})"
     if node.part:
         head += f" <{node.part}>"
     if node.component_path and node.kind != "component":
@@ -76,6 +78,8 @@ def node_to_json(node: Node) -> dict[str, Any]:
         "part": node.part,
         "component_path": list(node.component_path),
         "trip_count": node.trip_count,
+        "bound": node.bound,
+        "note": node.loop_note(),
         "index": list(node.index),
         "cost": node.cost._asdict(),
         "reads": sorted(node.reads),

@@ -1,0 +1,457 @@
+"""Loop restructuring on the GPU: MJX's solver while loop as a bounded masked scan, before / after.
+
+    python -m benchmarks.experiments.loops                 # H200: < 8 min, writes benchmarks/results/loops/
+    python -m benchmarks.experiments.loops --smoke         # CPU plumbing check: 2 envs, 2 steps
+    python -m benchmarks.experiments.loops --only physics/hopper ppo_iteration
+    python -m benchmarks.experiments.loops --only sac_eval ppo_eval --merge   # more rows, same files
+
+Rows (one workload each; env = Brax hopper / walker2d / halfcheetah / humanoidstandup on the MJX
+backend, and the shipped ``mjx_swimmer``):
+
+* ``physics/<env>``: ``jit`` of ``K`` steps (a ``lax.scan``) of ``vmap(env.step)`` over ``N`` envs;
+* ``ppo_iteration/<env>``: one PPO training iteration (rollout, GAE, epochs of minibatches);
+* ``sac_eval/<env>`` / ``ppo_eval/<env>``: the algorithms' evaluation (``E`` envs, ``L`` steps).
+
+Each row compiles the original and :func:`rose_jax.optimize.loops.bound_while_loops` variants
+(``where``, ``cond``, ``where`` fully unrolled) from the same inputs, times ``--repeats`` calls of
+each (median), and checks one call's outputs bitwise against the original's. The plan is the
+fastest variant that is faster than the original by more than ``--min-gain`` and equal (bitwise
+for the exact variants, within its declared tolerance for the unrolled one), else ``"none"``:
+kept only where faster, as every plan. Brax's own trainer is not timed here (its PPO runs the
+same physics, while loop included; the suite's Brax rows time it for ant): see results.md.
+
+Rows that fail are reported with their error; rows that would start after ``--budget-s`` are
+skipped with that reason. Files are written after every row (atomically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from benchmarks import common
+from benchmarks.common import elapsed, log
+
+DEFAULT_OUT = os.path.join(common.RESULTS_DIR, "loops")
+ENVS = ("hopper", "walker2d", "halfcheetah", "mjx_swimmer", "humanoidstandup")
+KINDS = ("physics", "ppo_iteration", "sac_eval", "ppo_eval")
+# (variant name, bound_while_loops keywords)
+VARIANTS = (
+    ("where", {"variant": "where"}),
+    ("cond", {"variant": "cond"}),
+    ("where_unrolled", {"variant": "where", "unroll": True}),
+)
+# XLA CPU options for --smoke (both sides compiled alike): compiling MJX takes minutes otherwise.
+SMOKE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def workload_order(envs: tuple[str, ...]) -> list[str]:
+    """Rows, most telling first (the budget cuts the tail): physics and PPO iterations of the
+    three locomotion envs, hopper's evaluations, then the rest."""
+    first = [e for e in ("hopper", "walker2d", "halfcheetah") if e in envs]
+    rest = [e for e in envs if e not in first]
+    rows = [f"physics/{e}" for e in first] + [f"ppo_iteration/{e}" for e in first]
+    rows += [f"{k}/{e}" for e in first[:1] for k in ("sac_eval", "ppo_eval")]
+    rows += [f"physics/{e}" for e in rest] + [f"ppo_iteration/{e}" for e in rest]
+    rows += [f"{k}/{e}" for e in first[1:] + rest for k in ("sac_eval", "ppo_eval")]
+    return rows
+
+
+class Case(NamedTuple):
+    """One workload: ``fn(*args)`` is timed; ``env_steps`` per call; ``chain(args, out)`` gives the
+    next call's arguments (a training iteration continues from its output state)."""
+
+    fn: Callable
+    args: tuple
+    env_steps: int
+    chain: Callable[[tuple, Any], tuple] | None
+    loops: list[str]
+
+
+def make_env(name: str, **kw):
+    import envs
+
+    if name.startswith("mjx_"):
+        return envs.make(name, **kw)
+    return envs.make(name, backend="mjx", **kw)
+
+
+def build_case(workload: str, args) -> Case:
+    import jax
+
+    from rose_jax.optimize import loops as L
+
+    kind, env_name = workload.split("/")
+    if kind == "physics":
+        env = make_env(env_name)
+        n, k = args.num_envs, args.steps
+        state = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(args.seed), n))
+        actions = jax.random.uniform(
+            jax.random.PRNGKey(args.seed + 1), (k, n, env.action_size), minval=-1.0, maxval=1.0
+        )
+
+        def physics(state, actions):
+            def step(s, a):
+                return jax.vmap(env.step)(s, a), None
+
+            return jax.lax.scan(step, state, actions)[0]
+
+        fn, call_args, steps = physics, (state, actions), n * k
+        chain = lambda a, out: (out, a[1])  # noqa: E731 - continue from the last state
+    elif kind == "ppo_iteration":
+        import algos
+
+        env = make_env(env_name)
+        config = common.algo_config("ppo", args.num_envs, args)
+        algo = algos.get("ppo")
+        state = algo.init(config, env, jax.random.PRNGKey(args.seed))
+        fn, call_args, steps = algo.iteration(config, env), (state,), config.env_steps_per_iteration
+        chain = lambda a, out: (out[0],)  # noqa: E731
+    elif kind in ("sac_eval", "ppo_eval"):
+        import algos
+
+        env = make_env(env_name, episode_length=args.eval_length)
+        algo_name = kind.split("_")[0]
+        config = common.algo_config(algo_name, args.eval_envs, args)
+        key = jax.random.PRNGKey(args.seed + 2)
+        if algo_name == "sac":
+            from algos import sac
+
+            state = sac.init(config, env, jax.random.PRNGKey(args.seed), prefill=False)
+            fn = sac.make_evaluator(config, env, num_envs=args.eval_envs, deterministic=True)
+            call_args = (state.actor_params, state.normalizer, key)
+        else:
+            from algos import ppo
+
+            state = algos.get("ppo").init(config, env, jax.random.PRNGKey(args.seed))
+            fn = ppo.make_evaluator(config, env, args.eval_envs, args.eval_length)
+            call_args = (state.params, state.normalizer, key)
+        steps, chain = args.eval_envs * args.eval_length, None
+    else:
+        raise ValueError(f"unknown workload kind {kind!r}; kinds: {', '.join(KINDS)}")
+    loops = [p.reason for p in L.describe_loops(fn, *call_args)]
+    return Case(fn, call_args, steps, chain, loops)
+
+
+def compile_all(fns: dict[str, Callable], args: tuple, options: dict | None) -> dict[str, tuple[Any, float]]:
+    """``{name: (compiled, seconds)}``: traced and lowered here, compiled in parallel threads (XLA
+    compiles release the GIL)."""
+    import jax
+
+    lowered = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        lowered[name] = (jax.jit(fn).lower(*args), time.perf_counter() - t0)
+
+    def compile_one(item):
+        name, (low, trace_s) = item
+        t0 = time.perf_counter()
+        return name, low.compile(compiler_options=options), trace_s + time.perf_counter() - t0
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(lowered))) as pool:
+        done = list(pool.map(compile_one, lowered.items()))
+    return {name: (c, s) for name, c, s in done}
+
+
+def time_calls(compiled, args: tuple, chain, repeats: int) -> tuple[float, list[float]]:
+    """Median seconds of ``repeats`` calls after one warm-up call (each call waited for)."""
+    import jax
+
+    out = compiled(*args)
+    jax.block_until_ready(out)
+    times = []
+    for _ in range(repeats):
+        if chain is not None:
+            args = chain(args, out)
+        t0 = time.perf_counter()
+        out = compiled(*args)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def compare(a, b, rtol: float) -> tuple[bool, float, bool]:
+    """``(bitwise equal, max abs diff, within rtol of each leaf's max magnitude)`` of two pytrees."""
+    import jax
+
+    equal, worst, within = True, 0.0, True
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        x, y = np.asarray(x), np.asarray(y)
+        same = np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
+        equal &= bool(same)
+        if not same:
+            d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+            diff = float(np.nanmax(d)) if d.size else 0.0
+            worst = max(worst, diff)
+            scale = float(np.nanmax(np.abs(y.astype(np.float64)))) if y.size else 0.0
+            within &= x.dtype.kind == "f" and diff <= rtol * scale
+    return equal, worst, within
+
+
+def run_row(workload: str, args) -> dict:
+    import jax
+
+    from rose_jax.optimize import loops as L
+
+    t0 = time.perf_counter()
+    case = build_case(workload, args)
+    transforms = {name: L.bound_while_loops(**kw) for name, kw in VARIANTS}
+    fns = {"original": case.fn, **{name: t.apply(case.fn) for name, t in transforms.items()}}
+    options = SMOKE_COMPILER_OPTIONS if args.smoke else None
+    compiled = compile_all(fns, case.args, options)
+    ref = compiled["original"][0](*case.args)
+    jax.block_until_ready(ref)
+    base_s, base_times = time_calls(compiled["original"][0], case.args, case.chain, args.repeats)
+    base_rate = case.env_steps / base_s
+    variants: dict[str, dict] = {}
+    for name, t in transforms.items():
+        c, compile_s = compiled[name]
+        out = c(*case.args)
+        equal, diff, within = compare(out, ref, t.tolerance.rtol)
+        sec, times = time_calls(c, case.args, case.chain, args.repeats)
+        variants[name] = {
+            "env_steps_per_s": case.env_steps / sec,
+            "speedup": base_s / sec,
+            "equal": equal,
+            "max_abs_diff": diff,
+            "within_tolerance": equal or within,
+            "tolerance": t.tolerance.to_json(),
+            "compile_s": compile_s,
+            "call_s": times,
+        }
+        log(
+            f"  {workload} {name}: {case.env_steps / sec:,.0f} env steps/s ({base_s / sec:.3f}x), "
+            f"equal={equal}{'' if equal else f' max|diff|={diff:.3g}'}"
+        )
+    ok = [
+        (v["speedup"], n)
+        for n, v in variants.items()
+        if v["speedup"] > 1.0 + args.min_gain
+        and (v["equal"] if v["tolerance"]["rtol"] == 0 else v["within_tolerance"])
+    ]
+    plan = max(ok)[1] if ok else "none"
+    chosen = variants[plan] if plan != "none" else None
+    return {
+        "workload": workload,
+        "env_steps_per_call": case.env_steps,
+        "baseline_env_steps_per_s": base_rate,
+        "rose_env_steps_per_s": chosen["env_steps_per_s"] if chosen else base_rate,
+        "speedup": chosen["speedup"] if chosen else 1.0,
+        "equal": chosen["equal"] if chosen else variants["where"]["equal"],
+        "plan": plan,
+        "variants": variants,
+        "baseline_compile_s": compiled["original"][1],
+        "baseline_call_s": base_times,
+        "loops": case.loops,
+        "row_s": time.perf_counter() - t0,
+        "error": None,
+    }
+
+
+def _cell(variant: dict) -> str:
+    return f"{variant['speedup']:.3f}x{'' if variant['equal'] else ' (≠)'}"
+
+
+def markdown(result: dict) -> str:
+    rows, machine = result["rows"], result["machine"]
+    header = (
+        "| workload | baseline env steps/s | rose env steps/s | speedup | equal | plan "
+        "| where | cond | where unrolled |"
+    )
+    lines = [
+        "# Loop restructuring: MJX solver while loop -> bounded masked scan",
+        "",
+        f"{machine.get('date')} on {machine.get('gpu') or machine.get('backend')}; "
+        f"jax {machine.get('jax')}; command: `{result['command']}`",
+        "",
+        f"Sizes: {result['sizes']}. Plan: the fastest variant faster than the original by more than "
+        f"{result['sizes']['min_gain']:.0%} and equal (bitwise; the unrolled variant within its declared "
+        "tolerance), else none. `equal`: the plan's outputs (plan none: the `where` variant's) bitwise "
+        "equal to the original's from the same inputs.",
+        "",
+        *(
+            [f"Rows from earlier runs (--merge): {', '.join(result['merged_from_earlier_runs'])}.", ""]
+            if result.get("merged_from_earlier_runs")
+            else []
+        ),
+        header,
+        "|---|---:|---:|---:|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r.get("error") or r.get("skipped"):
+            why = r.get("skipped") or r.get("error")
+            lines.append(f"| {r['workload']} | {why} | | | | | | | |")
+            continue
+        v = r["variants"]
+        lines.append(
+            f"| {r['workload']} | {r['baseline_env_steps_per_s']:,.0f} | {r['rose_env_steps_per_s']:,.0f} | "
+            f"{r['speedup']:.3f}x | {r['equal']} | {r['plan']} | {_cell(v['where'])} | {_cell(v['cond'])} | "
+            f"{_cell(v['where_unrolled'])} |"
+        )
+    lines += ["", "Loops found (per workload, first row of each env):", ""]
+    seen = set()
+    for r in rows:
+        env = r["workload"].split("/")[1]
+        if r.get("loops") and env not in seen:
+            seen.add(env)
+            lines.append(f"- {env}: " + "; ".join(r["loops"]))
+    lines += [
+        "",
+        "Brax's own trainer is not timed here: its PPO/SAC run the same MJX physics (the "
+        "same while loop); the suite's Brax rows (benchmarks/suite) time it for ant.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if not r.get("error") and not r.get("skipped")]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.0))
+    if rows:
+        names = [name for name, _ in VARIANTS]
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
+            ys = [r["variants"][name]["speedup"] for r in rows]
+            bars = ax.bar(xs, ys, width, label=name)
+            for b, r in zip(bars, rows, strict=True):
+                if not r["variants"][name]["equal"]:
+                    b.set_hatch("//")
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([r["workload"] for r in rows], rotation=30, ha="right", fontsize=8)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no row measured", ha="center", va="center", transform=ax.transAxes)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("speedup over the while loop (x)")
+    ax.set_title("bounded masked scan vs MJX solver while loop (hatched: not bitwise equal)")
+    common.save_plot(fig, path)
+    plt.close(fig)
+
+
+def write(result: dict, out: str) -> None:
+    from rose_jax.io import atomic_write_text
+
+    atomic_write_text(os.path.join(out, "results.json"), json.dumps(result, indent=1))
+    atomic_write_text(os.path.join(out, "results.md"), markdown(result))
+    plot(result, os.path.join(out, "results.png"))
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.experiments.loops", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--envs", nargs="+", default=list(ENVS))
+    p.add_argument(
+        "--only", nargs="+", default=None, help="workload prefixes to run (e.g. physics/hopper ppo_)"
+    )
+    p.add_argument("--num-envs", type=int, default=2048, help="envs of the physics and PPO rows")
+    p.add_argument("--steps", type=int, default=50, help="env steps per physics call")
+    p.add_argument("--eval-envs", type=int, default=128)
+    p.add_argument("--eval-length", type=int, default=200, help="steps of an evaluation call")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--min-gain", type=float, default=0.02, help="a plan must be this much faster")
+    p.add_argument("--budget-s", type=float, default=400.0, help="start no row after this many seconds")
+    p.add_argument("--smoke", action="store_true", help="CPU plumbing check: 2 envs, 2 steps, 1 repeat")
+    p.add_argument("--out", default=None, help=f"output dir (default {DEFAULT_OUT}; --smoke: a temp dir)")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of an existing results.json in --out that this run does not measure",
+    )
+    p.add_argument(
+        "--compile-cache",
+        default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
+        help="JAX persistent compilation cache dir ('' to disable)",
+    )
+    common.add_algo_args(p)
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.envs) - set(ENVS))
+    if unknown:
+        p.error(f"unknown env(s) {', '.join(unknown)}; choose from {', '.join(ENVS)}")
+    if args.smoke:
+        args.num_envs, args.steps, args.eval_envs, args.eval_length, args.repeats = 2, 2, 2, 2, 1
+        common.shrink_algo_args(args)
+        args.ppo_unroll, args.ppo_minibatches = 2, 1
+        args.compile_cache = ""
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    out = args.out or (tempfile.mkdtemp(prefix="loops_smoke_") if args.smoke else DEFAULT_OUT)
+    os.makedirs(out, exist_ok=True)
+    if not args.smoke:
+        common.enable_compile_cache(args.compile_cache)
+    workloads = workload_order(tuple(args.envs))
+    if args.only:
+        workloads = [w for w in workloads if any(w.startswith(o) for o in args.only)]
+    result = {
+        "experiment": "loops",
+        "command": " ".join(
+            ["python -m benchmarks.experiments.loops", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "machine": common.machine_info(),
+        "sizes": {
+            "num_envs": args.num_envs,
+            "steps": args.steps,
+            "eval_envs": args.eval_envs,
+            "eval_length": args.eval_length,
+            "repeats": args.repeats,
+            "min_gain": args.min_gain,
+            "ppo_unroll": args.ppo_unroll,
+            "ppo_minibatches": args.ppo_minibatches,
+            "ppo_epochs": args.ppo_epochs,
+            "smoke": args.smoke,
+        },
+        "rows": [],
+    }
+    kept = []
+    old_path = os.path.join(out, "results.json")
+    if args.merge and os.path.exists(old_path):
+        with open(old_path) as f:
+            kept = [r for r in json.load(f).get("rows", []) if r["workload"] not in workloads]
+        result["merged_from_earlier_runs"] = [r["workload"] for r in kept]
+    result["versions"] = {
+        k: result["machine"].get(k) for k in ("jax", *common.PACKAGES) if result["machine"].get(k)
+    }
+    result["date"] = result["machine"]["date"]
+    for w in workloads:
+        if elapsed() > args.budget_s:
+            log(f"{w}: skipped (time budget {args.budget_s:.0f}s spent)")
+            result["rows"].append(
+                {"workload": w, "skipped": f"time budget {args.budget_s:.0f}s spent", "error": None}
+            )
+        else:
+            log(f"{w}: start")
+            try:
+                result["rows"].append(run_row(w, args))
+            except Exception as e:  # noqa: BLE001 - one failing row is reported, the others run
+                log(f"{w}: FAILED: {type(e).__name__}: {e}")
+                result["rows"].append({"workload": w, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        result["total_s"] = elapsed()
+        write({**result, "rows": kept + result["rows"]}, out)
+    result["rows"] = kept + result["rows"]
+    print(markdown(result))
+    print(f"wrote {out}/results.json, results.md, results.png ({elapsed():.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
