@@ -48,7 +48,7 @@ def mj_model_for(env_name: str, env_kwargs: dict[str, Any] | None = None):
     import envs
 
     kwargs = dict(env_kwargs or {})
-    target = envs._REGISTRY.get(env_name, "")
+    target = envs.factory_path(env_name)
     if env_name.startswith("playground:"):
         from mujoco_playground import registry
 

@@ -230,7 +230,7 @@ class PPOConfig:
                 )
 
 
-def _program_key(config: PPOConfig) -> PPOConfig:
+def program_key(config: PPOConfig) -> PPOConfig:
     """``config`` without the fields compiled programs do not read (a cache key for them)."""
     return dataclasses.replace(config, num_timesteps=1, seed=0)
 
@@ -363,7 +363,7 @@ def init(config: PPOConfig, env: Env, key: jax.Array) -> TrainState:
         raise ValueError(
             f"PPO init: key must be a raw uint32[2] key from jax.random.PRNGKey, got {jnp.shape(key)}"
         )
-    return _jitted_init(_program_key(config), env)(key)
+    return _jitted_init(program_key(config), env)(key)
 
 
 @functools.lru_cache(maxsize=32)
@@ -529,7 +529,7 @@ def ppo_loss(
     return loss_from_outputs(config, log_prob, batch.log_prob, batch.advantage, value, batch.target, entropy)
 
 
-def _global_norm(tree: Any) -> jax.Array:
+def global_norm(tree: Any) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
 
 
@@ -564,7 +564,7 @@ def update(
         with rose_jax.component("optimizer"):
             updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
             params = optax.apply_updates(learner.params, updates)
-        return _Learner(params, opt_state), (metrics, _global_norm(grads))
+        return _Learner(params, opt_state), (metrics, global_norm(grads))
 
     def epoch_step(learner: _Learner, epoch_key: jax.Array):
         perm_key, loss_key = jax.random.split(epoch_key)
@@ -586,7 +586,7 @@ def update(
     return learner.params, learner.opt_state, jax.tree.map(jnp.mean, metrics), jnp.mean(grad_norm)
 
 
-def _check_state(config: PPOConfig, env: Env, state: TrainState) -> None:
+def check_state(config: PPOConfig, env: Env, state: TrainState) -> None:
     obs_shape = tuple(state.env_state.obs.shape)
     want = (config.num_envs, env.observation_size)
     if obs_shape != want:
@@ -693,7 +693,7 @@ def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[Train
     nets = make_networks(config, env)
 
     def iterate(state: TrainState) -> tuple[TrainState, Metrics]:
-        _check_state(config, env, state)
+        check_state(config, env, state)
         rollout_key, _, _ = split_keys(state.key)
         env_state, data = rollout(
             nets, config, env, state.params.policy, state.normalizer, state.env_state, rollout_key
@@ -795,7 +795,7 @@ def epoch(
         raise ValueError(f"ppo.epoch: iterations must be a positive int, got {iterations!r}")
     one = iteration(config, env)
     length = env.episode_length if eval_length is None else eval_length
-    evaluate_fn = make_evaluator(_program_key(config), env, int(num_eval_envs), int(length))
+    evaluate_fn = make_evaluator(program_key(config), env, int(num_eval_envs), int(length))
 
     def run_epoch(state: TrainState) -> tuple[TrainState, dict]:
         state, ms = jax.lax.scan(lambda s, _: one(s), state, None, length=iterations)
@@ -815,7 +815,7 @@ def jitted_iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tupl
     Cached: configs that differ only in ``num_timesteps`` or ``seed`` (which the iteration does
     not read) share one compiled program.
     """
-    return _jitted_iteration(_program_key(config), env)
+    return _jitted_iteration(program_key(config), env)
 
 
 @functools.lru_cache(maxsize=16)
@@ -890,7 +890,7 @@ def evaluate(
     """Mean first-episode return of the deterministic policy over ``num_envs`` envs, ``length`` steps
     (default: ``env.episode_length``, so every episode is complete)."""
     length = env.episode_length if length is None else length
-    fn = make_evaluator(_program_key(config), env, int(num_envs), int(length))
+    fn = make_evaluator(program_key(config), env, int(num_envs), int(length))
     return float(fn(state.params, state.normalizer, key))
 
 

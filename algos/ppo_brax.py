@@ -235,7 +235,7 @@ def update(
         with rose_jax.component("optimizer"):
             updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
             params = optax.apply_updates(learner.params, updates)
-        return (_Learner(params, opt_state), key), (metrics, ppo._global_norm(grads))
+        return (_Learner(params, opt_state), key), (metrics, ppo.global_norm(grads))
 
     def sgd_step(carry, _):
         learner, key = carry
@@ -303,7 +303,7 @@ def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[Train
     nets = ppo.make_networks(config, env)
 
     def iterate(state):
-        ppo._check_state(config, env, state)
+        ppo.check_state(config, env, state)
         _, key_unroll, _ = split_keys(state.key)
         env_state, data, next_obs = rollout(
             nets, config, env, state.params.policy, state.normalizer, state.env_state, key_unroll
@@ -393,7 +393,7 @@ def resolve_env(config: PPOConfig, env: Any) -> Env:
         env = playground.from_brax_like(env, episode_length=config.episode_length or 1000)
     if not isinstance(env, Env):
         raise ValueError(
-            f"ppo.train: env must be an envs.Env, a registry name or a Brax env, got {type(env).__name__}"
+            f"ppo.train: env must be an envs.core.Env, a registry name or a Brax env, got {type(env).__name__}"
         )
     if config.episode_length is not None and env.episode_length != config.episode_length:
         raise ValueError(
@@ -465,7 +465,7 @@ def epoch(config: PPOConfig, env: Env, iterations: int) -> Callable[[TrainState]
     evaluate = None
     if config.num_evals:
         evaluate = make_evaluator(
-            ppo._program_key(config), env, config.num_eval_envs, config.deterministic_eval
+            ppo.program_key(config), env, config.num_eval_envs, config.deterministic_eval
         )
 
     def run_epoch(state):
@@ -535,7 +535,7 @@ def train_with_evals(
         and progress_fn is not None
     ):
         evaluate = make_evaluator(
-            ppo._program_key(config), env, config.num_eval_envs, config.deterministic_eval
+            ppo.program_key(config), env, config.num_eval_envs, config.deterministic_eval
         )
         first = driver.metrics_to_host(evaluate(state.params, state.normalizer, eval_key(state)))
         first["eval_episode_return"] = first["eval/episode_reward"]

@@ -103,13 +103,13 @@ def _open_run(run_dir: str, info: dict, resume_step: int | None):
 
 
 def _record_of(config: Any):
-    import algos
+    from algos import registry as algo_registry
 
-    for name in algos.names():
-        record = algos.get(name)
+    for name in algo_registry.names():
+        record = algo_registry.get(name)
         if isinstance(config, record.Config):
             return record
-    known = ", ".join(algos.get(n).Config.__name__ for n in algos.names())
+    known = ", ".join(algo_registry.get(n).Config.__name__ for n in algo_registry.names())
     raise ValueError(f"train_many: config must be one of {known}, got {type(config).__name__}")
 
 
@@ -437,18 +437,18 @@ class RunSpec:
         self.config()  # a bad config is an error here, before any process starts
 
     def config(self):
-        import algos
+        from algos import registry as algo_registry
 
         try:
-            return algos.make_config(self.algo, **dict(self.overrides))
+            return algo_registry.make_config(self.algo, **dict(self.overrides))
         except TypeError as e:  # an unknown key: the registry's one line, as a ValueError
             raise ValueError(str(e)) from None
 
     def num_steps(self) -> int:
         """Progress units (PPO iterations, SAC epochs) of the whole run."""
-        import algos
+        from algos import registry as algo_registry
 
-        return algos.get(self.algo).num_units(self.config())
+        return algo_registry.get(self.algo).num_units(self.config())
 
     def run_dirs(self, root: str | os.PathLike) -> list[str]:
         base = os.path.join(os.fspath(root), self.name)
@@ -1063,10 +1063,10 @@ def main_sweep(args: argparse.Namespace) -> int:
     Every mistake in the arguments is one line (exit status 2) before anything runs or any directory
     is made. Exit status 1 when a run failed (the table says which and why).
     """
-    import algos
+    from algos import registry as algo_registry
 
     try:
-        record = algos.get(args.algo)
+        record = algo_registry.get(args.algo)
         seeds = _parse_seeds(args.seeds)
         overrides = record.parse_overrides(args.set)
         if "seed" in overrides:

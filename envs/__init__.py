@@ -51,6 +51,11 @@ def external_names() -> list[str]:
     return playground.names() + gymnax_envs.names()
 
 
+def factory_path(name: str) -> str:
+    """The ``"module:function"`` factory of a registered env name ("" when it is not registered)."""
+    return _REGISTRY.get(name, "")
+
+
 def register(name: str, target: str) -> None:
     """Register ``name`` -> ``"module:factory"`` (for environments living outside this package)."""
     if ":" not in target:
