@@ -21,6 +21,8 @@ _FACTORIES: dict[str, str | Callable[..., Transform]] = {
     "group_rollout": "rose_jax.optimize.group_rollout:group_rollout",
     "offload_component": "rose_jax.optimize.offload:offload_component",
     "bound_while_loops": "rose_jax.optimize.loops:bound_while_loops",
+    "stream_overlap": "rose_jax.optimize.streams:stream_overlap",
+    "split_compile": "rose_jax.optimize.streams:split_compile",
 }
 
 
