@@ -52,6 +52,7 @@ from rose_jax.io import atomic_write_json, atomic_write_text
 
 from benchmarks import common
 from benchmarks.common import fmt, log
+from benchmarks.suite import workloads
 
 DEFAULT_OUT = os.path.join(common.RESULTS_DIR, "overlap")
 MICRO = "components on streams (two MLP chains)"
@@ -90,23 +91,12 @@ SAC_HIGH_UPDATE = (
     ("q_hidden_sizes", (256, 256)),
     ("activation", "relu"),
 )
-PPO_ANT = (
+# The suite's PPO hyperparameters (Brax's locomotion defaults) with ant's reward scaling and the
+# 4x32 policy; value_cost 0.5 there is PPOConfig's default.
+PPO_ANT = workloads.PPO_HP + (
     ("num_timesteps", 50_000_000),
-    ("unroll_length", 10),
-    ("num_minibatches", 16),
-    ("num_epochs", 4),
-    ("learning_rate", 3e-4),
-    ("entropy_cost", 1e-2),
-    ("discounting", 0.97),
-    ("gae_lambda", 0.95),
-    ("clipping_epsilon", 0.3),
-    ("reward_scaling", 10.0),
-    ("normalize_observations", True),
-    ("normalize_advantage", True),
-    ("max_grad_norm", None),
+    ("reward_scaling", workloads.REWARD_SCALING["ant"]),
     ("policy_hidden_sizes", (32,) * 4),
-    ("value_hidden_sizes", (256,) * 5),
-    ("activation", "swish"),
 )
 
 
