@@ -14,7 +14,9 @@ backend, and the shipped ``mjx_swimmer``):
 
 Each row compiles the original and :func:`rose_jax.optimize.loops.bound_while_loops` variants
 (``where``, ``cond``, ``where`` fully unrolled) from the same inputs, times ``--repeats`` calls of
-each (median), and checks one call's outputs bitwise against the original's. The plan is the
+each (median), and checks one call's outputs bitwise against the original's (on the GPU both
+compiled with ``xla_gpu_deterministic_ops``: MJX's scatter-adds use atomics, so the original alone
+is not bitwise repeatable there; ``baseline_repeatable`` records whether it was). The plan is the
 fastest variant that is faster than the original by more than ``--min-gain`` and equal (bitwise
 for the exact variants, within its declared tolerance for the unrolled one), else ``"none"``:
 kept only where faster, as every plan. Brax's own trainer is not timed here (its PPO runs the
@@ -52,6 +54,10 @@ VARIANTS = (
 )
 # XLA CPU options for --smoke (both sides compiled alike): compiling MJX takes minutes otherwise.
 SMOKE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+# Equality is checked on programs compiled with deterministic GPU ops (both sides): MJX's scatter-adds
+# use atomics, so the untransformed program alone is not bitwise repeatable on the GPU (see the
+# ``baseline_repeatable`` field); timing uses the default options.
+DETERMINISTIC = {"xla_gpu_deterministic_ops": True}
 
 
 def workload_order(envs: tuple[str, ...]) -> list[str]:
@@ -210,14 +216,19 @@ def run_row(workload: str, args) -> dict:
     fns = {"original": case.fn, **{name: t.apply(case.fn) for name, t in transforms.items()}}
     options = SMOKE_COMPILER_OPTIONS if args.smoke else None
     compiled = compile_all(fns, case.args, options)
-    ref = compiled["original"][0](*case.args)
+    deterministic = jax.default_backend() == "gpu"
+    # equality programs: the same functions under deterministic ops (GPU), else the timed ones
+    checked = compile_all(fns, case.args, DETERMINISTIC) if deterministic else compiled
+    ref = checked["original"][0](*case.args)
     jax.block_until_ready(ref)
+    again = compiled["original"][0](*case.args)
+    repeatable, _, _ = compare(again, compiled["original"][0](*case.args), 0.0)
     base_s, base_times = time_calls(compiled["original"][0], case.args, case.chain, args.repeats)
     base_rate = case.env_steps / base_s
     variants: dict[str, dict] = {}
     for name, t in transforms.items():
         c, compile_s = compiled[name]
-        out = c(*case.args)
+        out = checked[name][0](*case.args)
         equal, diff, within = compare(out, ref, t.tolerance.rtol)
         sec, times = time_calls(c, case.args, case.chain, args.repeats)
         variants[name] = {
@@ -254,6 +265,8 @@ def run_row(workload: str, args) -> dict:
         "baseline_compile_s": compiled["original"][1],
         "baseline_call_s": base_times,
         "loops": case.loops,
+        "equality_ops": "xla_gpu_deterministic_ops" if deterministic else "default",
+        "baseline_repeatable": repeatable,
         "row_s": time.perf_counter() - t0,
         "error": None,
     }
@@ -278,7 +291,9 @@ def markdown(result: dict) -> str:
         f"Sizes: {result['sizes']}. Plan: the fastest variant faster than the original by more than "
         f"{result['sizes']['min_gain']:.0%} and equal (bitwise; the unrolled variant within its declared "
         "tolerance), else none. `equal`: the plan's outputs (plan none: the `where` variant's) bitwise "
-        "equal to the original's from the same inputs.",
+        "equal to the original's from the same inputs (on the GPU both compiled with "
+        "`xla_gpu_deterministic_ops`; `baseline_repeatable`: two default-option calls of the original "
+        "gave bitwise the same outputs).",
         "",
         *(
             [f"Rows from earlier runs (--merge): {', '.join(result['merged_from_earlier_runs'])}.", ""]

@@ -292,14 +292,17 @@ def run_micro(row: Row, args, iso: Isolation) -> dict:
     got = jax.jit(fast, compiler_options=DETERMINISTIC)(state)
     eq = compare(got, ref, zipped.tolerance)
     chain_steps = 2 * steps
+    kept = times["streams"] < times[base_name] and eq["equal"]  # kept only where faster and equal
     return {
         "baseline_env_steps_per_s": chain_steps / times[base_name],
         "single_jit_env_steps_per_s": chain_steps / times[base_name],
-        "rose_env_steps_per_s": chain_steps / times["streams"],
+        "rose_env_steps_per_s": chain_steps / (times["streams"] if kept else times[base_name]),
+        "candidate": zipped.label,
+        "candidate_speedup": times[base_name] / times["streams"],
         "baseline": base_name,
         "times_ms": {k: v * 1e3 for k, v in times.items()},
         "speedup_vs_two_loops": times["two loops"] / times["streams"],
-        "plan": zipped.label,
+        "plan": zipped.label if kept else "none",
         "plan_detail": why,
         "isolation": None if check is None else check.reason,
         "search_s": time.perf_counter() - t0,
@@ -703,6 +706,35 @@ def select_rows(rows: list[Row], patterns: list[str] | None) -> list[Row]:
     return [r for r in rows if r.name in chosen]
 
 
+
+def write_results(rows: list[dict], out_dir: str, args) -> list[dict]:
+    """Write results.json / .md / .png (atomically) for ``rows`` (plus, with ``--merge``, the rows
+    of an earlier results.json not run now); returns the rows written. Called after every row."""
+    rows = [{k: v for k, v in r.items() if k != "_config_env"} for r in rows]
+    if args.merge and os.path.exists(os.path.join(out_dir, "results.json")):
+        with open(os.path.join(out_dir, "results.json")) as f:
+            old = json.load(f).get("rows", [])
+        names = {r["workload"] for r in rows}
+        order = [r.name for r in rows_for(args.smoke)]
+        rows = sorted(
+            [r for r in old if r["workload"] not in names] + rows,
+            key=lambda r: order.index(r["workload"]) if r["workload"] in order else len(order),
+        )
+    machine = common.machine_info()
+    doc = {
+        "rows": rows,
+        "machine": machine,
+        "command": machine["command"],
+        "date": machine["date"],
+        "budget_s": args.budget_s,
+        "wall_s": common.elapsed(),
+        "smoke": args.smoke,
+    }
+    atomic_write_json(os.path.join(out_dir, "results.json"), doc)
+    atomic_write_text(os.path.join(out_dir, "results.md"), markdown(rows, machine, args))
+    plot(rows, os.path.join(out_dir, "results.png"))
+    return rows
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="CPU plumbing check with tiny sizes (pendulum)")
@@ -767,13 +799,14 @@ def main(argv=None) -> list[dict]:
             log(f"{row.name}: failed: {rec['error']}")
         rec["row_s"] = time.perf_counter() - t0
         rows.append(rec)
+        write_results(rows, out_dir, args)  # after every row: a killed call keeps what it measured
     # Brax's trainer last, in row order, while time remains
     for rec, row in zip(rows, selected, strict=True):
         cfg = rec.pop("_config_env", None)
         if cfg is None or row.brax_env is None or args.brax == "off" or args.smoke:
             continue
         left = deadline - time.perf_counter()
-        if args.brax == "auto" and left < 150.0:
+        if left < 150.0 if args.brax == "auto" else left < 60.0:
             rec["brax"] = f"skipped: budget ({left:.0f} s left)"
             continue
         try:
@@ -787,30 +820,8 @@ def main(argv=None) -> list[dict]:
             rec["speedup"] = rec["rose_env_steps_per_s"] / rec["baseline_env_steps_per_s"]
         except Exception as e:  # noqa: BLE001
             rec["brax"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-    for rec in rows:
-        rec.pop("_config_env", None)
-    if args.merge and os.path.exists(os.path.join(out_dir, "results.json")):
-        with open(os.path.join(out_dir, "results.json")) as f:
-            old = json.load(f).get("rows", [])
-        names = {r["workload"] for r in rows}
-        order = [r.name for r in rows_for(args.smoke)]
-        rows = sorted(
-            [r for r in old if r["workload"] not in names] + rows,
-            key=lambda r: order.index(r["workload"]) if r["workload"] in order else len(order),
-        )
-    machine = common.machine_info()
-    doc = {
-        "rows": rows,
-        "machine": machine,
-        "command": machine["command"],
-        "date": machine["date"],
-        "budget_s": args.budget_s,
-        "wall_s": common.elapsed(),
-        "smoke": args.smoke,
-    }
-    atomic_write_json(os.path.join(out_dir, "results.json"), doc)
-    atomic_write_text(os.path.join(out_dir, "results.md"), markdown(rows, machine, args))
-    plot(rows, os.path.join(out_dir, "results.png"))
+        write_results(rows, out_dir, args)
+    rows = write_results(rows, out_dir, args)
     table = common.markdown_table(MD_HEADERS, _table_rows(rows))
     log(f"done in {common.elapsed():.0f} s; {out_dir}/results.md")
     print("\n" + table, flush=True)
