@@ -33,9 +33,9 @@ import optax
 
 import rose_jax
 from algos import driver, networks, normalize
-from algos import ppo
-from algos.ppo import LossMetrics, Metrics, Networks, PPOConfig, PPOParams, TrainState, Transition
-from envs.core import Env, EnvState, mean_finished_return
+from algos import ppo_core
+from algos.ppo_core import LossMetrics, Metrics, Networks, PPOConfig, PPOParams, TrainState, Transition
+from envs.core import Env, EnvState
 
 # ----------------------------------------------------------------------------------------------
 # Layout
@@ -46,21 +46,16 @@ def unrolls_per_iteration(config: PPOConfig) -> int:
     return config.batch_size * config.num_minibatches // config.num_envs
 
 
-class Segments(NamedTuple):
-    """Training data in Brax's layout: ``S`` unroll segments of ``T`` steps each.
+# A Transition's fields (each with leading axes (S, T)), then next_obs
+Segments = NamedTuple(
+    "Segments", [*((name, jax.Array) for name in Transition._fields), ("next_obs", jax.Array)]
+)
+Segments.__doc__ = """Training data in Brax's layout: ``S`` unroll segments of ``T`` steps each.
 
-    obs ``(S, T, obs)`` and next_obs ``(S, obs)`` (the observation after the segment's last step)
-    are already normalised; raw_action ``(S, T, act)``; log_prob, reward (unscaled), done,
-    truncated ``(S, T)`` float32. Segment ``s = u * N + n`` is unroll ``u`` of env ``n``.
-    """
-
-    obs: jax.Array
-    raw_action: jax.Array
-    log_prob: jax.Array
-    reward: jax.Array
-    done: jax.Array
-    truncated: jax.Array
-    next_obs: jax.Array
+The fields of :class:`algos.ppo.Transition`, then ``next_obs``. obs ``(S, T, obs)`` and next_obs
+``(S, obs)`` (the observation after the segment's last step) are already normalised; raw_action
+``(S, T, act)``; log_prob, reward (unscaled), done, truncated ``(S, T)`` float32. Segment
+``s = u * N + n`` is unroll ``u`` of env ``n``."""
 
 
 def compute_gae(
@@ -126,7 +121,7 @@ def segment_loss(
     )
     log_prob = networks.log_prob(dist, time_major(seg.raw_action))
     entropy = networks.entropy(dist, key)
-    return ppo.loss_from_outputs(
+    return ppo_core.loss_from_outputs(
         config, log_prob, time_major(seg.log_prob), advantages, baseline, vs, entropy
     )
 
@@ -160,9 +155,9 @@ def rollout(
     def step(carry, _):
         env_state, key = carry
         key, next_key = jax.random.split(key)
-        action, raw, logp = ppo.policy_step(nets, config, policy_params, normalizer, env_state.obs, key)
+        action, raw, logp = ppo_core.policy_step(nets, config, policy_params, normalizer, env_state.obs, key)
         nstate = sim(env_state, action)
-        transition = ppo.Transition(env_state.obs, raw, logp, nstate.reward, nstate.done, nstate.truncated)
+        transition = Transition(env_state.obs, raw, logp, nstate.reward, nstate.done, nstate.truncated)
         return (nstate, next_key), transition
 
     def unroll(carry, _):
@@ -192,7 +187,7 @@ def to_segments(
         return x.reshape((-1,) + x.shape[2:])
 
     def norm(x):
-        return normalize.apply(normalizer, x) if config.normalize_observations else x
+        return ppo_core.normalized(config, normalizer, x)
 
     return Segments(
         obs=norm(seg(data.obs)),
@@ -203,11 +198,6 @@ def to_segments(
         truncated=seg(data.truncated),
         next_obs=norm(next_obs.reshape((-1,) + next_obs.shape[2:])),
     )
-
-
-class _Learner(NamedTuple):
-    params: PPOParams
-    opt_state: optax.OptState
 
 
 def update(
@@ -223,19 +213,14 @@ def update(
     Returns the new params and optimizer state, the loss metrics averaged over every minibatch
     step and the mean gradient norm.
     """
-    optimizer = ppo.make_optimizer(config)
-    loss_and_grad = jax.value_and_grad(functools.partial(segment_loss, nets, config), has_aux=True)
+    step = ppo_core.gradient_step(nets, config, segment_loss)
     num_segments = segments.reward.shape[0]
 
     def minibatch_step(carry, minibatch):
         learner, key = carry
         key, key_loss = jax.random.split(key)
-        with rose_jax.component("loss"):
-            (_, metrics), grads = loss_and_grad(learner.params, minibatch, key_loss)
-        with rose_jax.component("optimizer"):
-            updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
-            params = optax.apply_updates(learner.params, updates)
-        return (_Learner(params, opt_state), key), (metrics, ppo.global_norm(grads))
+        learner, out = step(learner, minibatch, key_loss)
+        return (learner, key), out
 
     def sgd_step(carry, _):
         learner, key = carry
@@ -250,9 +235,9 @@ def update(
 
     with rose_jax.component("update"):
         (learner, _), (metrics, grad_norm) = jax.lax.scan(
-            sgd_step, (_Learner(params, opt_state), key), None, length=config.num_epochs
+            sgd_step, (ppo_core.Learner(params, opt_state), key), None, length=config.num_epochs
         )
-    return learner.params, learner.opt_state, jax.tree.map(jnp.mean, metrics), jnp.mean(grad_norm)
+    return ppo_core.update_result(learner, metrics, grad_norm)
 
 
 def learn(
@@ -265,34 +250,14 @@ def learn(
 ) -> tuple[TrainState, Metrics]:
     """Everything of an iteration after :func:`rollout`: normalizer, segments, update, counters."""
     key_sgd, _, key = split_keys(state.key)
-    normalizer = state.normalizer
-    if config.normalize_observations:
-        with rose_jax.component("normalizer"):
-            normalizer = normalize.update(normalizer, data.obs)
+    normalizer = ppo_core.update_normalizer(config, state.normalizer, data.obs)
     segments = to_segments(config, normalizer, data, next_obs)
     params, opt_state, loss_metrics, grad_norm = update(
         nets, config, state.params, state.opt_state, segments, key_sgd
     )
-    env_steps = state.env_steps + config.env_steps_per_iteration
-    metrics = ppo.Metrics(
-        env_steps=env_steps,
-        iteration=state.iteration + 1,
-        reward=jnp.mean(data.reward),
-        episode_return=mean_finished_return(env_state),
-        episodes=jnp.sum(data.done),
-        grad_norm=grad_norm,
-        **loss_metrics._asdict(),
+    return ppo_core.finish(
+        config, state, (params, opt_state), normalizer, env_state, key, data, loss_metrics, grad_norm
     )
-    new_state = ppo.TrainState(
-        params=params,
-        opt_state=opt_state,
-        normalizer=normalizer,
-        env_state=env_state,
-        key=key,
-        env_steps=env_steps,
-        iteration=state.iteration + 1,
-    )
-    return new_state, metrics
 
 
 def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
@@ -300,10 +265,10 @@ def iteration(config: PPOConfig, env: Env) -> Callable[[TrainState], tuple[Train
     if not config.brax_layout:
         raise ValueError("ppo_brax.iteration: config.batch_size is None (that is rose-jax's layout)")
     config.validate(env)
-    nets = ppo.make_networks(config, env)
+    nets = ppo_core.make_networks(config, env)
 
     def iterate(state):
-        ppo.check_state(config, env, state)
+        ppo_core.check_state(config, env, state)
         _, key_unroll, _ = split_keys(state.key)
         env_state, data, next_obs = rollout(
             nets, config, env, state.params.policy, state.normalizer, state.env_state, key_unroll
@@ -318,7 +283,7 @@ def program(config: PPOConfig, env: Env) -> rose_jax.program.Program:
     from rose_jax.program import Program, attr_lens
 
     config.validate(env)
-    nets = ppo.make_networks(config, env)
+    nets = ppo_core.make_networks(config, env)
 
     def collect(state):
         _, key_unroll, _ = split_keys(state.key)
@@ -414,9 +379,6 @@ def _is_brax_env(obj: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Evaluation with Brax's metric names
 
-_EVAL_SALT = 0x5E7A1  # as algos.ppo: eval keys are fold_in(state.key, salt), never used by training
-
-
 @functools.lru_cache(maxsize=32)
 def make_evaluator(config: PPOConfig, env: Env, num_envs: int, deterministic: bool) -> Callable[..., dict]:
     """Jitted ``(params, normalizer, key) -> {'eval/episode_reward', ...}`` over fresh episodes.
@@ -425,7 +387,7 @@ def make_evaluator(config: PPOConfig, env: Env, num_envs: int, deterministic: bo
     first episode's rewards (Brax's ``EvalWrapper``). Returns device scalars
     ``eval/episode_reward`` (mean), ``eval/episode_reward_std``, ``eval/avg_episode_length``.
     """
-    act = ppo.make_inference_fn(config, env)
+    act = ppo_core.make_inference_fn(config, env)
 
     def run(params, normalizer, key):
         reset_key, act_key = jax.random.split(key)
@@ -452,20 +414,17 @@ def make_evaluator(config: PPOConfig, env: Env, num_envs: int, deterministic: bo
     return jax.jit(run)
 
 
-def eval_key(state: TrainState) -> jax.Array:
-    """The evaluation key of ``state`` (folded from its key and iteration; training never uses it)."""
-    return jax.random.fold_in(jax.random.fold_in(state.key, _EVAL_SALT), state.iteration)
-
-
-def epoch(config: PPOConfig, env: Env, iterations: int) -> Callable[[TrainState], tuple[Any, dict]]:
-    """Pure ``state -> (state, metrics)``: ``iterations`` iterations in a ``lax.scan``, then (when
-    ``config.num_evals``) an evaluation. Metrics: the last iteration's, ``reward`` averaged,
-    ``episodes`` summed, Brax's ``training/*`` loss means over the epoch and ``eval/*``."""
-    one = ppo.iteration(config, env)
+def epoch(
+    config: PPOConfig, env: Env, one: Callable[[TrainState], tuple[TrainState, Metrics]], iterations: int
+) -> Callable[[TrainState], tuple[Any, dict]]:
+    """Pure ``state -> (state, metrics)``: ``iterations`` of the iteration ``one`` (either layout's,
+    :func:`algos.ppo.iteration`) in a ``lax.scan``, then (when ``config.num_evals``) an evaluation.
+    Metrics: the last iteration's, ``reward`` averaged, ``episodes`` summed, Brax's ``training/*``
+    loss means over the epoch and ``eval/*``."""
     evaluate = None
     if config.num_evals:
         evaluate = make_evaluator(
-            ppo.program_key(config), env, config.num_eval_envs, config.deterministic_eval
+            ppo_core.program_key(config), env, config.num_eval_envs, config.deterministic_eval
         )
 
     def run_epoch(state):
@@ -476,7 +435,7 @@ def epoch(config: PPOConfig, env: Env, iterations: int) -> Callable[[TrainState]
             out[f"training/{theirs}"] = jnp.mean(getattr(ms, ours))
         if evaluate is not None:
             with rose_jax.component("evaluate"):
-                out.update(evaluate(state.params, state.normalizer, eval_key(state)))
+                out.update(evaluate(state.params, state.normalizer, ppo_core.eval_key(state)))
             out["eval_episode_return"] = out["eval/episode_reward"]
         return state, out
 
@@ -498,6 +457,7 @@ _BRAX_LOSS_NAMES = {
 def train_with_evals(
     config: PPOConfig,
     env: Env,
+    one: Callable[[TrainState], tuple[TrainState, Metrics]],
     *,
     progress_fn: driver.ProgressFn | None = None,
     checkpoint_dir: str | None = None,
@@ -507,7 +467,8 @@ def train_with_evals(
 ) -> tuple[TrainState, list[dict[str, float]]]:
     """Brax's run shape: an evaluation at step 0 (when ``num_evals > 1``), then
     ``max(num_evals - 1, 1)`` jitted epochs of ``config.iterations_per_eval`` iterations, each
-    followed by an evaluation. ``env`` is already resolved (:func:`resolve_env`).
+    followed by an evaluation. ``env`` is already resolved (:func:`resolve_env`); ``one`` is the
+    iteration of ``config`` and ``env`` (:func:`algos.ppo.iteration`, either layout).
 
     ``progress_fn(env_steps, metrics)`` gets Brax's names (``eval/episode_reward``,
     ``training/total_loss``, ``training/sps``, ``training/walltime``, ...) next to rose-jax's
@@ -518,13 +479,13 @@ def train_with_evals(
         raise ValueError("ppo_brax.train_with_evals: config.num_evals is None")
     config.validate(env)
     driver.check_loop_args(checkpoint_dir, checkpoint_every)
-    state = ppo.init(config, env, jax.random.PRNGKey(config.seed))
+    state = ppo_core.init(config, env, jax.random.PRNGKey(config.seed))
     state, _ = driver.maybe_resume(checkpoint_dir, state, resume)
     iters = config.iterations_per_eval
     epochs = max(config.num_evals - 1, 1)
     donate = (0,) if jax.default_backend() != "cpu" else ()
     t0 = time.perf_counter()
-    step_fn = jax.jit(epoch(config, env, iters), donate_argnums=donate).lower(state).compile()
+    step_fn = jax.jit(epoch(config, env, one, iters), donate_argnums=donate).lower(state).compile()
     compile_s = time.perf_counter() - t0
 
     clock = {"start": time.perf_counter(), "last": time.perf_counter(), "steps": int(state.env_steps)}
@@ -535,9 +496,9 @@ def train_with_evals(
         and progress_fn is not None
     ):
         evaluate = make_evaluator(
-            ppo.program_key(config), env, config.num_eval_envs, config.deterministic_eval
+            ppo_core.program_key(config), env, config.num_eval_envs, config.deterministic_eval
         )
-        first = driver.metrics_to_host(evaluate(state.params, state.normalizer, eval_key(state)))
+        first = driver.metrics_to_host(evaluate(state.params, state.normalizer, ppo_core.eval_key(state)))
         first["eval_episode_return"] = first["eval/episode_reward"]
         progress_fn(0, {**first, "env_steps": 0, "time/compile_s": compile_s})
         clock["start"] = clock["last"] = time.perf_counter()

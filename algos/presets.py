@@ -16,19 +16,28 @@ from __future__ import annotations
 
 from typing import Any
 
+# The defaults that brax.training.agents.ppo.train and sac.train have in common.
+_BRAX_SHARED: dict[str, Any] = dict(
+    num_envs=1,
+    learning_rate=1e-4,
+    discounting=0.9,
+    normalize_observations=False,
+    reward_scaling=1.0,
+    num_evals=1,
+    num_eval_envs=128,
+    deterministic_eval=False,
+    seed=0,
+)
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {
         "brax": dict(
-            num_envs=1,
-            learning_rate=1e-4,
+            _BRAX_SHARED,
             entropy_cost=1e-4,
-            discounting=0.9,
             unroll_length=10,
             batch_size=32,
             num_minibatches=16,
             num_updates_per_batch=2,
-            normalize_observations=False,
-            reward_scaling=1.0,
             clipping_epsilon=0.3,
             gae_lambda=0.95,
             max_grad_norm=None,
@@ -37,35 +46,23 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             policy_hidden_sizes=(32, 32, 32, 32),
             value_hidden_sizes=(256, 256, 256, 256, 256),
             activation="swish",
-            num_evals=1,
-            num_eval_envs=128,
-            deterministic_eval=False,
             action_repeat=1,
-            seed=0,
         ),
     },
     "sac": {
         "brax": dict(
-            num_envs=1,
-            learning_rate=1e-4,
+            _BRAX_SHARED,
             alpha_learning_rate=3e-4,
-            discounting=0.9,
             batch_size=256,
-            num_evals=1,
-            num_eval_envs=128,
-            normalize_observations=False,
-            reward_scaling=1.0,
             tau=0.005,
             min_replay_size=0,
             max_replay_size=None,
             grad_updates_per_step=1,
-            deterministic_eval=False,
             policy_hidden_sizes=(256, 256),
             q_hidden_sizes=(256, 256),
             activation="relu",
             target_entropy=lambda env: -0.5 * env.action_size,
             prefill_with_policy=True,
-            seed=0,
         ),
     },
 }

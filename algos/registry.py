@@ -143,6 +143,29 @@ def config_with(cls: type, config: Any, overrides: dict[str, Any], where: str) -
     return dataclasses.replace(config, **overrides) if overrides else config
 
 
+TRAIN_LOOP_KEYWORDS = ("progress_fn", "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "resume")
+
+
+def train_with_keywords(
+    cls: type,
+    train_with_config: Callable[..., Any],
+    env: Any,
+    config: Any,
+    keywords: dict[str, Any],
+    where: str,
+) -> Any:
+    """What every algorithm's ``train(env, config=None, **keywords)`` does.
+
+    ``keywords`` named in :data:`TRAIN_LOOP_KEYWORDS` go to ``train_with_config`` (the host
+    loop's: progress, checkpoints, resume); the rest are hyperparameters of ``cls`` applied by
+    :func:`config_with` (an unknown one is its one-line TypeError). Returns what
+    ``train_with_config(config, env, **loop)`` returns.
+    """
+    loop = {k: v for k, v in keywords.items() if k in TRAIN_LOOP_KEYWORDS}
+    overrides = {k: v for k, v in keywords.items() if k not in TRAIN_LOOP_KEYWORDS}
+    return train_with_config(config_with(cls, config, overrides, where), env, **loop)
+
+
 def _did_you_mean(key: str, valid: Sequence[str]) -> str:
     close = difflib.get_close_matches(key, valid, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -218,6 +241,40 @@ def parse_int(text: str) -> int:
     return int(value)
 
 
+def count_arg(text: str) -> int:
+    """An argparse ``type``: :func:`parse_int` (``100000``, ``100_000``, ``1e5``), its error an
+    ``argparse.ArgumentTypeError`` (argparse prints it as a usage error)."""
+    import argparse
+
+    try:
+        return parse_int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def literal_or_text(raw: str) -> Any:
+    """``raw`` as a Python literal (``3``, ``0.5``, ``True``, ``(1, 2)``, ``'x'``), else the text
+    itself (``--env-arg backend=mjx`` gives the string ``'mjx'``)."""
+    import ast
+
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+
+
+def parse_env_args(backend: str | None, items: Sequence[str]) -> dict[str, Any]:
+    """The env factory's keywords of ``--backend`` and ``--env-arg KEY=VALUE`` items (values by
+    :func:`literal_or_text`); a malformed item is a one-line ValueError."""
+    out: dict[str, Any] = {"backend": backend} if backend else {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--env-arg expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = literal_or_text(raw)
+    return out
+
+
 # name -> (module, config class, unit)
 _ALGOS = {
     "ppo": ("algos.ppo", "PPOConfig", "iteration"),
@@ -267,4 +324,18 @@ def make_config(name: str, **overrides: Any) -> Any:
     return get(name).make_config(**overrides)
 
 
-__all__ = ["Algo", "config_with", "get", "make_config", "names", "parse_int", "parse_value", "register"]
+__all__ = [
+    "TRAIN_LOOP_KEYWORDS",
+    "Algo",
+    "config_with",
+    "count_arg",
+    "get",
+    "literal_or_text",
+    "make_config",
+    "names",
+    "parse_env_args",
+    "parse_int",
+    "parse_value",
+    "register",
+    "train_with_keywords",
+]

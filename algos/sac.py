@@ -418,68 +418,45 @@ def alpha_loss(sac: SAC, log_alpha, actor_params, normalizer, obs, key) -> jax.A
     return jnp.mean(jnp.exp(log_alpha) * jax.lax.stop_gradient(-log_prob - sac.target_entropy))
 
 
-def _adam_step(optimizer, loss_fn, params, opt_state, *args):
-    loss, grads = jax.value_and_grad(loss_fn)(params, *args)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+def _adam_update(name: str, optimizer: str, loss_fn: Callable[..., jax.Array], doc: str) -> Callable:
+    """``update(sac, params, opt_state, *inputs) -> (params, opt_state, loss)``: one step of the
+    optimizer ``getattr(sac, optimizer)`` on ``loss_fn(sac, params, *inputs)``, run as the
+    component ``name``."""
+
+    def update(sac: SAC, params, opt_state, *inputs):
+        loss, grads = jax.value_and_grad(functools.partial(loss_fn, sac))(params, *inputs)
+        updates, opt_state = getattr(sac, optimizer).update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    update.__name__ = update.__qualname__ = name
+    update.__doc__ = doc
+    return rose_jax.component(name)(update)
 
 
-@rose_jax.component("critic_update")
-def critic_update(
-    sac: SAC,
-    critic_params,
-    critic_opt_state,
-    target_critic_params,
-    actor_params,
-    log_alpha,
-    normalizer,
-    batch: Transition,
-    key,
-):
-    """One Adam step on the twin critic; returns ``(critic_params, critic_opt_state, loss)``."""
-    return _adam_step(
-        sac.critic_optimizer,
-        functools.partial(critic_loss, sac),
-        critic_params,
-        critic_opt_state,
-        target_critic_params,
-        actor_params,
-        log_alpha,
-        normalizer,
-        batch,
-        key,
-    )
-
-
-@rose_jax.component("actor_update")
-def actor_update(sac: SAC, actor_params, actor_opt_state, critic_params, log_alpha, normalizer, obs, key):
-    """One Adam step on the policy; returns ``(actor_params, actor_opt_state, loss)``."""
-    return _adam_step(
-        sac.actor_optimizer,
-        functools.partial(actor_loss, sac),
-        actor_params,
-        actor_opt_state,
-        critic_params,
-        log_alpha,
-        normalizer,
-        obs,
-        key,
-    )
-
-
-@rose_jax.component("alpha_update")
-def alpha_update(sac: SAC, log_alpha, alpha_opt_state, actor_params, normalizer, obs, key):
-    """One Adam step on the log temperature; returns ``(log_alpha, alpha_opt_state, loss)``."""
-    return _adam_step(
-        sac.alpha_optimizer,
-        functools.partial(alpha_loss, sac),
-        log_alpha,
-        alpha_opt_state,
-        actor_params,
-        normalizer,
-        obs,
-        key,
-    )
+critic_update = _adam_update(
+    "critic_update",
+    "critic_optimizer",
+    critic_loss,
+    """One Adam step on the twin critic: ``critic_update(sac, critic_params, critic_opt_state,
+    target_critic_params, actor_params, log_alpha, normalizer, batch, key) -> (critic_params,
+    critic_opt_state, loss)`` (the inputs after the optimizer state are :func:`critic_loss`'s).""",
+)
+actor_update = _adam_update(
+    "actor_update",
+    "actor_optimizer",
+    actor_loss,
+    """One Adam step on the policy: ``actor_update(sac, actor_params, actor_opt_state,
+    critic_params, log_alpha, normalizer, obs, key) -> (actor_params, actor_opt_state, loss)``
+    (the inputs after the optimizer state are :func:`actor_loss`'s).""",
+)
+alpha_update = _adam_update(
+    "alpha_update",
+    "alpha_optimizer",
+    alpha_loss,
+    """One Adam step on the log temperature: ``alpha_update(sac, log_alpha, alpha_opt_state,
+    actor_params, normalizer, obs, key) -> (log_alpha, alpha_opt_state, loss)`` (the inputs
+    after the optimizer state are :func:`alpha_loss`'s).""",
+)
 
 
 @rose_jax.component("target_update")
@@ -848,21 +825,16 @@ def jitted_epoch(config: SACConfig, env: Env) -> Callable[[TrainState], tuple[Tr
 
 
 def train(
-    env: Env | str,
-    config: SACConfig | None = None,
-    *,
-    progress_fn: Callable[[int, dict], None] | None = None,
-    checkpoint_dir: str | None = None,
-    checkpoint_every: int | None = None,
-    keep_checkpoints: int | None = 3,  # algos.driver.DEFAULT_KEEP
-    resume: bool = False,
-    **overrides: Any,
+    env: Env | str, config: SACConfig | None = None, **keywords: Any
 ) -> tuple[TrainState, list[dict[str, float]]]:
     """Train SAC on ``env`` (an Env or a registered name).
 
     Hyperparameters are ``config`` (a :class:`SACConfig`, default ``SACConfig()``) with
-    ``overrides`` (its field names as keywords, Brax-style: ``train(env, num_timesteps=...)``);
-    an unknown keyword is a one-line TypeError listing the valid ones.
+    the other ``keywords`` (its field names, Brax-style:
+    ``train(env, num_timesteps=...)``);
+    an unknown keyword is a one-line TypeError listing the valid ones. The loop's keywords are
+    ``progress_fn``, ``checkpoint_dir``, ``checkpoint_every``, ``keep_checkpoints`` (default 3) and
+    ``resume`` (``algos.registry.TRAIN_LOOP_KEYWORDS``).
     The run is ``num_evals`` epochs, each one jitted :func:`epoch` (``lax.scan`` over
     :func:`iterations_per_epoch` iterations, no host sync inside, state donated), so the total is
     at least ``num_timesteps`` env steps. ``progress_fn(env_steps, metrics)`` is called after each
@@ -878,16 +850,7 @@ def train(
     """
     from algos import registry
 
-    config = registry.config_with(SACConfig, config, overrides, "sac.train")
-    return train_with_config(
-        config,
-        env,
-        progress_fn=progress_fn,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        resume=resume,
-    )
+    return registry.train_with_keywords(SACConfig, train_with_config, env, config, keywords, "sac.train")
 
 
 def train_with_config(

@@ -964,7 +964,7 @@ def _probe_main(job_path: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``rose-jax sweep`` flags (the subparser itself is made in ``rose_jax/cli.py``)."""
-    from algos.registry import names
+    from algos.registry import count_arg, names
 
     p.add_argument("--env", default="pendulum",
                    help="environment name, see `rose-jax envs` (default: %(default)s)")
@@ -972,7 +972,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", help="physics backend of Brax envs: mjx, generalized, positional, spring")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a keyword of the env's factory (repeatable)")
-    p.add_argument("--steps", type=_count, metavar="N", help="environment steps per run, e.g. 1e6")
+    p.add_argument("--steps", type=count_arg, metavar="N", help="environment steps per run, e.g. 1e6")
     p.add_argument("--seeds", default="4",
                    help="N (seeds 0..N-1) or a comma-separated list (default: %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -987,30 +987,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-mps", action="store_true", help="plain processes even where MPS is available")
     p.add_argument("--run-dir", metavar="DIR",
                    help="the sweep's root (default: runs/sweep-<algo>-<env>-<time>)")
-    p.add_argument("--checkpoint-every", type=_count, metavar="K", help="also checkpoint every K iterations "
-                   "(SAC: epochs); always at the end")
-    p.add_argument("--keep-checkpoints", type=_count, default=3, metavar="N",
+    p.add_argument("--checkpoint-every", type=count_arg, metavar="K",
+                   help="also checkpoint every K iterations (SAC: epochs); always at the end")
+    p.add_argument("--keep-checkpoints", type=count_arg, default=3, metavar="N",
                    help="keep the N newest checkpoints per run plus the best; 0 keeps all "
                         "(default: %(default)s)")
-
-
-def _count(text: str) -> int:
-    """An argparse type: ``100000``, ``100_000`` or ``1e5``."""
-    from algos.registry import parse_int
-
-    try:
-        return parse_int(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _literal(raw: str) -> Any:
-    import ast
-
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
 
 
 def _parse_seeds(text: str) -> tuple[int, ...]:
@@ -1076,12 +1057,7 @@ def main_sweep(args: argparse.Namespace) -> int:
                 raise ValueError(f"--steps must be > 0, got {args.steps}")
             overrides["num_timesteps"] = args.steps
         combos = _parse_grid(record, args.grid)
-        env_kwargs = {"backend": args.backend} if args.backend else {}
-        for item in args.env_arg:
-            key, sep, raw = item.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"--env-arg expects KEY=VALUE, got {item!r}")
-            env_kwargs[key.strip()] = _literal(raw)
+        env_kwargs = algo_registry.parse_env_args(args.backend, args.env_arg)
         keep = args.keep_checkpoints or None
         if args.checkpoint_every is not None and args.checkpoint_every <= 0:
             raise ValueError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")

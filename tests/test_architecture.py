@@ -178,18 +178,18 @@ def test_the_walk_sees_the_packages_and_their_imports():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-# A known circle, still open (issue 14's note): algos.ppo dispatches to algos.ppo_brax when
-# PPOConfig.batch_size is set, and ppo_brax builds on ppo's pieces. The fix is a shared PPO core
-# module both import. Listed here so that any OTHER circle fails, and so that this test fails
-# once the circle is gone (then delete this entry).
-KNOWN_CIRCLES = [["algos.ppo", "algos.ppo_brax", "algos.ppo"]]
-
-
 def test_no_import_circle():
     cycles = _cycles(GRAPH)
-    new = [c for c in cycles if c not in KNOWN_CIRCLES]
-    assert not new, "import circle(s): " + "; ".join(" -> ".join(c) for c in new)
-    assert cycles == KNOWN_CIRCLES, f"a known circle is gone, update KNOWN_CIRCLES: {cycles}"
+    assert not cycles, "import circle(s): " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_ppo_layouts_share_a_core_instead_of_importing_each_other():
+    # algos.ppo dispatches to algos.ppo_brax (Brax's layout when PPOConfig.batch_size is set);
+    # what both need lives in algos.ppo_core, which imports neither
+    assert "algos.ppo_brax" in GRAPH["algos.ppo"]
+    assert "algos.ppo" not in GRAPH["algos.ppo_brax"]
+    assert {"algos.ppo", "algos.ppo_brax"} & GRAPH["algos.ppo_core"] == set()
+    assert "algos.ppo_core" in GRAPH["algos.ppo"] and "algos.ppo_core" in GRAPH["algos.ppo_brax"]
 
 
 def test_library_does_not_import_algorithms_or_environments():
