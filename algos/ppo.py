@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import optax
 
 import rose_jax
-from algos import driver, networks, normalize, ppo_brax
+from algos import driver, networks, normalize, ppo_brax, registry
 from algos.ppo_core import (  # the pieces both layouts share; re-exported as algos.ppo's
     Learner,
     LossMetrics,
@@ -445,8 +445,6 @@ def train(
     Returns:
       ``(final_state, metrics)``: metrics of the iterations run by this call, in order.
     """
-    from algos import registry
-
     return registry.train_with_keywords(PPOConfig, train_with_config, env, config, keywords, "ppo.train")
 
 
@@ -497,6 +495,10 @@ def train_with_config(
         checkpoint_every=checkpoint_every,
         keep=keep_checkpoints,
     )
+
+
+# train's keywords for help(), IDEs and inspect: (env, config=None, *, progress_fn, ..., **overrides)
+train.__signature__ = registry.train_signature(train_with_config)
 
 
 __all__ = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import inspect
 import math
 import typing
 from types import ModuleType
@@ -164,6 +165,18 @@ def train_with_keywords(
     loop = {k: v for k, v in keywords.items() if k in TRAIN_LOOP_KEYWORDS}
     overrides = {k: v for k, v in keywords.items() if k not in TRAIN_LOOP_KEYWORDS}
     return train_with_config(config_with(cls, config, overrides, where), env, **loop)
+
+
+def train_signature(train_with_config: Callable[..., Any]) -> inspect.Signature:
+    """The signature of the ``train`` that calls :func:`train_with_keywords` with ``train_with_config``:
+    ``(env, config=None, *, <the loop keywords, defaults as train_with_config's>, **overrides)``."""
+    params = inspect.signature(train_with_config).parameters
+    return inspect.Signature([
+        params["env"].replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        params["config"].replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+        *(params[k] for k in TRAIN_LOOP_KEYWORDS),
+        inspect.Parameter("overrides", inspect.Parameter.VAR_KEYWORD),
+    ])
 
 
 def _did_you_mean(key: str, valid: Sequence[str]) -> str:

@@ -38,7 +38,7 @@ import optax
 from flax import struct
 
 import rose_jax
-from algos import networks, normalize, replay
+from algos import networks, normalize, registry, replay
 from rose_jax.program import Program, ProgramSpec, attr_lens
 from envs.core import Env, EnvState, mean_finished_return
 
@@ -848,8 +848,6 @@ def train(
     Returns:
       ``(final TrainState, [metrics dict per epoch run by this call])``.
     """
-    from algos import registry
-
     return registry.train_with_keywords(SACConfig, train_with_config, env, config, keywords, "sac.train")
 
 
@@ -902,6 +900,10 @@ def train_with_config(
         checkpoint_every=checkpoint_every,
         keep=keep_checkpoints,
     )
+
+
+# train's keywords for help(), IDEs and inspect: (env, config=None, *, progress_fn, ..., **overrides)
+train.__signature__ = registry.train_signature(train_with_config)
 
 
 __all__ = [
