@@ -579,3 +579,28 @@ def test_quick_mjcf_row_on_gpu_reports_sm_activity(tmp_path):
         if act["status"] == "ok":
             assert 0.0 <= act["mean_sm_util"] <= 100.0
     assert math.isfinite(row["summary"]["ratio"])
+
+
+def test_readme_block_lists_experiment_results(tmp_path):
+    """Synthetic results files (hand-written numbers, not measurements) in the experiments' schema:
+    the README block gains one table per experiment, with the speedup, equality and plan."""
+    import json
+
+    (tmp_path / "overlap").mkdir()
+    (tmp_path / "overlap" / "results.json").write_text(json.dumps({
+        "date": "2026-01-01", "machine": {"gpu": "GPU X", "jax": "0.11.2"},
+        "rows": [{"workload": "sac-ant-128", "baseline_env_steps_per_s": 100.0, "rose_env_steps_per_s": 150.0,
+                  "speedup": 1.5, "equal": True, "plan": "options(concurrent)", "baseline": "Brax train"},
+                 {"workload": "ppo-ant-2048", "skipped": "budget"}],
+    }))
+    (tmp_path / "brax_parity").mkdir()
+    (tmp_path / "brax_parity" / "results.json").write_text(json.dumps({
+        "machine": {"gpu": "GPU X", "jax": "0.11.2", "date": "2026-01-01"},
+        "summary": [{"algo": "ppo", "env": "ant", "seeds": 2, "brax_return": 1500.4, "rose_jax_return": 2300.0,
+                     "brax_s_to_brax_final": 140.0, "rose_jax_s_to_brax_final": None}],
+    }))
+    block = report.readme_block("auto", str(tmp_path / "suite"))
+    assert "| sac-ant-128 | 100 (Brax) | 150 | 1.50x | True | options(concurrent) |" in block
+    assert "ppo-ant-2048" not in block  # a skipped row has no numbers to show
+    assert "| ppo ant | 2 | 1500 | 2300 | 140 | - |" in block
+    assert "loops" not in block.lower().split("overlap")[0]  # no results folder, no table

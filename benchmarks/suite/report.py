@@ -490,12 +490,90 @@ def _suite_headline(name: str, root: str | None, complete_only: bool = False) ->
     return headline(results, os.path.relpath(path, os.path.dirname(README)))
 
 
+# Experiments whose results.json rows share the fields workload / baseline_env_steps_per_s /
+# rose_env_steps_per_s / speedup / equal / plan (issues' acceptance schema): folder, title.
+EXPERIMENTS = (
+    ("overlap", "Overlap inside one program (`python -m benchmarks.experiments.overlap`)"),
+    ("loops", "Loop restructuring: MJX solver while loop as a bounded masked scan "
+     "(`python -m benchmarks.experiments.loops`)"),
+)
+
+
+def experiment_headline(name: str, title: str, root: str | None = None) -> str | None:
+    """A short README table for ``benchmarks/results/<name>/results.json`` (None if absent/empty)."""
+    path = os.path.join(root or common.RESULTS_DIR, name, "results.json")
+    if not os.path.exists(path):
+        return None
+    doc = load(path)
+    rows = [r for r in doc.get("rows", []) if r.get("baseline_env_steps_per_s") is not None]
+    if not rows:
+        return None
+    machine = doc.get("machine") or {}
+    body = [
+        [
+            r["workload"],
+            _fmt_rate(r["baseline_env_steps_per_s"]) + (" (Brax)" if r.get("baseline") == "Brax train" else ""),
+            _fmt_rate(r.get("rose_env_steps_per_s")),
+            "—" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
+            r.get("equal"),
+            r.get("plan") or "none",
+        ]
+        for r in rows
+    ]
+    table = common.markdown_table(
+        ["workload", "baseline env-steps/s", "rose-jax env-steps/s", "speedup", "equal", "plan"], body
+    )
+    when = f"{doc.get('date') or machine.get('date', '?')} on {machine.get('gpu') or machine.get('platform', '?')}"
+    source = os.path.relpath(path, os.path.dirname(README))
+    return (
+        f"{title}: {when}; jax {machine.get('jax', '?')}. Generated from `{source}`; details in "
+        f"`{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
+    )
+
+
+def parity_headline(root: str | None = None) -> str | None:
+    """The Brax parity summary (benchmarks/results/brax_parity) as a short README table."""
+    path = os.path.join(root or common.RESULTS_DIR, "brax_parity", "results.json")
+    if not os.path.exists(path):
+        return None
+    doc = load(path)
+    summary = doc.get("summary") or []
+    if not summary:
+        return None
+    machine = doc.get("machine") or {}
+    body = [
+        [
+            f"{s['algo']} {s['env']}",
+            s.get("seeds", 1),
+            common.fmt(s.get("brax_return"), ".0f"),
+            common.fmt(s.get("rose_jax_return"), ".0f"),
+            common.fmt(s.get("brax_s_to_brax_final"), ".0f"),
+            common.fmt(s.get("rose_jax_s_to_brax_final"), ".0f"),
+        ]
+        for s in summary
+    ]
+    table = common.markdown_table(
+        ["Brax config", "seeds", "Brax eval return", "rose-jax eval return", "Brax s to it", "rose-jax s to it"],
+        body,
+    )
+    source = os.path.relpath(path, os.path.dirname(README))
+    return (
+        f"Brax's published configs, Brax's `train` vs rose-jax's drop-in "
+        f"(`python -m benchmarks.experiments.brax_parity`): {machine.get('date', '?')} on "
+        f"{machine.get('gpu') or machine.get('platform', '?')}; jax {machine.get('jax', '?')}. "
+        f"\"s to it\": seconds from `train()` to the mean of Brax's final returns. Generated from "
+        f"`{source}`; details in `{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
+    )
+
+
 def readme_block(suite: str = "auto", root: str | None = None) -> str:
     """The README block for ``suite``.
 
     ``auto``: the training-iteration suite (``full`` once all its parts are in, else ``quick``: a
     few parts of the full grid do not replace the quick table), then the ``epoch`` suite (Brax's
-    train loop) when it has rows; each with its own setting line and table.
+    train loop) when it has rows, then the experiments with committed results (overlap, loops,
+    Brax parity); each with its own setting line and table. ``root``: the suites' folder (the
+    experiments are looked up beside it).
     """
     if suite != "auto":
         block = _suite_headline(suite, root)
@@ -504,6 +582,9 @@ def readme_block(suite: str = "auto", root: str | None = None) -> str:
         return block
     main = _suite_headline("full", root, complete_only=True) or _suite_headline("quick", root)
     blocks = [b for b in (main, _suite_headline("epoch", root)) if b]
+    results_root = None if root is None else os.path.dirname(root)
+    blocks += [b for b in (experiment_headline(n, t, results_root) for n, t in EXPERIMENTS) if b]
+    blocks += [b for b in (parity_headline(results_root),) if b]
     if blocks:
         return "\n".join(blocks)
     return (
