@@ -17,7 +17,6 @@ appended as the run goes, a Ctrl-C stops after the current iteration with a chec
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import json
 import math
@@ -28,6 +27,8 @@ import textwrap
 import threading
 import time
 from typing import Any, Sequence
+
+from algos import registry  # light: no JAX (argparse types and --env-arg parsing)
 
 # Defaults of the no-argument job, per platform: small enough to finish in < 2 minutes on a 2-core CPU
 # and visibly learn; on a GPU a real MJX task.
@@ -68,31 +69,12 @@ def _on_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
-def _count(text: str) -> int:
-    """An argparse type: an int written as ``100000``, ``100_000`` or ``1e5``."""
-    from algos.registry import parse_int
-
-    try:
-        return parse_int(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _literal(raw: str) -> Any:
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
-
-
 def _env_kwargs(backend: str | None, items: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"backend": backend} if backend else {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise _fail(f"--env-arg expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = _literal(raw)
-    return out
+    """``--backend`` / ``--env-arg`` as the env factory's keywords; a malformed item is a UsageError."""
+    try:
+        return registry.parse_env_args(backend, items)
+    except ValueError as e:
+        raise _fail(e) from None
 
 
 def _make_env(name: str, kwargs: dict[str, Any]):
@@ -550,14 +532,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "directory. Ctrl-C stops after the current iteration with a checkpoint.")
     _add_job_args(t, "environment name, see `rose-jax envs` (default: cartpole on CPU, ant on GPU)",
                   "algorithm (default: ppo)")
-    t.add_argument("--steps", type=_count, metavar="N",
+    t.add_argument("--steps", type=registry.count_arg, metavar="N",
                    help="total environment steps, e.g. 400000 or 4e5 (default: 400000 on CPU, 2e7 on GPU)")
-    t.add_argument("--seed", type=_count, help="PRNG seed (default: 0)")
+    t.add_argument("--seed", type=registry.count_arg, help="PRNG seed (default: 0)")
     t.add_argument("--run-dir", metavar="DIR", help="the run directory (default: runs/<algo>-<env>-<time>)")
-    t.add_argument("--checkpoint-every", type=_count, metavar="K",
+    t.add_argument("--checkpoint-every", type=registry.count_arg, metavar="K",
                    help="also checkpoint every K iterations (SAC: epochs); K >= 1 (default: only at the end "
                         "and on Ctrl-C)")
-    t.add_argument("--keep-checkpoints", type=_count, default=DEFAULT_KEEP, metavar="N",
+    t.add_argument("--keep-checkpoints", type=registry.count_arg, default=DEFAULT_KEEP, metavar="N",
                    help="keep the N newest checkpoints plus the best one; 0 keeps all (default: %(default)s)")
     t.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its latest checkpoint "
@@ -578,9 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(func=func)
     sub.choices["inspect"].add_argument("--json", help="write the tree as JSON")
     sub.choices["inspect"].add_argument("--png", help="write the tree as a picture")
-    sub.choices["inspect"].add_argument("--depth", type=_count, default=None,
+    sub.choices["inspect"].add_argument("--depth", type=registry.count_arg, default=None,
                                         help="max depth printed (default: all)")
-    sub.choices["profile"].add_argument("--num-envs", type=_count,
+    sub.choices["profile"].add_argument("--num-envs", type=registry.count_arg,
                                         help="environments (default: the config's)")
     sub.choices["profile"].add_argument("--out", help="output prefix for .json/.png "
                                                       "(default: profile-<algo>-<env>)")
