@@ -68,6 +68,78 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+# Brax's published configurations (the training notebook, brax/training/learner colab), as the
+# keywords a Brax user passes to ``ppo.train`` / ``sac.train``; rose-jax's drop-in accepts them as is.
+PUBLISHED: dict[tuple[str, str], dict[str, Any]] = {
+    ("ppo", "ant"): dict(
+        num_timesteps=50_000_000,
+        num_evals=10,
+        reward_scaling=10,
+        episode_length=1000,
+        normalize_observations=True,
+        action_repeat=1,
+        unroll_length=5,
+        num_minibatches=32,
+        num_updates_per_batch=4,
+        discounting=0.97,
+        learning_rate=3e-4,
+        entropy_cost=1e-2,
+        num_envs=4096,
+        batch_size=2048,
+        seed=1,
+    ),
+    ("sac", "hopper"): dict(
+        num_timesteps=6_553_600,
+        num_evals=20,
+        reward_scaling=30,
+        episode_length=1000,
+        normalize_observations=True,
+        action_repeat=1,
+        discounting=0.997,
+        learning_rate=6e-4,
+        num_envs=128,
+        batch_size=512,
+        grad_updates_per_step=64,
+        max_devices_per_host=1,
+        max_replay_size=1048576,
+        min_replay_size=8192,
+        seed=1,
+    ),
+}
+
+
+def published(algo: str, env: str) -> dict[str, Any]:
+    """A copy of Brax's published keywords for ``algo`` on ``env`` (one-line error if unknown)."""
+    if (algo, env) not in PUBLISHED:
+        known = ", ".join(f"{a}/{e}" for a, e in PUBLISHED)
+        raise ValueError(f"no published Brax configuration for {algo}/{env}; known: {known}")
+    return dict(PUBLISHED[(algo, env)])
+
+# The CLI's no-argument job (``rose-jax`` alone), per platform: on a CPU small enough to finish in
+# < 2 minutes on 2 cores and visibly learn; on a GPU a real MJX task.
+DEFAULT_JOBS: dict[str, dict[str, Any]] = {
+    "cpu": dict(
+        env="cartpole",
+        algo="ppo",
+        steps=400_000,
+        overrides=dict(num_envs=64, unroll_length=32, num_minibatches=8, num_epochs=4),
+    ),
+    "gpu": dict(
+        env="ant",
+        algo="ppo",
+        steps=20_000_000,
+        overrides=dict(
+            num_envs=4096,
+            unroll_length=10,
+            num_minibatches=16,
+            num_epochs=4,
+            reward_scaling=10.0,
+            entropy_cost=1e-2,
+            discounting=0.97,
+        ),
+    ),
+}
+
 def names(algo: str) -> list[str]:
     """The presets of ``algo`` (``'ppo'`` or ``'sac'``)."""
     return sorted(PRESETS.get(algo, {}))

@@ -28,30 +28,11 @@ import threading
 import time
 from typing import Any, Sequence
 
-from algos import registry  # light: no JAX (argparse types and --env-arg parsing)
+from algos import presets, registry  # light: no JAX (argparse types, --env-arg, default jobs)
 
-# Defaults of the no-argument job, per platform: small enough to finish in < 2 minutes on a 2-core CPU
-# and visibly learn; on a GPU a real MJX task.
-CPU_DEFAULT = dict(
-    env="cartpole",
-    algo="ppo",
-    steps=400_000,
-    overrides=dict(num_envs=64, unroll_length=32, num_minibatches=8, num_epochs=4),
-)
-GPU_DEFAULT = dict(
-    env="ant",
-    algo="ppo",
-    steps=20_000_000,
-    overrides=dict(
-        num_envs=4096,
-        unroll_length=10,
-        num_minibatches=16,
-        num_epochs=4,
-        reward_scaling=10.0,
-        entropy_cost=1e-2,
-        discounting=0.97,
-    ),
-)
+# Defaults of the no-argument job, per platform (algos.presets.DEFAULT_JOBS).
+CPU_DEFAULT = presets.DEFAULT_JOBS["cpu"]
+GPU_DEFAULT = presets.DEFAULT_JOBS["gpu"]
 DEFAULT_KEEP = 3  # checkpoints kept: the newest few, plus the best
 
 

@@ -31,45 +31,14 @@ from typing import Any, Callable
 
 from rose_jax.io import atomic_write_json, atomic_write_text
 
+from algos import presets
 from benchmarks import common
 
 OUT_DIR = os.path.join(common.RESULTS_DIR, "brax_parity")
 
-# Brax's training notebook (brax/training/learner colab), unchanged but for num_timesteps.
-ANT_PPO = dict(
-    num_timesteps=50_000_000,
-    num_evals=10,
-    reward_scaling=10,
-    episode_length=1000,
-    normalize_observations=True,
-    action_repeat=1,
-    unroll_length=5,
-    num_minibatches=32,
-    num_updates_per_batch=4,
-    discounting=0.97,
-    learning_rate=3e-4,
-    entropy_cost=1e-2,
-    num_envs=4096,
-    batch_size=2048,
-    seed=1,
-)
-HOPPER_SAC = dict(
-    num_timesteps=6_553_600,
-    num_evals=20,
-    reward_scaling=30,
-    episode_length=1000,
-    normalize_observations=True,
-    action_repeat=1,
-    discounting=0.997,
-    learning_rate=6e-4,
-    num_envs=128,
-    batch_size=512,
-    grad_updates_per_step=64,
-    max_devices_per_host=1,
-    max_replay_size=1048576,
-    min_replay_size=8192,
-    seed=1,
-)
+# Brax's training notebook's configurations (algos.presets.PUBLISHED), unchanged but for num_timesteps.
+ANT_PPO = presets.published("ppo", "ant")
+HOPPER_SAC = presets.published("sac", "hopper")
 # --smoke: the same keywords, shrunk, on a tiny Brax env (plumbing only, minutes on a CPU)
 SMOKE_PPO = dict(
     ANT_PPO,
