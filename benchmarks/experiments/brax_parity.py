@@ -215,7 +215,8 @@ def summarize(runs: list[dict]) -> list[dict]:
             {
                 "algo": algo,
                 "env": by["brax"][0]["env"],
-                "seeds": len(finals["brax"]),
+                "runs": f"{len(finals['brax'])}/{len(finals['rose-jax'])}",
+                "brax_seeds": sorted({r["config"]["seed"] for r in by["brax"]}),
                 "brax_returns": finals["brax"],
                 "rose_jax_returns": finals["rose-jax"],
                 "brax_return": target,
@@ -293,13 +294,13 @@ def markdown(runs: list[dict], summary: list[dict], info: dict, args) -> str:
             "returns (seconds since `train()` started; '-' = not reached):",
             "",
             common.markdown_table(
-                ["algo", "env", "seeds", "Brax final (mean; each)", "rose-jax final (mean; each)",
+                ["algo", "env", "runs (Brax/rose-jax)", "Brax final (mean; each)", "rose-jax final (mean; each)",
                  "within Brax's spread or above", "Brax s", "rose-jax s"],
                 [
                     [
                         s["algo"],
                         s["env"],
-                        s["seeds"],
+                        s["runs"],
                         f"{common.fmt(s['brax_return'])}; {', '.join(common.fmt(x) for x in s['brax_returns'])}",
                         f"{common.fmt(s['rose_jax_return'])}; "
                         + ", ".join(common.fmt(x) for x in s["rose_jax_returns"]),
