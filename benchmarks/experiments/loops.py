@@ -212,7 +212,7 @@ def run_row(workload: str, args) -> dict:
 
     t0 = time.perf_counter()
     case = build_case(workload, args)
-    transforms = {name: L.bound_while_loops(**kw) for name, kw in VARIANTS}
+    transforms = {name: L.bound_while_loops(**kw) for name, kw in VARIANTS if name in args.variants}
     fns = {"original": case.fn, **{name: t.apply(case.fn) for name, t in transforms.items()}}
     options = SMOKE_COMPILER_OPTIONS if args.smoke else None
     compiled = compile_all(fns, case.args, options)
@@ -259,7 +259,7 @@ def run_row(workload: str, args) -> dict:
         "baseline_env_steps_per_s": base_rate,
         "rose_env_steps_per_s": chosen["env_steps_per_s"] if chosen else base_rate,
         "speedup": chosen["speedup"] if chosen else 1.0,
-        "equal": chosen["equal"] if chosen else variants["where"]["equal"],
+        "equal": chosen["equal"] if chosen else next(iter(variants.values()))["equal"],
         "plan": plan,
         "variants": variants,
         "baseline_compile_s": compiled["original"][1],
@@ -272,7 +272,9 @@ def run_row(workload: str, args) -> dict:
     }
 
 
-def _cell(variant: dict) -> str:
+def _cell(variant: dict | None) -> str:
+    if variant is None:
+        return "not run"
     return f"{variant['speedup']:.3f}x{'' if variant['equal'] else ' (≠)'}"
 
 
@@ -290,7 +292,7 @@ def markdown(result: dict) -> str:
         "",
         f"Sizes: {result['sizes']}. Plan: the fastest variant faster than the original by more than "
         f"{result['sizes']['min_gain']:.0%} and equal (bitwise; the unrolled variant within its declared "
-        "tolerance), else none. `equal`: the plan's outputs (plan none: the `where` variant's) bitwise "
+        "tolerance), else none. `equal`: the plan's outputs (plan none: the first variant run's) bitwise "
         "equal to the original's from the same inputs (on the GPU both compiled with "
         "`xla_gpu_deterministic_ops`; `baseline_repeatable`: two default-option calls of the original "
         "gave bitwise the same outputs).",
@@ -311,8 +313,8 @@ def markdown(result: dict) -> str:
         v = r["variants"]
         lines.append(
             f"| {r['workload']} | {r['baseline_env_steps_per_s']:,.0f} | {r['rose_env_steps_per_s']:,.0f} | "
-            f"{r['speedup']:.3f}x | {r['equal']} | {r['plan']} | {_cell(v['where'])} | {_cell(v['cond'])} | "
-            f"{_cell(v['where_unrolled'])} |"
+            f"{r['speedup']:.3f}x | {r['equal']} | {r['plan']} | {_cell(v.get('where'))} | {_cell(v.get('cond'))} | "
+            f"{_cell(v.get('where_unrolled'))} |"
         )
     lines += ["", "Loops found (per workload, first row of each env):", ""]
     seen = set()
@@ -343,10 +345,10 @@ def plot(result: dict, path: str) -> None:
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
-            ys = [r["variants"][name]["speedup"] for r in rows]
+            ys = [r["variants"][name]["speedup"] if name in r["variants"] else 0.0 for r in rows]
             bars = ax.bar(xs, ys, width, label=name)
             for b, r in zip(bars, rows, strict=True):
-                if not r["variants"][name]["equal"]:
+                if name in r["variants"] and not r["variants"][name]["equal"]:
                     b.set_hatch("//")
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([r["workload"] for r in rows], rotation=30, ha="right", fontsize=8)
@@ -383,6 +385,13 @@ def parse(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--min-gain", type=float, default=0.02, help="a plan must be this much faster")
     p.add_argument("--budget-s", type=float, default=400.0, help="start no row after this many seconds")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=[name for name, _ in VARIANTS],
+        default=[name for name, _ in VARIANTS],
+        help="variants to compile and time (the plumbing test compiles one)",
+    )
     p.add_argument("--smoke", action="store_true", help="CPU plumbing check: 2 envs, 2 steps, 1 repeat")
     p.add_argument("--out", default=None, help=f"output dir (default {DEFAULT_OUT}; --smoke: a temp dir)")
     p.add_argument(
