@@ -9,11 +9,11 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-import psutil
 import pytest
 
 import envs
 import rose_jax
+from helpers_optimize import children as _children
 from algos import driver, ppo, sac
 from rose_jax import optimize as O
 from rose_jax import trace as rtrace
@@ -130,12 +130,6 @@ def test_deferred_waits_and_converts():
 # ---------------------------------------------------------------- real epochs, real worker
 
 
-def _children() -> set[int]:
-    """Our child processes, without multiprocessing's own resource tracker (it outlives pools)."""
-    kids = psutil.Process(os.getpid()).children(recursive=True)
-    return {p.pid for p in kids if "resource_tracker" not in " ".join(p.cmdline())}
-
-
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_offloaded_epoch_in_a_worker_equals_the_epoch(algo):
     """Three epochs with the evaluation in a real worker process (CPU JAX): the states and every
@@ -230,18 +224,9 @@ def test_offload_with_mps_on_a_cpu_starts_and_stops_its_own_daemon(tmp_path, mon
     """The MPS plumbing of OffloadedStep with a MOCK nvidia-cuda-mps-control on PATH (CPU JAX in
     the worker ignores the client variables; the real daemon runs in the GPU test above): not an
     MPS client -> a warning and a daemon of its own, results still bitwise, daemon gone on close."""
-    from test_mps import FAKE_CONTROL, FAKE_SERVER, _mock_processes
+    from test_mps import _mock_processes
 
-    from rose_jax.mps.plan import MPS_PIPE_VAR
-
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name, text in (("nvidia-cuda-mps-control", FAKE_CONTROL), ("nvidia-cuda-mps-server", FAKE_SERVER)):
-        (bindir / name).write_text(text.format(python=sys.executable))
-        (bindir / name).chmod(0o755)
-    monkeypatch.setenv("FAKE_MPS_MODE", "ok")
-    monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
-    monkeypatch.delenv(MPS_PIPE_VAR, raising=False)
+    _mock_mps_on_path(tmp_path, monkeypatch)
     env = envs.make("pendulum")
     c = ppo.PPOConfig(num_envs=8, unroll_length=8, num_minibatches=2, num_epochs=1,
                       policy_hidden_sizes=(16,), value_hidden_sizes=(16,))
@@ -278,18 +263,6 @@ def _mock_mps_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MPS_MODE", "ok")
     monkeypatch.setenv("PATH", str(bindir) + os.pathsep + os.environ["PATH"])
     monkeypatch.delenv(MPS_PIPE_VAR, raising=False)
-
-
-def _children() -> set[int]:
-    """Live child processes (multiprocessing's resource tracker aside)."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.add(p.pid)
-        except psutil.Error:
-            pass
-    return out
 
 
 def _timed(target, state):

@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
+import helpers_optimize as H
 import rose_jax
 import toy_program as toy
+from helpers_optimize import children as _children
+from helpers_optimize import run as _run
 from rose_jax import optimize as O
 from rose_jax import trace as rtrace
 from rose_jax.jaxpr import compat as C
@@ -236,12 +239,6 @@ def toy_setup():
     return program, state, ref_state
 
 
-def _run(step, state, n):
-    for _ in range(n):
-        state, _ = step(state)
-    return state
-
-
 @pytest.mark.parametrize("mode,groups", [("sequential", 2), ("interleaved", 2), ("interleaved", 4)])
 def test_group_rollout_equals_single_batch(toy_setup, mode, groups):
     program, state, ref_state = toy_setup
@@ -379,33 +376,13 @@ def _our_segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)} if os.path.isdir("/dev/shm") else set()
 
 
-def _children() -> set[int]:
-    import psutil
-
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.add(p.pid)
-        except psutil.Error:
-            pass
-    return out
-
-
 @pytest.fixture(scope="module")
 def ppo16():
     import envs
     from algos import ppo
 
     env = envs.make("pendulum")
-    config = ppo.PPOConfig(
-        num_envs=16,
-        unroll_length=4,
-        num_minibatches=2,
-        num_epochs=1,
-        policy_hidden_sizes=(8,),
-        value_hidden_sizes=(8,),
-    )
+    config = H.tiny_ppo_config(num_envs=16)
     program = ppo.program(config, env, env_name="pendulum")
     state = ppo.init(config, env, jax.random.PRNGKey(0))
     moved = state.replace(env_state=ppo.init(config, env, jax.random.PRNGKey(1)).env_state)
@@ -961,14 +938,7 @@ def ppo_setup():
     from algos import ppo
 
     env = envs.make("pendulum")
-    config = ppo.PPOConfig(
-        num_envs=4,
-        unroll_length=4,
-        num_minibatches=2,
-        num_epochs=1,
-        policy_hidden_sizes=(8,),
-        value_hidden_sizes=(8,),
-    )
+    config = H.tiny_ppo_config()
     state = ppo.init(config, env, jax.random.PRNGKey(0))
     ref_state = _run(jax.jit(ppo.iteration(config, env)), state, 2)
     return ppo, config, env, state, ref_state
@@ -1023,17 +993,8 @@ def test_sac_unroll_equal_and_group_rollout_illegal():
     from algos import sac
 
     env = envs.make("pendulum")
-    config = sac.SACConfig(
-        num_timesteps=1000,
-        num_envs=4,
-        batch_size=8,
-        grad_updates_per_step=2,
-        min_replay_size=16,
-        max_replay_size=256,
-        normalize_observations=True,
-        policy_hidden_sizes=(8,),
-        q_hidden_sizes=(8,),
-        num_eval_envs=0,
+    config = H.tiny_sac_config(
+        num_timesteps=1000, min_replay_size=16, max_replay_size=256, normalize_observations=True
     )
     state = sac.init(config, env, jax.random.PRNGKey(0))
     ref_state = _run(jax.jit(sac.iteration(config, env)), state, 2)
@@ -1101,3 +1062,82 @@ def test_env_groups_experiment_smoke_on_cpu(tmp_path):
     assert not s["reason"].startswith("failed") and s["e2e_ms"] > 0
     assert (tmp_path / "env_groups.md").exists() and (tmp_path / "env_groups.png").exists()
     assert _children() == children and _our_segments() == segments
+
+
+# ------------------------------------------- generated stream / split-compile candidates, isolation
+
+NEW_FAMILIES = ("stream_overlap", "split_compile", "bound_while_loops")
+
+
+def _new_family_records(report, families=NEW_FAMILIES) -> dict:
+    """The report's records of ``families``: each refused with its reason or measured and equal."""
+    recs = {c.label: c for c in report.candidates if c.transform["name"] in families}
+    for c in recs.values():
+        if c.legal:
+            measured = c.equality == "stepwise" and c.e2e_time_s is not None
+            assert measured and c.equal is True, (c.label, c.reason)
+        else:
+            assert c.reason.startswith("illegal: ") and c.legal_reason, (c.label, c.reason)
+    return recs
+
+
+def test_search_generates_stream_and_split_candidates_for_ppo(ppo_setup):
+    """PPO (global-norm clipping): the policy/value stream regions are generated and refused naming
+    the clip; the split iteration and the whole iteration with its own options are measured, equal."""
+    ppo, config, env, state, _ = ppo_setup
+    opts = dict(families=NEW_FAMILIES, n_iters=1, repeats=1, local=False, combine=False)
+    _, report = O.optimize(ppo.program(config, env), state, **opts)
+    recs = _new_family_records(report)
+    assert {c.transform["name"] for c in recs.values()} == {"stream_overlap", "split_compile"}
+    state_mode = [c for c in recs.values() if c.transform["params"].get("mode") == "state"]
+    assert state_mode and not state_mode[0].legal and "global norm" in state_mode[0].reason
+    split = sorted(c.legal_reason for c in recs.values() if c.transform["name"] == "split_compile")
+    assert split and all(c.legal for c in recs.values() if c.transform["name"] == "split_compile")
+    assert any("stages rollout | normalizer+advantage+update" in r for r in split), split
+    assert "stages rollout | " in O.format_report(report)
+
+
+@pytest.mark.slow
+def test_search_generates_stream_candidates_for_sac():
+    """SAC's gradient step: alpha, critic and actor updates on three streams, generated, measured and
+    equal (annotations are inert on a CPU); the report says which update runs on which stream."""
+    import envs
+    from algos import sac
+
+    config, env = H.tiny_sac_config(), envs.make("pendulum")
+    state = sac.init(config, env, jax.random.PRNGKey(1))
+    _, report = O.optimize(
+        sac.program(config, env), state, families=("stream_overlap",), n_iters=1, repeats=1, local=False,
+        combine=False,
+    )
+    recs = _new_family_records(report)
+    three = [c for c in recs.values() if len(c.transform["params"]["groups"]) == 3]
+    assert three and three[0].legal and three[0].e2e_time_s is not None
+    where = "alpha_update on stream 1, critic_update on stream 2, actor_update on stream 3"
+    assert where in O.format_report(report)
+
+
+def test_search_isolation_refuses_an_aborting_candidate_remembers_it_and_continues(tmp_path, monkeypatch):
+    """isolate=True: each candidate's first compile runs in a child; a child that aborts (deliberately,
+    standing in for an XLA abort) refuses its candidate, the search goes on with the next one, and
+    the refusal is remembered for this program (another search answers it from the plan cache)."""
+    from rose_jax.optimize import isolate
+
+    assert not search.OptimizeOptions().isolating  # CPU default: off
+    assert search.OptimizeOptions(isolate=True).isolating
+    with pytest.raises(ValueError, match="isolate"):
+        search.OptimizeOptions(isolate="yes")
+    monkeypatch.setenv(isolate.DELIBERATE_ABORT_VAR, "factor=2")  # only the factor-2 child aborts
+    opts = dict(isolate=True, cache_dir=str(tmp_path), n_iters=1, repeats=1, combine=False)
+    _, report = O.optimize(chaotic(), CHAOS, candidates=[O.unroll_scans(2), O.unroll_scans(4)], **opts)
+    crashed, fine = report.candidates
+    assert not crashed.kept and crashed.stage == "isolate" and crashed.e2e_time_s is None
+    assert crashed.reason.startswith("refused: XLA aborted: ") and "deliberate abort" in crashed.reason
+    assert fine.isolation.startswith("compiled and ran in a child process")
+    assert fine.e2e_time_s is not None and fine.equal is True
+    assert isolate.remembered(str(tmp_path), report.fingerprint) == {crashed.label: crashed.isolation}
+    monkeypatch.delenv(isolate.DELIBERATE_ABORT_VAR)
+    _, again = O.optimize(chaotic(), CHAOS, candidates=[O.unroll_scans(2)], env_name="other", **opts)
+    (rec,) = again.candidates
+    assert rec.reason.startswith("refused: XLA aborted: ")
+    assert rec.isolation.endswith("(remembered in the plan cache)")

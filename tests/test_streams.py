@@ -18,6 +18,7 @@ import envs
 import rose_jax
 import rose_jax.trace as rtrace
 from algos import ppo, sac
+from helpers_optimize import tiny_ppo_config
 from rose_jax.optimize import isolate, streams
 from rose_jax.optimize.measure import compare_trees
 
@@ -80,15 +81,7 @@ def sac_reference(sac_setup):
 
 
 def _ppo(env, max_grad_norm):
-    config = ppo.PPOConfig(
-        num_envs=8,
-        unroll_length=8,
-        num_minibatches=2,
-        num_epochs=1,
-        policy_hidden_sizes=(8,),
-        value_hidden_sizes=(8,),
-        max_grad_norm=max_grad_norm,
-    )
+    config = tiny_ppo_config(num_envs=8, unroll_length=8, max_grad_norm=max_grad_norm)
     state = ppo.init(config, env, jax.random.PRNGKey(2))
     fn = ppo.iteration(config, env)
     return fn, state, rtrace.trace(fn, state, arg_names=["state"])
@@ -381,3 +374,22 @@ def test_overlap_benchmark_smoke(tmp_path):
         assert r["equal"] is True, r
     assert (out / "results.md").exists() and (out / "results.png").exists()
     assert "workload" in proc.stdout.splitlines()[-len(data["rows"]) - 2]
+
+
+# ------------------------------------------------------------------------------ in the search
+
+
+def test_search_generates_zipped_loops_on_streams_measured_equal_and_refuses_dependent_loops():
+    """optimize() generates stream_overlap for two independent sibling loops: measured, equal (inert
+    annotations on a CPU) and described per stream; dependent loops are refused with the reason."""
+    from rose_jax import optimize as O
+
+    opts = dict(families=("stream_overlap",), n_iters=2, repeats=1, combine=False)
+    _, report = O.optimize(_two_chains(), _random_state(0), **opts)
+    (rec,) = report.candidates
+    assert rec.legal and rec.transform["params"]["mode"] == "loops"
+    assert rec.equality == "stepwise" and rec.equal is True and rec.e2e_time_s is not None, rec.reason
+    assert "on stream 1" in O.format_report(report) and "on stream 2" in O.format_report(report)
+    _, report = O.optimize(_two_chains(dependent=True), _random_state(0), **opts)
+    (rec,) = report.candidates
+    assert not rec.legal and rec.reason.startswith("illegal: ") and "reads what" in rec.reason

@@ -11,6 +11,7 @@ collect's jaxpr (:func:`check_collect`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 from rose_jax import trace as rtrace
 from rose_jax.jaxpr import dataflow
 from rose_jax.optimize import processes
-from rose_jax.optimize.base import Tolerance, Transform
+from rose_jax.optimize.base import FUSION_TOLERANCE, Transform
 from rose_jax.optimize.env_groups import (
     collect_group,
     data_axes,
@@ -140,9 +141,8 @@ GROUP_MODES = ("sequential", "interleaved", "processes")
 # Each group's policy network runs on N/G rows instead of N: the matmul library may pick another
 # kernel (blocking, split-K) for another row count and round the last bit differently; RL training
 # amplifies last-bit differences over iterations. Everything else is per env and bitwise equal.
-GROUP_TOLERANCE = Tolerance(
-    rtol=1e-4,
-    atol=0.0,
+GROUP_TOLERANCE = dataclasses.replace(
+    FUSION_TOLERANCE,
     reason="per-group matmuls over N/G rows may use other GEMM kernels (reduction blocking): "
     "last-bit differences, amplified over training iterations; per-env physics is unchanged",
 )

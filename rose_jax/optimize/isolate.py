@@ -40,8 +40,9 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
-# Test hook: a child started with this variable set to "1" aborts on purpose right before it
-# compiles (a deliberate crash standing in for an XLA abort, used by the tests only).
+# Test hook: a child started with this variable set to "1" (or to a text its candidate's label
+# contains) aborts on purpose right before it compiles (a deliberate crash standing in for an XLA
+# abort, used by the tests only).
 DELIBERATE_ABORT_VAR = "ROSE_ISOLATE_DELIBERATE_ABORT"
 _FATAL_LINE = re.compile(r"(^[FE]\d{4} )|Check failed|RET_CHECK|Fatal Python error|Aborted")
 _REFUSED_PREFIX = "refused|"
@@ -238,7 +239,8 @@ def _child(directory: str) -> int:
     with open(os.path.join(directory, "program.bin"), "rb") as f:
         exported = jax_export.deserialize(bytearray(f.read()))
     result_path = os.path.join(directory, "result.json")
-    if os.environ.get(DELIBERATE_ABORT_VAR) == "1":
+    deliberate = os.environ.get(DELIBERATE_ABORT_VAR, "")
+    if deliberate == "1" or (deliberate and deliberate in str(spec.get("label", ""))):
         print(
             f"F0000 00:00:00 rose_jax.optimize.isolate: deliberate abort ({DELIBERATE_ABORT_VAR}=1, a test)",
             file=sys.stderr,

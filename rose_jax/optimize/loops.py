@@ -69,35 +69,31 @@ def effects_reason(eqn: Any) -> str | None:
     effects = getattr(eqn, "effects", None)
     if effects:
         return f"its body has effects ({', '.join(sorted(str(e) for e in effects))})"
-    stack = list(C.sub_jaxprs(eqn.params))
-    seen: set[int] = set()
+    for e in _nested_eqns(eqn):
+        if e.primitive.name in _IMPURE:
+            return f"its body calls {e.primitive.name} (a host callback or stateful RNG)"
+        if getattr(e, "effects", None):
+            return f"its body has effects ({', '.join(sorted(str(x) for x in e.effects))})"
+    return None
+
+
+def _nested_eqns(eqn: Any):
+    """Every equation inside ``eqn``'s sub-jaxprs (condition and body), at any depth; each
+    sub-jaxpr is visited once."""
+    stack, seen = list(C.sub_jaxprs(eqn.params)), set()
     while stack:
         jx = stack.pop()
         if id(jx) in seen:
             continue
         seen.add(id(jx))
         for e in jx.eqns:
-            if e.primitive.name in _IMPURE:
-                return f"its body calls {e.primitive.name} (a host callback or stateful RNG)"
-            if getattr(e, "effects", None):
-                return f"its body has effects ({', '.join(sorted(str(x) for x in e.effects))})"
+            yield e
             stack.extend(C.sub_jaxprs(e.params))
-    return None
 
 
 def _inner_whiles(eqn: Any) -> list:
     """While equations anywhere inside a while equation's condition and body."""
-    found, stack, seen = [], list(C.sub_jaxprs(eqn.params)), set()
-    while stack:
-        jx = stack.pop()
-        if id(jx) in seen:
-            continue
-        seen.add(id(jx))
-        for e in jx.eqns:
-            if e.primitive.name == C.WHILE:
-                found.append(e)
-            stack.extend(C.sub_jaxprs(e.params))
-    return found
+    return [e for e in _nested_eqns(eqn) if e.primitive.name == C.WHILE]
 
 
 def plan_loops(

@@ -348,12 +348,6 @@ def offload_component(component: str = "evaluate", quota: int | None = None):
             fn = fn.iteration()
         return OffloadedStep(fn, component, quota=quota)
 
-    return Transform(
-        "offload_component",
-        (("component", component), ("quota", quota)),
-        EXACT,
-        "host",
-        legal,
-        apply,
-        summary=f"run component {component!r} in a worker process behind the next call",
-    )
+    summary = f"run component {component!r} in a worker process behind the next call"
+    params = (("component", component), ("quota", quota))
+    return Transform("offload_component", params, EXACT, "host", legal, apply, summary=summary)

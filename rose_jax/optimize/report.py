@@ -9,6 +9,9 @@ import math
 
 from rose_jax.optimize import measure
 
+# transforms whose legality reason says what overlapped with what and where (format_report lists it)
+DESCRIBED = ("stream_overlap", "split_compile", "bound_while_loops")
+
 
 @dataclasses.dataclass
 class CandidateRecord:
@@ -21,7 +24,7 @@ class CandidateRecord:
     prediction: str = ""
     legal: bool = False
     legal_reason: str = ""
-    stage: str = "legality"  # the last stage reached: legality | local | e2e | combine
+    stage: str = "legality"  # the last stage reached: legality | isolate | local | e2e | combine
     local_baseline_s: float | None = None
     local_time_s: float | None = None
     e2e_time_s: float | None = None
@@ -33,6 +36,7 @@ class CandidateRecord:
     reason: str = ""
     equality: str = ""  # how ``equal`` was decided: "stepwise" | "trajectory" ("" not reached)
     e2e_baseline_s: float | None = None  # the baseline timed in turns with this candidate
+    isolation: str = ""  # the child process's verdict on the first compile ("" not isolated)
 
 
 @dataclasses.dataclass
@@ -137,6 +141,9 @@ def format_report(report: PlanReport) -> str:
     for r in rows:
         cells = [str(r[i])[:48].ljust(widths[i]) for i in range(len(widths))]
         lines.append("  ".join(cells) + "  " + str(r[-1]))
+    for c in report.candidates:  # what the new families do: which work on which stream / stage
+        if c.legal and c.transform.get("name") in DESCRIBED:
+            lines.append(f"{c.label}: {c.legal_reason}")
     for q in report.quotas:
         lines.append(f"quotas for {q['transform']}: {q['status']}: {q['reason']}")
         for b, name in enumerate(q.get("branches") or []):

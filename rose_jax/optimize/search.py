@@ -29,6 +29,12 @@ Equality (``equality=``, recorded in the report and in every candidate record):
 A host-level candidate whose env state stays in its worker processes is compared after its
 ``sync_state`` (the full state).
 
+Crash safety (``isolate=``, on by default on a GPU): before a candidate is compiled here, its
+first compile and one call run in a child process (:func:`rose_jax.optimize.isolate.check`); a
+child that aborts (an XLA ``CHECK`` failure, e.g. MJX physics inside a stream region) refuses the
+candidate with ``"XLA aborted: ..."`` and the search goes on; the refusal is remembered in the
+plan cache per program, device and JAX version.
+
 The plan is cached (see :mod:`rose_jax.optimize.cache`): a later call for the same program on
 the same kind of machine applies the cached plan without measuring anything.
 
@@ -48,7 +54,7 @@ import jax
 
 from rose_jax import profile as rp
 from rose_jax import trace as rtrace
-from rose_jax.optimize import base, measure, quotas
+from rose_jax.optimize import base, isolate, measure, quotas
 from rose_jax.optimize import cache as plan_cache
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import HostStep, Tolerance, Transform
@@ -79,6 +85,8 @@ class OptimizeOptions:
       SM activity) and search its low-activity windows (without a GPU / NVML: said in the report,
       and the LoopTree-only search); None: candidates for every loop of the LoopTree by cost.
     candidates: explicit Transforms to try instead of generated ones.
+    families: transform names (:func:`rose_jax.optimize.registry.known_transforms`) the generated
+      candidates are restricted to, e.g. ``("stream_overlap", "split_compile")``; None: all.
     n_iters: iterations per timed run (and before the equality check); repeats: timed runs.
     cache_dir: directory of the plan cache (None: no cache).
     env_name / batch_size: cache key parts (default: the Program's env name and num_envs).
@@ -107,10 +115,18 @@ class OptimizeOptions:
       with the reason in the report), ``"search"`` also without (e.g. a mock daemon), ``"off"``.
     quota_grid / quota_refine_rounds: the quotas each branch is first timed alone at, and the
       refinement rounds of the slack-aware search around its choice.
+    isolate: run each candidate's first compile and one call in a child process first
+      (:func:`rose_jax.optimize.isolate.check`), so that an XLA abort refuses the candidate
+      ("XLA aborted: ...") instead of ending this process; refusals are remembered in the plan
+      cache (``cache_dir``) per program, device and JAX version. None (default): on a GPU
+      backend, off on a CPU. Host-level candidates (several programs or processes) are not
+      isolated as a whole (split_compile isolates each stage itself on a GPU).
+    isolate_timeout: seconds an isolated compile may take before the candidate is refused.
     """
 
     windows: Sequence[Any] | str | None = None
     candidates: Sequence[Transform] | None = None
+    families: Sequence[str] | None = None
     n_iters: int = 3
     repeats: int = 3
     cache_dir: str | None = None
@@ -127,6 +143,8 @@ class OptimizeOptions:
     quotas: str = "auto"
     quota_grid: tuple[int, ...] = (30, 50, 70)
     quota_refine_rounds: int = 1
+    isolate: bool | None = None
+    isolate_timeout: float = 900.0
 
     def __post_init__(self):
         if self.n_iters < 1 or self.repeats < 1:
@@ -146,11 +164,27 @@ class OptimizeOptions:
             isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= 100 for q in self.quota_grid
         ):
             raise ValueError(f"optimize: quota_grid must be ints in 1..100, got {self.quota_grid!r}")
+        if self.families is not None:
+            unknown = sorted(set(self.families) - set(known_transforms()))
+            if isinstance(self.families, str) or unknown or not self.families:
+                known = known_transforms()
+                raise ValueError(
+                    f"optimize: families must be a non-empty list of {known}, got {self.families!r}"
+                )
+        if self.isolate not in (None, True, False):
+            raise ValueError(f"optimize: isolate must be None, True or False, got {self.isolate!r}")
+        if not self.isolate_timeout > 0:
+            raise ValueError(f"optimize: isolate_timeout must be > 0 s, got {self.isolate_timeout!r}")
 
     @property
     def eq_iters(self) -> int:
         """States (stepwise) or iterations (trajectory) of the equality check."""
         return self.n_iters if self.equality_iters is None else int(self.equality_iters)
+
+    @property
+    def isolating(self) -> bool:
+        """Whether candidates are first compiled in a child process (``isolate`` resolved)."""
+        return jax.default_backend() == "gpu" if self.isolate is None else self.isolate
 
     def resolved_equality_options(self) -> dict | None:
         """``equality_options`` with ``"auto"`` resolved for this process's backend."""
@@ -192,9 +226,22 @@ class HostIteration(HostStep):
         return HostIteration(self.program, compiler_options)
 
 
+# Host-level transforms whose result is still a Program (its collect in worker processes): they
+# go first, like program-level ones; the other host-level ones wrap the whole iteration in a
+# HostStep (offload_component, split_compile) and go last, after the fn-level rewrites.
+_PROGRAM_RESULT = ("group_rollout",)
+
+
+def _apply_order(t: Transform) -> int:
+    if t.level == "fn":
+        return 1
+    return 0 if t.level == "program" or t.name in _PROGRAM_RESULT else 2
+
+
 def apply_plan(target: Any, transforms: Sequence[Transform]) -> Any:
-    """Apply ``transforms`` to a function or Program: program/host-level ones first, then fn-level."""
-    ordered = [t for t in transforms if t.level != "fn"] + [t for t in transforms if t.level == "fn"]
+    """Apply ``transforms`` to a function or Program: program-level ones (and env groups in
+    processes) first, then fn-level ones, then those that wrap the iteration in a host step."""
+    ordered = sorted(transforms, key=_apply_order)
     for t in ordered:
         if t.level != "fn" and not isinstance(target, Program) and t.name == "group_rollout":
             raise ValueError(f"{t.label} needs a Program, got a plain function")
@@ -324,8 +371,13 @@ def _time_piece(program: Program, piece: str, state, repeats: int):
     return measure.time_call(jax.jit(program.learn), (out_state, data), repeats), None
 
 
+_WRAPS_ITERATION = ("offload_component", "split_compile")
+
+
 def _conflict(a: Transform, b: Transform) -> bool:
     """Two transforms that rewrite the same thing (same kind on the same loop / both regroup)."""
+    if a.name in _WRAPS_ITERATION and b.name in _WRAPS_ITERATION:
+        return True  # each wraps the whole iteration in its own host step
     if a.name != b.name:
         return False
     pa, pb = dict(a.params), dict(b.params)
@@ -425,7 +477,8 @@ class _Search:
     def trial(
         self, rec: CandidateRecord, transforms: list[Transform], *, always_check: bool
     ) -> _Trial | None:
-        """Apply ``transforms``, (for a single candidate of a Program) time the affected piece,
+        """Apply ``transforms``, (with ``isolate``) compile and call it once in a child process,
+        (for a single candidate of a Program) time the affected piece,
         time the whole iteration in turns with the baseline and check equality; fills ``rec``.
 
         Returns None when the candidate failed or was dropped locally (``rec.reason`` says why).
@@ -441,7 +494,9 @@ class _Search:
         transformed = None
         try:
             transformed = apply_plan(self.target, transforms)
-            if len(transforms) == 1 and opts.local and self.program is not None:
+            if opts.isolating and not self.isolated(rec, transformed, host):
+                return None
+            if len(transforms) == 1 and opts.local and isinstance(transformed, Program):
                 rec.stage = "local"
                 ok, why = self._local_check(rec, transforms[0], transformed)
                 if not ok:
@@ -484,6 +539,30 @@ class _Search:
             else "check_slower=False"
         )
         return _Trial(tb, tc, tc.median * self.baseline / tb.median, noise, cmp, what, unchecked)
+
+    def isolated(self, rec: CandidateRecord, transformed: Any, host: bool) -> bool:
+        """The candidate's first compile and one call in a child process (see ``isolate``):
+        False (with ``rec.reason``) when the child aborted or failed; the refusal is remembered
+        in the plan cache for this program, device and JAX version."""
+        if host or (isinstance(transformed, Program) and transformed.host):
+            rec.isolation = "not isolated: host-level (its programs compile in their own stages/workers)"
+            return True
+        fn = transformed.iteration() if isinstance(transformed, Program) else transformed
+        rec.stage = "isolate"
+        out = isolate.check(
+            fn,
+            (self.state,),
+            label=rec.label,
+            cache_dir=self.opts.cache_dir,
+            fingerprint=self.report.fingerprint,
+            timeout=self.opts.isolate_timeout,
+        )
+        rec.isolation = out.reason + (" (remembered in the plan cache)" if out.cached else "")
+        if out.ok:
+            return True
+        rec.reason = f"refused: {rec.isolation}"
+        self.say(f"[optimize] {rec.label}: {rec.reason}")
+        return False
 
     def verdict(self, rec: CandidateRecord, res: _Trial, gain: float, *, versus_plan: bool) -> bool:
         """Keep or reject (and why), given the ``gain`` that must exceed the spread."""
@@ -738,6 +817,8 @@ def optimize(
     ptree = trace_program(program, example_state) if program is not None else None
     if opts.candidates is None:
         cands = generate_candidates(tree, program, search.baseline, windows, jax.default_backend())
+        if opts.families is not None:
+            cands = [c for c in cands if c.transform.name in opts.families]
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
     plan, best_time, best_cmp = search.combine(search.measure_candidates(cands, tree, ptree))

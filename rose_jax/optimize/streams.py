@@ -53,23 +53,22 @@ from rose_jax.jaxpr import compat as C
 from rose_jax.jaxpr import cut
 from rose_jax.jaxpr import dataflow as D
 from rose_jax.optimize import interpret as I
-from rose_jax.optimize.base import HostStep, Tolerance, Transform
+from rose_jax.optimize.base import FUSION_TOLERANCE, HostStep, Transform
 from rose_jax.program import Program
 
 MODES = ("components", "state", "loops")
 
 # Each region is compiled as its own (non-inlined) call: XLA cannot fuse across its boundary,
 # so an a*b+c split by it is not contracted into an FMA on a GPU; last-bit differences, which
-# RL training amplifies over iterations. The operations and their order are unchanged.
-STREAM_TOLERANCE = Tolerance(
-    rtol=1e-4,
-    atol=0.0,
+# RL training amplifies over iterations. The operations and their order are unchanged: the
+# fusion tolerance (rtol 1e-4) with the reason of each transformation.
+STREAM_TOLERANCE = dataclasses.replace(
+    FUSION_TOLERANCE,
     reason="the same operations in the same order, but each region is a separate (non-inlined) call: "
     "XLA cannot fuse across its boundary (FMA contraction may differ in the last bit on a GPU)",
 )
-SPLIT_TOLERANCE = Tolerance(
-    rtol=1e-4,
-    atol=0.0,
+SPLIT_TOLERANCE = dataclasses.replace(
+    FUSION_TOLERANCE,
     reason="the same operations in the same order, compiled as separate programs: XLA cannot fuse "
     "across a stage boundary (FMA contraction may differ in the last bit on a GPU); the XLA options "
     "change scheduling and kernel launch, not arithmetic",

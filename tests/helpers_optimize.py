@@ -1,0 +1,60 @@
+"""Helpers shared by the optimizer's tests (test_optimize, test_offload, test_streams): tiny PPO and
+SAC configurations, running an iteration, and the live child processes of this test process."""
+
+from __future__ import annotations
+
+import jax
+import psutil
+
+
+def tiny_ppo_config(num_envs: int = 4, unroll_length: int = 4, **overrides):
+    """A PPO configuration small enough for a CPU test: 2 minibatches, 1 epoch, 8 hidden units."""
+    from algos import ppo
+
+    fields = dict(
+        num_envs=num_envs,
+        unroll_length=unroll_length,
+        num_minibatches=2,
+        num_epochs=1,
+        policy_hidden_sizes=(8,),
+        value_hidden_sizes=(8,),
+    )
+    return ppo.PPOConfig(**{**fields, **overrides})
+
+
+def tiny_sac_config(**overrides):
+    """A SAC configuration small enough for a CPU test: 4 envs, batch 8, 2 gradient steps per env
+    step, 8 hidden units, no evaluation envs."""
+    from algos import sac
+
+    fields = dict(
+        num_envs=4,
+        batch_size=8,
+        grad_updates_per_step=2,
+        num_timesteps=10**6,
+        min_replay_size=8,
+        max_replay_size=64,
+        policy_hidden_sizes=(8,),
+        q_hidden_sizes=(8,),
+        num_eval_envs=0,
+    )
+    return sac.SACConfig(**{**fields, **overrides})
+
+
+def run(step, state, n: int):
+    """``state`` after ``n`` calls of ``step`` (``state -> (state, metrics)``)."""
+    for _ in range(n):
+        state, _ = step(state)
+    return jax.block_until_ready(state)
+
+
+def children() -> set[int]:
+    """Live child processes of this process (multiprocessing's resource tracker aside)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
