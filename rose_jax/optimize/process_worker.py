@@ -5,10 +5,11 @@ and runs one of:
 
 * :func:`worker_collect` / :func:`worker_rollout`: env group ``g``'s rollout of a program the
   worker rebuilds from its :class:`rose_jax.program.ProgramSpec` (:func:`build_program`), whole
-  states or on the env slice resident in the worker (:class:`ResidentLayout`);
+  states or on the env slice resident in the worker (:class:`ResidentLayout`); called with
+  ``jit=False``: each builds its program eagerly, outside any trace, and jits the rollout itself
+  (with XLA compiler options if given, e.g. the search's deterministic ops), once per (spec,
+  group, layout, options);
 * :func:`worker_restore`: the resident env slice back to its last upload;
-* :func:`run_compiled`: one of the above jitted with XLA compiler options (the search's equality
-  check under deterministic ops), compiled once per (function, options, static arguments);
 * :func:`run_exported`: a ``jax.export``-serialized computation (an offloaded component);
 * :func:`time_exported`: seconds per call of one (a branch timed alone at this worker's SM quota);
 * :func:`compile_events`: how many times this process traced and compiled (recompile checks).
@@ -36,7 +37,6 @@ WORKER_COLLECT = "rose_jax.optimize.process_worker:worker_collect"
 WORKER_ROLLOUT = "rose_jax.optimize.process_worker:worker_rollout"
 WORKER_RESTORE = "rose_jax.optimize.process_worker:worker_restore"
 TIME_EXPORTED = "rose_jax.optimize.process_worker:time_exported"
-WORKER_COMPILED = "rose_jax.optimize.process_worker:run_compiled"
 COMPILE_EVENTS = "rose_jax.optimize.process_worker:compile_events"
 RUN_EXPORTED = "rose_jax.optimize.process_worker:run_exported"
 ENV = "rose.env"  # resident name of a worker's env slice
@@ -51,7 +51,11 @@ def _resolve(target: str) -> Callable:
 @functools.lru_cache(maxsize=8)
 def build_program(spec: Any) -> Any:
     """The program a :class:`rose_jax.program.ProgramSpec` names, with its fn-level transforms
-    (cached per spec: a worker rebuilds each program once)."""
+    (cached per spec: a worker rebuilds each program once).
+
+    Call it outside any trace: building an env may create device arrays (a Brax MJX env's model,
+    ``mjx.put_model``); built under a trace they would be tracers, kept in this cache and leaked
+    into the next trace (``UnexpectedTracerError``)."""
     kwargs = dict(spec.kwargs)
     if spec.env is not None:
         env_factory, env_name, env_kwargs = spec.env
@@ -60,11 +64,6 @@ def build_program(spec: Any) -> Any:
     for t_name, t_params in spec.transforms:
         program = transform_by_name(t_name, dict(t_params)).apply(program)
     return program
-
-
-def worker_collect(state_g: Any, *, spec: Any, g: int, groups: int) -> tuple[Any, Any]:
-    """Run in a worker: the rollout of env group ``g`` of ``groups`` (jit this with static kwargs)."""
-    return collect_group(build_program(spec), state_g, g, groups)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,48 +86,95 @@ class ResidentLayout:
     data_used: tuple[int, ...]
 
 
-def worker_rollout(env_g, sent, *, spec: Any, g: int, groups: int, layout: ResidentLayout):
-    """Run in a worker (jitted, ``reads=writes=(ENV,)``): group ``g``'s rollout on its resident env.
+def collect_fn(program: Any, g: int, groups: int) -> Callable:
+    """The pure ``state_g -> (state_g, data)`` of env group ``g`` of ``groups`` (to jit)."""
+    return functools.partial(collect_group, program, g=g, groups=groups)
+
+
+def rollout_fn(program: Any, g: int, groups: int, layout: ResidentLayout) -> Callable:
+    """The pure ``(env_g, sent) -> ((new env_g,), (changed, data_used))`` of env group ``g`` on
+    its resident env slice (to jit; see :func:`worker_rollout`)."""
+
+    def rollout(env_g, sent):
+        leaves: list[Any] = [None] * layout.treedef.num_leaves
+        for i, x in zip(layout.sent, sent, strict=True):
+            leaves[i] = x
+        for i, shape, dtype in layout.zeros:
+            leaves[i] = jnp.zeros(shape, dtype)
+        for i, x in zip(layout.env, env_g, strict=True):
+            leaves[i] = x
+        state_g = jax.tree_util.tree_unflatten(layout.treedef, leaves)
+        out_state, data = collect_group(program, state_g, g, groups)
+        out_leaves, data_leaves = jax.tree.leaves(out_state), jax.tree.leaves(data)
+        new_env = tuple(out_leaves[i] for i in layout.env)
+        return (new_env,), (
+            tuple(out_leaves[i] for i in layout.changed),
+            tuple(data_leaves[i] for i in layout.data_used),
+        )
+
+    return rollout
+
+
+@functools.lru_cache(maxsize=64)
+def jitted_rollout(
+    spec: Any, g: int, groups: int, layout: ResidentLayout | None, compiler_options: tuple = ()
+) -> Callable:
+    """Group ``g``'s rollout of the program ``spec`` names, jitted (``compiler_options``: sorted
+    ``(name, value)`` pairs): :func:`rollout_fn` with a ``layout``, else :func:`collect_fn`.
+
+    The program is built here, eagerly (see :func:`build_program`); each distinct argument
+    tuple is jitted once and compiles at its first call."""
+    program = build_program(spec)
+    fn = collect_fn(program, g, groups) if layout is None else rollout_fn(program, g, groups, layout)
+    return jax.jit(fn, compiler_options=dict(compiler_options) or None)
+
+
+def forget_programs() -> None:
+    """Drop the programs and jitted rollouts built so far (a fresh worker's state; for tests)."""
+    jitted_rollout.cache_clear()
+    build_program.cache_clear()
+
+
+def _outside_trace(name: str, args: Any) -> None:
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+        raise TypeError(
+            f"{name} builds its program outside any trace and jits itself: call it with jit=False, "
+            "not under jax.jit"
+        )
+
+
+def worker_collect(
+    state_g: Any, *, spec: Any, g: int, groups: int, compiler_options: tuple = ()
+) -> tuple[Any, Any]:
+    """Run in a worker (``jit=False``): the rollout of env group ``g`` of ``groups`` on a state
+    holding only that group's envs (:func:`jitted_rollout` without a layout)."""
+    _outside_trace("worker_collect", state_g)
+    return jitted_rollout(spec, g, groups, None, compiler_options)(state_g)
+
+
+def worker_rollout(
+    env_g,
+    sent,
+    *,
+    spec: Any,
+    g: int,
+    groups: int,
+    layout: ResidentLayout,
+    compiler_options: tuple = (),
+):
+    """Run in a worker (``jit=False``, ``reads=writes=(ENV,)``): group ``g``'s rollout on its
+    resident env, jitted once per (spec, g, groups, layout, compiler options).
 
     env_g: tuple of the group's env leaves (each ``(num_envs / groups, ...)``); sent: tuple of
     the non-env leaves in ``layout.sent``. Returns ``((new env_g,), (changed, data_used))``.
     """
-    leaves: list[Any] = [None] * layout.treedef.num_leaves
-    for i, x in zip(layout.sent, sent, strict=True):
-        leaves[i] = x
-    for i, shape, dtype in layout.zeros:
-        leaves[i] = jnp.zeros(shape, dtype)
-    for i, x in zip(layout.env, env_g, strict=True):
-        leaves[i] = x
-    state_g = jax.tree_util.tree_unflatten(layout.treedef, leaves)
-    out_state, data = collect_group(build_program(spec), state_g, g, groups)
-    out_leaves, data_leaves = jax.tree.leaves(out_state), jax.tree.leaves(data)
-    new_env = tuple(out_leaves[i] for i in layout.env)
-    return (new_env,), (
-        tuple(out_leaves[i] for i in layout.changed),
-        tuple(data_leaves[i] for i in layout.data_used),
-    )
+    _outside_trace("worker_rollout", (env_g, sent))
+    return jitted_rollout(spec, g, groups, layout, compiler_options)(env_g, sent)
 
 
 def worker_restore(origin):
     """Run in a worker (``jit=False``, ``reads=(ORIGIN,)``, ``writes=(ENV,)``): ENV := ORIGIN, no copy."""
     return (origin,), None
-
-
-_COMPILED: dict[Any, Callable] = {}
-
-
-def run_compiled(*args: Any, fn: str, compiler_options: tuple, **static: Any) -> Any:
-    """In a worker (``jit=False``): ``fn`` (an entry point of this module, by import path) with
-    ``static`` bound, jitted with ``compiler_options`` (sorted ``(name, value)`` pairs) once."""
-    key = (fn, compiler_options, tuple(sorted(static.items())))
-    jitted = _COMPILED.get(key)
-    if jitted is None:
-        jitted = jax.jit(
-            functools.partial(_resolve(fn), **static), compiler_options=dict(compiler_options) or None
-        )
-        _COMPILED[key] = jitted
-    return jitted(*args)
 
 
 _EVENTS: dict[str, int] | None = None

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import logging
 import os
 import secrets
@@ -71,7 +70,6 @@ from rose_jax.optimize.process_worker import (
     ENV,
     ORIGIN,
     WORKER_COLLECT,
-    WORKER_COMPILED,
     WORKER_RESTORE,
     WORKER_ROLLOUT,
     ResidentLayout,
@@ -267,23 +265,18 @@ class Executor(Protocol):
 class InlineExecutor:
     """Runs every group's worker function here, one after the other (no concurrency; for tests).
 
-    Resident values are kept in a dict per group, as a worker process keeps them."""
+    The worker functions are called as a worker calls them (``jit=False``: they build the program
+    from its spec eagerly and jit the rollout themselves, once per process); resident values are
+    kept in a dict per group, as a worker process keeps them."""
 
     def __init__(self):
-        self._fns: dict = {}
         self._store: dict[int, dict[str, Any]] = collections.defaultdict(dict)
 
     def run_groups(self, spec, states, groups, options=()):
-        out = []
-        for g, s in enumerate(states):
-            key = (spec, g, groups, options)
-            if key not in self._fns:
-                self._fns[key] = jax.jit(
-                    functools.partial(worker_collect, spec=spec, g=g, groups=groups),
-                    compiler_options=dict(options) or None,
-                )
-            out.append(self._fns[key](s))
-        return out
+        return [
+            worker_collect(s, spec=spec, g=g, groups=groups, compiler_options=options)
+            for g, s in enumerate(states)
+        ]
 
     def put(self, name, values):
         for g, v in enumerate(values):
@@ -296,13 +289,15 @@ class InlineExecutor:
     def run_resident(self, spec, sent, groups, layout, options=()):
         outs = []
         for g in range(groups):
-            key = (spec, g, groups, layout, options)
-            if key not in self._fns:
-                self._fns[key] = jax.jit(
-                    functools.partial(worker_rollout, spec=spec, g=g, groups=groups, layout=layout),
-                    compiler_options=dict(options) or None,
-                )
-            (env_g,), out = self._fns[key](self._store[g][ENV], sent)
+            (env_g,), out = worker_rollout(
+                self._store[g][ENV],
+                sent,
+                spec=spec,
+                g=g,
+                groups=groups,
+                layout=layout,
+                compiler_options=options,
+            )
             self._store[g][ENV] = env_g
             outs.append(out)
         return outs
@@ -311,7 +306,6 @@ class InlineExecutor:
         return [self._store[g][name] for g in sorted(self._store)]
 
     def close(self):
-        self._fns.clear()
         self._store.clear()
 
 
@@ -398,18 +392,11 @@ class RuntimeExecutor:
         runs = [s["run_s"] for s in self._last_stats if s.get("run_s") is not None]
         return max(runs) if runs else None
 
+    # the worker functions build their program eagerly and jit the rollout themselves (jit=False)
     def run_groups(self, spec, states, groups, options=()):
-        static = {"spec": spec, "groups": groups}
-        if options:  # jitted with the options by the worker function itself (see WORKER_COMPILED)
-            static.update(fn=WORKER_COLLECT, compiler_options=options)
+        static = {"spec": spec, "groups": groups, "compiler_options": options}
         return self._all(
-            lambda pool, w, g: pool.submit(
-                w,
-                WORKER_COMPILED if options else WORKER_COLLECT,
-                states[g],
-                static={**static, "g": g},
-                jit=not options,
-            )
+            lambda pool, w, g: pool.submit(w, WORKER_COLLECT, states[g], static={**static, "g": g}, jit=False)
         )
 
     def put(self, name, values):
@@ -419,16 +406,14 @@ class RuntimeExecutor:
         self._all(lambda pool, w, g: pool.submit(w, WORKER_RESTORE, jit=False, reads=(src,), writes=(dst,)))
 
     def run_resident(self, spec, sent, groups, layout, options=()):
-        static = {"spec": spec, "groups": groups, "layout": layout}
-        if options:
-            static.update(fn=WORKER_ROLLOUT, compiler_options=options)
+        static = {"spec": spec, "groups": groups, "layout": layout, "compiler_options": options}
         return self._all(
             lambda pool, w, g: pool.submit(
                 w,
-                WORKER_COMPILED if options else WORKER_ROLLOUT,
+                WORKER_ROLLOUT,
                 sent,
                 static={**static, "g": g},
-                jit=not options,
+                jit=False,
                 reads=(ENV,),
                 writes=(ENV,),
             )
