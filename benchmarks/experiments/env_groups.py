@@ -385,9 +385,21 @@ def offload_row(args, num_envs: int) -> dict:
 # ----------------------------------------------------------------------------------- output
 
 
+def measured(rows: list[dict], kind: str) -> list[dict]:
+    """The rows of ``kind`` that ran to the end (a skipped or failed row has no measurements)."""
+    return [r for r in rows if r.get("kind") == kind and "skipped" not in r]
+
+
+def failed_row(name: str, kind: str, error: BaseException) -> dict:
+    """The record of a row that raised ``error`` (the other rows are measured and reported)."""
+    return {"name": name, "kind": kind, "skipped": f"failed: {type(error).__name__}: {str(error)[:300]}"}
+
+
 def table(rows: list[dict]) -> str:
+    """The results as markdown: one table per kind of the rows that ran, then the rows that were
+    skipped (time budget) or failed, each with its reason or error."""
     lines = []
-    g = [r for r in rows if r.get("kind") == "groups"]
+    g = measured(rows, "groups")
     if g:
         lines.append(
             common.markdown_table(
@@ -421,7 +433,7 @@ def table(rows: list[dict]) -> str:
                 ],
             )
         )
-    x = [r for r in rows if r.get("kind") == "exchange"]
+    x = measured(rows, "exchange")
     for r in x:
         lines.append(f"\nexchange ({r['transport']}):\n")
         lines.append(
@@ -441,7 +453,7 @@ def table(rows: list[dict]) -> str:
                 ],
             )
         )
-    o = [r for r in rows if r.get("kind") == "offload"]
+    o = measured(rows, "offload")
     if o:
         lines.append("")
         lines.append(
@@ -467,7 +479,7 @@ def table(rows: list[dict]) -> str:
                 ],
             )
         )
-    s = [r for r in rows if r.get("kind") == "search"]
+    s = measured(rows, "search")
     for r in s:
         lines.append(
             f"\nsearch over {r['candidate']}: {'KEPT' if r['kept'] else 'refused'} in "
@@ -475,7 +487,11 @@ def table(rows: list[dict]) -> str:
         )
     for r in rows:
         if "skipped" in r:
-            lines.append(f"\n{r['name']}: skipped: {r['skipped']}")
+            why = r["skipped"]
+            if why.startswith("failed: "):
+                lines.append(f"\n{r['name']}: FAILED: {why.removeprefix('failed: ')}")
+            else:
+                lines.append(f"\n{r['name']}: skipped: {why}")
     return "\n".join(lines)
 
 
@@ -485,12 +501,12 @@ def plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("groups", "exchange", "offload") if any(r.get("kind") == k for r in rows)]
+    panels = [k for k in ("groups", "exchange", "offload") if measured(rows, k)]
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
     for ax, kind in zip(axes[0], panels, strict=True):
-        rs = [r for r in rows if r.get("kind") == kind]
+        rs = measured(rows, kind)
         if kind == "groups":
             xs = range(len(rs))
             ax.bar([i - 0.2 for i in xs], [r["fused_ms"] for r in rs], 0.4, label="fused")
@@ -656,9 +672,7 @@ def main(argv=None) -> list[dict]:
                 rows.append(run())
             except Exception as e:  # noqa: BLE001 - one failing row is reported, the next one runs
                 log(f"{name}: FAILED: {type(e).__name__}: {e}")
-                rows.append(
-                    {"name": name, "kind": kind, "skipped": f"failed: {type(e).__name__}: {str(e)[:200]}"}
-                )
+                rows.append(failed_row(name, kind, e))
         text = write_results(rows, args, out_dir)
     log(f"done in {common.elapsed():.1f}s; results in {out_dir}")
     print("\n" + text + "\n", flush=True)
