@@ -589,3 +589,118 @@ def test_worker_daemon_prefers_given_then_inherited_then_own(fake_mps, monkeypat
     finally:
         stop_own(own)
         stop_own(own2 if "own2" in locals() else None)
+
+
+# ------------------------------------------------- ManagedPool: one owner of workers + daemon
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def _worker_children() -> list[int]:
+    return [c.pid for c in psutil.Process().children() if "multiprocessing" in " ".join(c.cmdline())
+            and not _gone(c.pid)]
+
+
+@pytest.mark.skipif(mps_status()[0], reason="MPS is available here (this test is for machines without it)")
+def test_managed_pool_without_mps_fails_in_one_line_or_runs_plainly(monkeypatch):
+    """Real behaviour on a machine without MPS (no mock): mps=True refuses in one line and leaves
+    no process behind; mps="auto" runs plain workers and says why; bad arguments are one line."""
+    from rose_jax.mps.plan import MPS_PIPE_VAR
+    from rose_jax.runtime import ManagedPool
+
+    monkeypatch.delenv(MPS_PIPE_VAR, raising=False)
+    spec = WorkerSpec("w", quota=40, env={"JAX_PLATFORMS": "cpu"})
+    before = set(_worker_children())
+    with pytest.raises(MPSError, match=r"^ManagedPool\(mps=True\): the MPS daemon did not start: ") as e:
+        with ManagedPool([spec], mps=True):
+            raise AssertionError("the block must not run without MPS")
+    assert "\n" not in str(e.value)
+    assert set(_worker_children()) <= before
+    with ManagedPool([spec], mps="auto", transport="shm") as m:
+        assert m.daemon is None and not m.owns_daemon
+        assert m.mps_reason == mps_status()[1] and m.mps_reason.startswith("MPS unavailable")
+        info = m.pool.info["w"]
+        assert not info.mps and info.quota is None
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in info.birth_env
+        assert float(m.pool.call("w", "rose_jax.runtime.probes:tree_summary", np.ones(3))["sum"]) == 3.0
+        pid = m.pool.pids["w"]
+    assert _gone(pid) and not m.running
+    with pytest.raises(ValueError, match="mps must be True, False or 'auto', got 'yes'"):
+        ManagedPool([spec], mps="yes")
+    with pytest.raises(ValueError, match="daemon was given with mps=False"):
+        ManagedPool([spec], mps=False, daemon=object())
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = ManagedPool([spec]).pool
+
+
+def test_managed_pool_stops_workers_then_its_daemon_on_interrupt(fake_mps, monkeypatch):
+    """With the MOCK control binary on PATH (see the module docstring): the pool starts its own
+    daemon, its workers are born as its clients with their quota; a KeyboardInterrupt in the
+    block stops the workers first, then the daemon, and leaves no process or directory behind."""
+    from rose_jax.mps.plan import MPS_PIPE_VAR
+    from rose_jax.runtime import ManagedPool
+
+    monkeypatch.setenv("PATH", os.path.dirname(fake_mps) + os.pathsep + os.environ["PATH"])
+    monkeypatch.delenv(MPS_PIPE_VAR, raising=False)
+    order = []
+    real_stop = MPSDaemon.stop
+
+    def recording_stop(self):
+        if self.running:
+            order.append(("daemon stops; workers alive", [p for p in worker_pids if not _gone(p)]))
+        return real_stop(self)
+
+    monkeypatch.setattr(MPSDaemon, "stop", recording_stop)
+    worker_pids: list[int] = []
+    spec = WorkerSpec("w", quota=40, env={"JAX_PLATFORMS": "cpu"})
+    with pytest.raises(KeyboardInterrupt):
+        with ManagedPool([spec], mps=True, transport="shm") as m:
+            d = m.daemon
+            assert m.owns_daemon and isinstance(d, MPSDaemon) and d.running and m.mps_reason is None
+            born = m.pool.info["w"].birth_env
+            assert born["CUDA_MPS_PIPE_DIRECTORY"] == str(d.pipe_dir)
+            assert born["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+            worker_pids.append(m.pool.pids["w"])
+            daemon_pids = [d.control_pid, *d.server_pids()]
+            raise KeyboardInterrupt
+    assert order == [("daemon stops; workers alive", [])]
+    assert _gone(worker_pids[0]) and not m.running and not m.owns_daemon and m.daemon is None
+    assert d.last_shutdown.clean and all(_gone(p) for p in daemon_pids)
+    assert not d.run_dir.exists()
+
+
+def test_managed_pool_ensure_starts_over_after_a_death_keeps_a_given_daemon(fake_mps, run_dir, monkeypatch):
+    """MOCK control binary (see the module docstring). ensure() after a SIGKILLed worker: a new
+    pool under a new daemon of its own (the old one stopped); a daemon the caller gave is never
+    stopped by the pool's owner."""
+    from rose_jax.mps.plan import MPS_PIPE_VAR
+    from rose_jax.runtime import ManagedPool, WorkerDied
+
+    monkeypatch.setenv("PATH", os.path.dirname(fake_mps) + os.pathsep + os.environ["PATH"])
+    monkeypatch.delenv(MPS_PIPE_VAR, raising=False)
+    spec = WorkerSpec("w", env={"JAX_PLATFORMS": "cpu"})
+    m = ManagedPool([spec], mps=True, transport="shm")  # "auto" would ask mps_status (no GPU here)
+    try:
+        first_pool = m.ensure()
+        first_daemon = m.daemon
+        assert m.ensure() is first_pool  # running: the same pool
+        os.kill(first_pool.pids["w"], signal.SIGKILL)
+        with pytest.raises(WorkerDied, match="SIGKILL"):
+            first_pool.call("w", "rose_jax.runtime.probes:tree_summary", np.ones(2), timeout=30)
+        second_pool = m.ensure()
+        assert second_pool is not first_pool and second_pool.running
+        assert not first_daemon.running and not first_daemon.run_dir.exists()
+        assert m.daemon is not first_daemon and m.daemon.running
+    finally:
+        m.close()
+    assert not m.running and m.daemon is None
+    with MPSDaemon(run_dir, binary=fake_mps) as given:
+        with ManagedPool([spec], daemon=given, transport="shm") as m2:
+            assert m2.daemon is given and not m2.owns_daemon and m2.pool.info["w"].mps
+        assert given.running  # the caller's: left running
+    assert not _mock_processes(run_dir)

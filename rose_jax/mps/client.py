@@ -75,7 +75,7 @@ def worker_daemon(
             "rose_jax.mps.run_as_client): its kernels and its workers' are time-sliced, not concurrent",
             stacklevel=3,
         )
-    own = MPSDaemon(tempfile.mkdtemp(prefix=prefix)).start()
+    own = MPSDaemon(tempfile.mkdtemp(prefix=prefix), remove_run_dir=True).start()
     return own, own
 
 
@@ -91,8 +91,9 @@ def run_as_client(argv: Sequence[str], run_dir: str | None = None, log=print) ->
     The daemon (own pipe and log directories under ``run_dir`` or a new temp dir) is stopped
     when the child exits, on every path. Raises ``MPSError`` if MPS cannot start.
     """
+    own_dir = run_dir is None
     run_dir = run_dir or tempfile.mkdtemp(prefix="rmps")
-    with MPSDaemon(run_dir) as daemon:
+    with MPSDaemon(run_dir, remove_run_dir=own_dir) as daemon:
         env = dict(os.environ, **daemon.client_env(), **{CLIENT_MARK: "1"})
         log(f"[mps] daemon up ({daemon.pipe_dir}); running the job as its client")
         return subprocess.call(list(argv), env=env)

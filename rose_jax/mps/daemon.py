@@ -11,9 +11,11 @@ with its own ``CUDA_MPS_PIPE_DIRECTORY`` (``run_dir/pipe``) and ``CUDA_MPS_LOG_D
         with start_workers(specs, daemon=mps) as pool:   # workers get mps.client_env()
             ...
 
+``rose_jax.runtime.ManagedPool(specs, mps=True)`` is the two blocks in one object.
+
 It never touches a daemon it did not start: if ``run_dir/pipe`` already holds anything it
 refuses to start. Quit waits for MPS clients: close the worker pool before the daemon (nesting
-the two ``with`` blocks does that).
+the two ``with`` blocks, or ``ManagedPool``, does that).
 
 Signals: while running, SIGINT and SIGTERM handlers are installed (main thread only) and the
 previous ones restored on stop. SIGINT raises ``KeyboardInterrupt`` (via the previous handler)
@@ -158,6 +160,8 @@ class MPSDaemon:
     binary: the control program (name on PATH or a path).
     start_timeout / quit_timeout: seconds to wait for the control socket + health answer, and
       for the daemon processes to exit after ``quit`` before they are signalled.
+    remove_run_dir: also remove run_dir on stop (if left empty) when it existed before start,
+      e.g. a ``tempfile.mkdtemp`` made for this daemon.
     """
 
     def __init__(
@@ -169,6 +173,7 @@ class MPSDaemon:
         quit_timeout: float = 30.0,
         command_timeout: float = 15.0,
         handle_signals: bool = True,
+        remove_run_dir: bool = False,
     ):
         self.run_dir = Path(run_dir).absolute()
         self.pipe_dir = self.run_dir / "pipe"
@@ -187,7 +192,7 @@ class MPSDaemon:
         self.last_shutdown: ShutdownReport | None = None
         self._state = "new"  # new -> running -> stopped
         self._lock = threading.RLock()
-        self._created_run_dir = False
+        self._created_run_dir = bool(remove_run_dir)
         self._prev_handlers: dict[int, object] = {}
         self._known_pids: set[int] = set()
 
@@ -219,7 +224,7 @@ class MPSDaemon:
                     "daemon this process did not start"
                 )
             if not self.run_dir.exists():
-                self._created_run_dir = True
+                self._created_run_dir = True  # ours: removed on stop
             self.pipe_dir.mkdir(parents=True, exist_ok=True)
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self._state = "running"  # from here on stop() must run

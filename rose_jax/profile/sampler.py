@@ -23,9 +23,11 @@ Phases shorter than that get blurred activity; finer structure (gaps between ker
 :mod:`rose_jax.profile.xplane` traces. ``window_ms=period_ms`` gives raw consecutive pairs.
 
 Overhead: one NVML sample call + one metrics call per period. By default (``mode="process"``)
-the sampling loop runs in a spawned child process, so it never competes with the measured
-program's Python thread for the GIL (measured on the H200 with the in-process thread: SAC ant at
-1024 envs, whose host loop dispatches an 8 ms iteration, ran 4 % slower with the sampler on);
+the sampling loop runs in a spawned child process (``rose_jax.runtime.process.EnvProcess``: it
+does not re-import the user's ``__main__``, so an unguarded script does not run twice), so it
+never competes with the measured program's Python thread for the GIL (measured on the H200
+with the in-process thread: SAC ant at 1024 envs, whose host loop dispatches an 8 ms iteration,
+ran 4 % slower with the sampler on);
 the child sends the series back when stopped. Timestamps are ``time.perf_counter_ns`` (the
 system-wide monotonic clock on Linux), so they line up with the parent's phase timers.
 ``mode="thread"`` keeps the loop in a thread of this process (ctypes releases the GIL during NVML
@@ -43,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from rose_jax.profile.timeline import ActivitySeries, make_series
+from rose_jax.runtime.process import SPAWN, EnvProcess
 
 
 class NoGPUError(RuntimeError):
@@ -231,13 +234,10 @@ class Sampler:
 
     # -- process mode: the same loop in a spawned child --------------------------------------
     def _start_child(self) -> "Sampler":
-        import multiprocessing  # noqa: PLC0415
-
-        ctx = multiprocessing.get_context("spawn")
-        here, there = ctx.Pipe()
-        proc = ctx.Process(
-            target=_child_main, args=(there, self._kwargs), name="rose-sm-sampler", daemon=True
-        )
+        # spawned like the worker pool's workers: the child does not re-import the user's
+        # __main__ (a script without a main guard would run again in it); env None: ours as is
+        here, there = SPAWN.Pipe()
+        proc = EnvProcess(target=_child_main, args=(there, self._kwargs), name="rose-sm-sampler", daemon=True)
         proc.start()
         there.close()
         self._child, self._conn = proc, here

@@ -1,7 +1,7 @@
 """The driver side of the runtime: a pool of spawned JAX worker processes.
 
     specs = [WorkerSpec("sim", quota=70, mem_fraction=0.4), WorkerSpec("learn", quota=30, mem_fraction=0.4)]
-    with MPSDaemon(run_dir) as mps, start_workers(specs, daemon=mps) as pool:
+    with ManagedPool(specs, mps=True) as pool:   # rose_jax.runtime.managed: MPS daemon + this pool
         outs = pool.call_all("my_pkg.branches:step", state)           # concurrent, joined
         h1 = pool.submit("sim", "my_pkg.sim:rollout", params)         # or submit + wait
         h2 = pool.submit("learn", "my_pkg.learn:update", batch)
@@ -10,9 +10,10 @@
 
 Each worker is started with the "spawn" method and an explicit environment
 (``rose_jax.mps.plan.worker_environment``), handed to the exec of the child interpreter
-(:class:`_EnvPopen`); the driver's own environment is never changed (doing so while XLA threads
-read it is not thread-safe). A call names a function by import path ("pkg.module:function")
-and passes positional pytrees of arrays; ``static`` keyword arguments are bound before jit.
+(``rose_jax.runtime.process.EnvProcess``); the driver's own environment is never changed
+(doing so while XLA threads read it is not thread-safe). A call names a function by import path
+("pkg.module:function") and passes positional pytrees of arrays; ``static`` keyword arguments
+are bound before jit.
 
 Array exchange (``transport``): "shm" moves arrays through host shared memory (portable);
 "cuda_ipc" moves single-device jax GPU arrays through CUDA IPC on the same GPU (numpy inputs
@@ -36,10 +37,10 @@ unlinks every shared-memory segment it named, and leaves no child process behind
 the pool from a long-lived thread) and exit when the driver's pipe closes.
 
 Workers do not re-import the driver's ``__main__`` (multiprocessing's spawn would, re-running a
-script without an ``if __name__ == "__main__":`` guard in every worker): the worker entry point
-lives in this package and every call names its function by import path, so a script needs no
-guard. The price: pytree classes defined in the script itself cannot travel to a worker (define
-them in a module).
+script without an ``if __name__ == "__main__":`` guard in every worker; ``EnvProcess`` drops it
+from the spawn preparation): the worker entry point lives in this package and every call names
+its function by import path, so a script needs no guard. The price: pytree classes defined in
+the script itself cannot travel to a worker (define them in a module).
 """
 
 from __future__ import annotations
@@ -47,24 +48,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import io
 import itertools
-import multiprocessing
 import os
 import queue
 import secrets
-import subprocess
 import threading
 import time
-from multiprocessing import popen_spawn_posix, resource_tracker, spawn, util
-from multiprocessing.context import reduction, set_spawning_popen
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from rose_jax.mps.plan import WorkerSpec, validate_specs, worker_environment
 from rose_jax.runtime import cuda_ipc, exchange, shm, worker
+from rose_jax.runtime.process import SPAWN, EnvProcess
 from rose_jax.runtime.errors import ExchangeError, RemoteError, WorkerDied, WorkerError, WorkerTimeout
 
-_SPAWN = multiprocessing.get_context("spawn")
 TRANSPORTS = ("auto", "shm", "cuda_ipc")
 
 
@@ -168,79 +164,6 @@ def fn_path(fn: str | Callable) -> str:
             "a function defined in __main__)"
         )
     return f"{mod}:{qual}"
-
-
-class _EnvPopen(popen_spawn_posix.Popen):
-    """multiprocessing's spawn ``Popen``, except that the child is exec'd with an explicit
-    environment instead of inheriting this process's.
-
-    Setting the child's environment by changing ``os.environ`` around ``start()`` (as this pool
-    once did) calls C ``setenv``/``unsetenv`` while other threads may be in ``getenv``: XLA's
-    threads read environment variables while they compile and run, and glibc may free the
-    environment array they are reading (a segfault of the whole driver, seen in the CPU test suite
-    when an offloaded step started its worker during an XLA execution). ``_launch`` below is
-    CPython 3.12's ``popen_spawn_posix.Popen._launch`` with ``util.spawnv_passfds`` replaced by
-    ``subprocess.Popen(..., env=...)`` (same command, same passed fds, nothing else inherited).
-    """
-
-    def __init__(self, process_obj, env: Mapping[str, str]):
-        self._env = dict(env)
-        super().__init__(process_obj)
-
-    def _launch(self, process_obj):
-        tracker_fd = resource_tracker.getfd()
-        self._fds.append(tracker_fd)
-        prep_data = spawn.get_preparation_data(process_obj._name)
-        # not the driver's __main__: importing it again in the worker would re-run an unguarded script
-        prep_data.pop("init_main_from_path", None)
-        prep_data.pop("init_main_from_name", None)
-        fp = io.BytesIO()
-        set_spawning_popen(self)
-        try:
-            reduction.dump(prep_data, fp)
-            reduction.dump(process_obj, fp)
-        finally:
-            set_spawning_popen(None)
-
-        parent_r = child_w = child_r = parent_w = None
-        try:
-            parent_r, child_w = os.pipe()
-            child_r, parent_w = os.pipe()
-            cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
-            self._fds.extend([child_r, child_w])
-            child = subprocess.Popen(
-                cmd,
-                executable=spawn.get_executable(),
-                env=self._env,
-                pass_fds=tuple(sorted(set(self._fds))),
-                close_fds=True,
-                restore_signals=False,
-            )
-            # multiprocessing's Popen waits for this pid (os.waitpid); subprocess must never reap
-            # it (its __del__ / _cleanup poll only children whose returncode is None)
-            child.returncode = 0
-            self.pid = child.pid
-            self.sentinel = parent_r
-            with open(parent_w, "wb", closefd=False) as f:
-                f.write(fp.getbuffer())
-        finally:
-            fds_to_close = [fd for fd in (parent_r, parent_w) if fd is not None]
-            self.finalizer = util.Finalize(self, util.close_fds, fds_to_close)
-            for fd in (child_r, child_w):
-                if fd is not None:
-                    os.close(fd)
-
-
-class _EnvProcess(_SPAWN.Process):
-    """A spawn ``Process`` born with ``env`` (see :class:`_EnvPopen`); ``env`` is not pickled."""
-
-    def __init__(self, *args, env: Mapping[str, str], **kwargs):
-        super().__init__(*args, **kwargs)
-        self._rose_env = dict(env)
-
-    @staticmethod
-    def _Popen(process_obj):
-        return _EnvPopen(process_obj, process_obj.__dict__.pop("_rose_env"))
 
 
 def _reader(name: str, conn, q: queue.Queue) -> None:
@@ -348,15 +271,15 @@ class WorkerPool:
         self._queue = queue.Queue()
         self._pending, self._done, self._workers, self.failure = {}, {}, {}, None
         self._channels = {s.name: exchange.Channel() for s in self._specs}
-        self._barrier = _SPAWN.Barrier(len(self._specs))
+        self._barrier = SPAWN.Barrier(len(self._specs))
         self._state = "starting"
         atexit.register(self.close, force=True)
         try:
             for i, spec in enumerate(self._specs):
                 env = worker_environment(spec, mps_env=mps_env)
-                parent_conn, child_conn = _SPAWN.Pipe(duplex=True)
+                parent_conn, child_conn = SPAWN.Pipe(duplex=True)
                 boot = worker.WorkerBoot(spec.name, i, len(self._specs), os.getpid())
-                proc = _EnvProcess(
+                proc = EnvProcess(
                     target=worker.main,
                     args=(boot, child_conn, self._barrier),
                     name=f"rose-worker-{spec.name}",
@@ -618,22 +541,11 @@ class WorkerPool:
         return [value for _, value in results]
 
     def call(
-        self,
-        worker_name: str,
-        fn: str | Callable,
-        *args: Any,
-        static: Mapping[str, Any] | None = None,
-        jit: bool = True,
-        transport: str | None = None,
-        timeout: float | None = None,
-        reads: Sequence[str] = (),
-        writes: Sequence[str] = (),
+        self, worker_name: str, fn: str | Callable, *args: Any, timeout: float | None = None, **options: Any
     ) -> Any:
-        """Run fn(*args) on one worker and return its outputs (reads/writes: see ``submit``)."""
-        h = self.submit(
-            worker_name, fn, *args, static=static, jit=jit, transport=transport, reads=reads, writes=writes
-        )
-        return self.wait([h], timeout)[0]
+        """Run fn(*args) on one worker and return its outputs: ``submit`` (whose keyword options,
+        ``static``, ``jit``, ``transport``, ``reads``, ``writes``, it takes) then ``wait``."""
+        return self.wait([self.submit(worker_name, fn, *args, **options)], timeout)[0]
 
     def call_all(
         self,

@@ -246,12 +246,8 @@ def _run_call(msg, cache, exported, store, jax, exchange, channel):
             "decode_s": t1 - t0,
             "run_s": t2 - t1,
             "encode_s": t3 - t2,
-            "in_shm_bytes": packet.shm_bytes,
-            "in_ipc_bytes": packet.ipc_bytes,
-            "in_inline_bytes": packet.inline_bytes,
-            "out_shm_bytes": out.shm_bytes,
-            "out_ipc_bytes": out.ipc_bytes,
-            "out_inline_bytes": out.inline_bytes,
+            **_packet_bytes("in", packet),
+            **_packet_bytes("out", out),
             "resident_bytes": _store_bytes(store, exchange),
             "channel": channel.stats(),
         }
@@ -284,6 +280,12 @@ def _store_op(op):
     return run
 
 
+def _packet_bytes(direction: str, packet) -> dict[str, int]:
+    """``{direction}_shm_bytes`` / ``_ipc_bytes`` / ``_inline_bytes``: how one packet travelled."""
+    paths = ("shm", "ipc", "inline")
+    return {f"{direction}_{path}_bytes": getattr(packet, f"{path}_bytes") for path in paths}
+
+
 def _empty(exchange, value=None):
     return exchange.Packet(value)
 
@@ -293,12 +295,7 @@ def _put(msg, exported, store, jax, exchange, channel):
     _, cid, name, packet = msg
     t0 = time.perf_counter()
     store[name] = jax.block_until_ready(exchange.decode(packet, to="jax", channel=channel))
-    return _empty(exchange), {
-        "decode_s": time.perf_counter() - t0,
-        "in_shm_bytes": packet.shm_bytes,
-        "in_ipc_bytes": packet.ipc_bytes,
-        "in_inline_bytes": packet.inline_bytes,
-    }
+    return _empty(exchange), {"decode_s": time.perf_counter() - t0, **_packet_bytes("in", packet)}
 
 
 @_store_op
@@ -309,12 +306,7 @@ def _get(msg, exported, store, jax, exchange, channel):
     out, ob = exchange.encode(value, shm_name=out_shm_name, use_ipc=out_ipc, channel=channel)
     if ob.ipc_ptr is not None:
         exported[cid] = exchange.Outbound(ipc_ptr=ob.ipc_ptr)
-    return out, {
-        "encode_s": time.perf_counter() - t0,
-        "out_shm_bytes": out.shm_bytes,
-        "out_ipc_bytes": out.ipc_bytes,
-        "out_inline_bytes": out.inline_bytes,
-    }
+    return out, {"encode_s": time.perf_counter() - t0, **_packet_bytes("out", out)}
 
 
 @_store_op
