@@ -73,8 +73,8 @@ class Context:
         or of all variants when ``variant`` has none yet. Brax's whole train() is modelled apart
         (it shares no compile with the others): without a Brax run so far its scale is 1.
 
-        Per variant because the model's errors are: a (d) search that took 2x its estimate (the
-        2026-12-02 quick run) said nothing about Brax's train(), yet scaled it out of the budget."""
+        Per variant because the model's errors are: a (d) search that takes 2x its estimate says
+        nothing about Brax's train(), and must not scale it out of the budget."""
         ratios = [(v, a / e) for v, a, e in self.observed if e > 0]
         own = [r for v, r in ratios if v == variant]
         pool = own or ([] if variant == "brax" else [r for _, r in ratios])
