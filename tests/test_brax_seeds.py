@@ -1,0 +1,145 @@
+"""Learning parity with Brax over seeds: Brax 0.14.2's own ``ppo.train`` and rose-jax's Brax-layout
+PPO (``algos.brax_compat.ppo.train``, the one-line drop-in) on the SAME small env with the SAME
+Brax keywords (so the same data layout: batch_size x num_minibatches unrolls per training step,
+GAE per unroll, segment shuffling), 8 seeds each.
+
+The env is rose-jax's pendulum swing-up behind Brax's env interface (``envs.brax_adapter.to_brax``);
+both trainers wrap it with their own 50-step time limit and first-state auto-reset. The final
+evaluation returns of the two sides are compared with Welch's t-test (no significant difference at
+1%), and each side must have learned (final evaluation well above its initial one), so a trainer
+that does not learn, or learns differently, fails.
+
+Cost: the runs happen in one child process with JAX's persistent compilation cache in a temporary
+directory (minimum compile time 0), so each side compiles once and seeds 2..8 (the seed is a runtime
+value) load the compiled programs; the child also keeps the cache settings and Brax's
+``jax.device_put_replicated`` shim out of the pytest process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEEDS = 8
+# Brax's keywords, given as is to both trainers (Brax's defaults for the rest)
+BRAX_KEYWORDS = dict(
+    num_timesteps=80_000,
+    num_evals=2,  # the initial (untrained) and the final evaluation
+    episode_length=50,
+    num_envs=16,
+    batch_size=16,
+    num_minibatches=4,
+    unroll_length=10,
+    num_updates_per_batch=4,
+    num_eval_envs=32,
+    deterministic_eval=True,
+    learning_rate=3e-3,
+    discounting=0.95,
+    reward_scaling=0.1,
+    entropy_cost=1e-3,
+    normalize_observations=True,
+)
+HIDDEN = (32, 32)
+MIN_IMPROVEMENT = 50.0  # a random policy scores about -320 per 50-step episode; 80k steps reach ~-180
+
+
+def _run_child(cache_dir: str, seeds: int) -> dict:
+    """In the child: both trainers, ``seeds`` seeds each; {side: [[initial, final] per seed]}."""
+    from rose_jax import startup
+
+    startup.enable_compile_cache(cache_dir, min_compile_time_s=0)
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    if not hasattr(jax, "device_put_replicated"):  # removed from JAX; Brax 0.14.2 still calls it
+
+        def device_put_replicated(x, devices):  # its old meaning: a leading axis, one copy per device
+            return jax.tree.map(
+                lambda a: jnp.broadcast_to(jnp.asarray(a)[None], (len(devices),) + jnp.shape(a)), x
+            )
+
+        jax.device_put_replicated = device_put_replicated
+    from brax.training.agents.ppo import networks as brax_networks
+    from brax.training.agents.ppo import train as brax_ppo
+
+    import envs
+    from algos.brax_compat import ppo as rose_ppo
+    from envs.brax_adapter import to_brax
+
+    # the wrapped env's own time limit never acts: the trainers' 50-step limit does
+    env = to_brax(envs.make("pendulum", episode_length=10**6))
+    factory = functools.partial(
+        brax_networks.make_ppo_networks, policy_hidden_layer_sizes=HIDDEN, value_hidden_layer_sizes=HIDDEN
+    )
+    out: dict = {}
+    for side, train in (("brax", brax_ppo.train), ("rose-jax", rose_ppo.train)):
+        out[side], out[f"{side}_s"] = [], []
+        for seed in range(seeds):
+            curve: list[float] = []
+            start = time.perf_counter()
+            train(
+                environment=env,
+                seed=seed,
+                network_factory=factory,
+                progress_fn=lambda step, m: curve.append(float(m["eval/episode_reward"])),
+                **BRAX_KEYWORDS,
+            )
+            out[f"{side}_s"].append(round(time.perf_counter() - start, 2))
+            out[side].append([curve[0], curve[-1]])
+    return out
+
+
+def welch(a, b) -> tuple[float, float]:
+    """Welch's two-sided t-test: (t, p)."""
+    from scipy import stats  # a dependency of the test environment (Brax needs it)
+
+    result = stats.ttest_ind(a, b, equal_var=False)
+    return float(result.statistic), float(result.pvalue)
+
+
+@pytest.mark.slow
+def test_final_eval_return_matches_brax_over_seeds(tmp_path):
+    pytest.importorskip("brax.training.agents.ppo.train")
+    pytest.importorskip("scipy.stats")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), str(tmp_path / "jax-cache"), str(SEEDS)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    brax = np.asarray(result["brax"])  # (seeds, [initial, final])
+    ours = np.asarray(result["rose-jax"])
+    assert brax.shape == ours.shape == (SEEDS, 2) and np.all(np.isfinite(brax)) and np.all(np.isfinite(ours))
+    t, p = welch(brax[:, 1], ours[:, 1])
+    summary = (
+        f"final eval return brax {brax[:, 1].mean():.1f} +- {brax[:, 1].std(ddof=1):.1f}, "
+        f"rose-jax {ours[:, 1].mean():.1f} +- {ours[:, 1].std(ddof=1):.1f} ({SEEDS} seeds); "
+        f"initial brax {brax[:, 0].mean():.1f}, rose-jax {ours[:, 0].mean():.1f}; Welch t={t:.2f} p={p:.3f}; "
+        f"per-run s brax {result['brax_s']}, rose-jax {result['rose-jax_s']}; wall {wall:.0f}s"
+    )
+    print(summary)
+    # both learned: the mean final evaluation is well above the mean initial one, on each side
+    for name, runs in (("brax", brax), ("rose-jax", ours)):
+        assert runs[:, 1].mean() > runs[:, 0].mean() + MIN_IMPROVEMENT, f"{name} did not learn: {summary}"
+    # and no significant difference between them
+    assert p > 0.01, summary
+
+
+if __name__ == "__main__":  # the child: python tests/test_brax_seeds.py CACHE_DIR SEEDS
+    print(json.dumps(_run_child(sys.argv[1], int(sys.argv[2]))))
