@@ -1,9 +1,10 @@
 """The CLI's Brax/Playground-user features, kept out of ``rose_jax/cli.py`` (which only wires them):
 
 - ``rose-jax train`` options ``--preset brax``, ``--no-compile-cache``, ``--matmul-precision``,
-  ``--no-tensorboard`` (:func:`add_train_args`); :class:`TrainExtras` applies them around a run
-  (compile cache and precision before anything compiles, TensorBoard events while it runs, the
-  final policy and "time to jit / time to train" after it);
+  ``--no-tensorboard``, ``--wandb [PROJECT]`` (:func:`add_train_args`); :class:`TrainExtras`
+  applies them around a run (compile cache and precision before anything compiles, TensorBoard
+  events and the W&B run while it runs, the final policy and "time to jit / time to train" after
+  it);
 - ``rose-jax play RUN_DIR --episodes K --out video.mp4`` (:func:`add_play_parser`);
 - the optional packages' env names for ``rose-jax envs`` (:func:`external_env_lines`).
 """
@@ -11,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any, Callable
 
 from rose_jax import startup
@@ -29,6 +29,28 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "(reproducible), bf16, default (the backend's) (default: %(default)s)")
     p.add_argument("--no-tensorboard", action="store_true",
                    help="do not write TensorBoard events to RUN_DIR/tb (default: write them)")
+    p.add_argument("--wandb", nargs="?", const=DEFAULT_WANDB_PROJECT, metavar="PROJECT",
+                   action=_WandbAction,
+                   help=f"also log to Weights & Biases, same tags as TensorBoard (project default: "
+                        f"{DEFAULT_WANDB_PROJECT}; needs `pip install wandb`; WANDB_MODE=offline keeps it "
+                        f"local)")
+
+
+DEFAULT_WANDB_PROJECT = "rose-jax"
+
+
+class _WandbAction(argparse.Action):
+    """``--wandb [PROJECT]``, checked while the command line is parsed, so a missing wandb is a
+    one-line error before any run directory is made."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from algos import tb
+
+        try:
+            tb.check_wandb(values)
+        except ValueError as e:
+            parser.error(f"{option_string}: {e}")
+        setattr(namespace, self.dest, values)
 
 
 def preset_overrides(algo: str, preset: str | None, make_env: Callable[[], Any]) -> dict[str, Any]:
@@ -58,23 +80,26 @@ class TrainExtras:
             except ValueError as e:  # an unwritable cache must not stop training
                 print_fn(f"rose-jax train: {e}; continuing without the compile cache")
         startup.set_matmul_precision(getattr(args, "matmul_precision", "default") or "default")
-        self.logger = None
-        if not getattr(args, "no_tensorboard", False):
-            from algos import tb
+        from algos import tb
+        from rose_jax import rundir
 
-            self.logger = tb.Logger(os.path.join(run_path, "tb"))
+        project = getattr(args, "wandb", None)
+        self.logger = tb.open_loggers(
+            run_path,
+            tensorboard=not getattr(args, "no_tensorboard", False),
+            wandb_project=project,
+            config=rundir.RunDir(run_path).read_run() if project is not None else None,
+        )
         self.run_path = run_path
         self.clock = startup.PhaseClock()
 
     def progress(self, env_steps: int, metrics: dict[str, Any]) -> None:
         self.clock.progress()
-        if self.logger is not None:
-            self.logger.log(env_steps, metrics)
+        self.logger.log(env_steps, metrics)
 
     def finish(self, job: Any, state: Any) -> None:
         """Close the event files, save the final policy (``policy.json`` + ``policy/``), print times."""
-        if self.logger is not None:
-            self.logger.close()
+        self.logger.close()
         line = self.clock.line()
         try:
             from algos import policy

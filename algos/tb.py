@@ -9,14 +9,23 @@ rose-jax's own names are mapped: ``eval_episode_return`` -> ``eval/episode_rewar
 Playground's name for the evaluation return), ``episode_return`` -> ``training/episode_reward``,
 every other scalar ``x`` -> ``training/x``. Non-finite values and counters (``env_steps``,
 ``iteration``) are skipped; the step axis is env steps, as in Playground's train script.
+
+Weights & Biases (optional, ``pip install wandb``): :class:`WandbLogger` logs the same tags at the
+same steps (``run.log(tags, step=env_steps)``, as Playground's train script does); ``WANDB_MODE``
+(e.g. ``offline``) and the other ``WANDB_*`` variables apply as usual. :func:`open_loggers`
+opens the ones asked for as one :class:`Loggers`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from typing import Any
 
+WANDB_FIX = "W&B logging needs wandb: pip install wandb"
+
+TB_DIR = "tb"  # the event files' folder in a run directory
 _SKIP = frozenset({"env_steps", "iteration", "wall_s"})
 _RENAME = {"eval_episode_return": "eval/episode_reward", "episode_return": "training/episode_reward"}
 
@@ -56,6 +65,76 @@ class Logger:
         self._writer.close()
 
 
+def check_wandb(project: str = "rose-jax") -> None:
+    """Raise a one-line ValueError when ``project`` is not a name or wandb is not installed (naming
+    the fix); imports nothing, so it is cheap to call before a run directory is made."""
+    if not isinstance(project, str) or not project.strip():
+        raise ValueError(f"W&B project must be a non-empty name, got {project!r}")
+    if importlib.util.find_spec("wandb") is None:
+        raise ValueError(WANDB_FIX)
+
+
+class WandbLogger:
+    """Logs :func:`tags` to a Weights & Biases run (``wandb.init(project, name, dir, config)``).
+
+    ``dir`` holds W&B's local files (``<dir>/wandb/``); with ``WANDB_MODE=offline`` nothing leaves
+    the machine (``wandb sync`` uploads later).
+    """
+
+    def __init__(
+        self, project: str, dir: str | os.PathLike, name: str | None = None, config: dict | None = None
+    ):
+        check_wandb(project)
+        import wandb
+
+        self.dir = os.fspath(dir)
+        os.makedirs(self.dir, exist_ok=True)
+        self._run = wandb.init(project=project, name=name, dir=self.dir, config=dict(config or {}))
+
+    def log(self, env_steps: int, metrics: dict[str, Any]) -> None:
+        values = tags(metrics)
+        if values:
+            self._run.log(values, step=int(env_steps))
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class Loggers:
+    """Several loggers as one: ``log(env_steps, metrics)`` and ``close()`` go to each."""
+
+    def __init__(self, loggers: list[Any]):
+        self.loggers = list(loggers)
+
+    def log(self, env_steps: int, metrics: dict[str, Any]) -> None:
+        for logger in self.loggers:
+            logger.log(env_steps, metrics)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()
+
+
+def open_loggers(
+    run_dir: str | os.PathLike,
+    *,
+    tensorboard: bool = True,
+    wandb_project: str | None = None,
+    config: dict | None = None,
+) -> Loggers:
+    """TensorBoard events in ``<run_dir>/tb`` and/or a W&B run named after ``run_dir`` (its local
+    files in ``run_dir``), with ``config`` as the W&B run's config. Call :func:`check_wandb`
+    before making ``run_dir`` to fail early."""
+    run_dir = os.fspath(run_dir)
+    out: list[Any] = []
+    if wandb_project is not None:
+        name = os.path.basename(os.path.abspath(run_dir))
+        out.append(WandbLogger(wandb_project, run_dir, name=name, config=config))
+    if tensorboard:
+        out.append(Logger(os.path.join(run_dir, TB_DIR)))
+    return Loggers(out)
+
+
 def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
     """``{tag: [(step, value), ...]}`` read back from the event files in ``logdir`` (tensorboardX's
     own record reader and protobufs; no TensorBoard install needed)."""
@@ -89,4 +168,14 @@ def _records(path: str):
         i = start + length + 4
 
 
-__all__ = ["Logger", "read_scalars", "tags"]
+__all__ = [
+    "TB_DIR",
+    "WANDB_FIX",
+    "Logger",
+    "Loggers",
+    "WandbLogger",
+    "check_wandb",
+    "open_loggers",
+    "read_scalars",
+    "tags",
+]
