@@ -90,7 +90,7 @@ def _run_child(cache_dir: str, seeds: int) -> dict:
                 environment=env,
                 seed=seed,
                 network_factory=factory,
-                progress_fn=lambda step, m: curve.append(float(m["eval/episode_reward"])),
+                progress_fn=lambda step, m, curve=curve: curve.append(float(m["eval/episode_reward"])),
                 **BRAX_KEYWORDS,
             )
             out[f"{side}_s"].append(round(time.perf_counter() - start, 2))
