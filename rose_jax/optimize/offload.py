@@ -50,7 +50,6 @@ from rose_jax import runtime
 from rose_jax.jaxpr import compat
 from rose_jax.jaxpr.cut import Split, split_component
 from rose_jax.mps import plan as mps_plan
-from rose_jax.mps import stop_own, worker_daemon
 from rose_jax.optimize.base import EXACT, HostStep, Transform
 from rose_jax.optimize.process_worker import RUN_EXPORTED
 from rose_jax.program import Program
@@ -143,11 +142,12 @@ class OffloadedStep(HostStep):
         self.fn, self.component = fn, component
         self.quota, self.timeout = quota, timeout
         self.compiler_options = dict(compiler_options or {})
-        self._daemon, self._use_mps, self._own_daemon = daemon, use_mps, None
+        self._daemon, self._use_mps = daemon, use_mps
+        self._managed: runtime.ManagedPool | None = None  # the worker and a daemon of our own
         self._prepared: dict[Any, _Prepared] = {}
         self._jobs = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rose-offload")
         self._pending: list[concurrent.futures.Future] = []
-        self._pool = None  # created, used and closed only in the job thread (PR_SET_PDEATHSIG)
+        self._pool = None  # started, used and closed only in the job thread (PR_SET_PDEATHSIG)
         self._sent: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -205,7 +205,13 @@ class OffloadedStep(HostStep):
                 self._jobs.submit(self._close_pool).result()
             finally:
                 self._jobs.shutdown(wait=True)
-                self._stop_own_daemon()
+                if self._managed is not None:
+                    self._managed.close()  # idempotent: the daemon goes even if the job thread failed
+
+    @property
+    def _own_daemon(self):
+        """The MPS daemon this step started (None: none, or the caller's/inherited one)."""
+        return None if self._managed is None else self._managed.own_daemon
 
     def __enter__(self) -> "OffloadedStep":
         return self
@@ -258,34 +264,30 @@ class OffloadedStep(HostStep):
         return tuple(outs)
 
     def _ensure_pool(self):
-        if self._pool is not None and not self._pool.running:
-            # broken by a dead worker: start over; a fatal MPS fault reaches every client, so a
-            # daemon of our own starts over too
-            self._pool.close()
-            self._pool, self._sent = None, set()
-            self._stop_own_daemon()
-        if self._pool is not None:
-            return self._pool
-        gpu = jax.default_backend() == "gpu"
-        use_mps = gpu if self._use_mps is None else self._use_mps
-        daemon = None
-        if use_mps:
-            daemon, self._own_daemon = worker_daemon(self._daemon, self._own_daemon, driver_computes=True)
-        env = () if gpu else (("JAX_PLATFORMS", "cpu"),)
-        spec = mps_plan.WorkerSpec(WORKER, quota=self.quota if use_mps else None, env=env)
-        self._pool = runtime.start_workers([spec], daemon=daemon, transport="shm")
-        return self._pool
-
-    def _stop_own_daemon(self) -> None:
-        own, self._own_daemon = self._own_daemon, None
-        stop_own(own)
+        """The running worker pool; after a worker died, a new one (ManagedPool.ensure: a daemon of
+        our own starts over too), so every blob is sent again."""
+        if self._managed is None:
+            gpu = jax.default_backend() == "gpu"
+            use_mps = gpu if self._use_mps is None else self._use_mps
+            env = () if gpu else (("JAX_PLATFORMS", "cpu"),)
+            spec = mps_plan.WorkerSpec(WORKER, quota=self.quota if use_mps else None, env=env)
+            self._managed = runtime.ManagedPool(
+                [spec],
+                mps=use_mps,
+                daemon=self._daemon if use_mps else None,
+                driver_computes=True,
+                prefix="rmps",
+                transport="shm",
+            )
+        pool = self._managed.ensure()
+        if pool is not self._pool:
+            self._pool, self._sent = pool, set()
+        return pool
 
     def _close_pool(self) -> None:
-        if self._pool is not None:
-            try:
-                self._pool.close()
-            finally:
-                self._pool = None
+        self._pool = None
+        if self._managed is not None:
+            self._managed.close()
 
 
 # ------------------------------------------------------------------------------ branches

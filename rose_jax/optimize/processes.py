@@ -63,7 +63,6 @@ from flax import struct
 from rose_jax import runtime
 from rose_jax.jaxpr import dataflow
 from rose_jax.mps import plan as mps_plan
-from rose_jax.mps import stop_own, worker_daemon
 from rose_jax.optimize.base import HostStep
 from rose_jax.optimize import env_groups
 from rose_jax.optimize.process_worker import (
@@ -338,7 +337,8 @@ class RuntimeExecutor:
         if quotas is not None and len(quotas) != groups:
             raise ValueError(f"RuntimeExecutor: {len(quotas)} quotas for {groups} groups")
         self.groups, self.quotas, self.transport, self.timeout = groups, quotas, transport, timeout
-        self._daemon, self._own_daemon, self._use_mps = daemon, None, use_mps
+        self._daemon, self._use_mps = daemon, use_mps
+        self._managed: runtime.ManagedPool | None = None  # the workers and a daemon of our own
         self._pool = None
         self._last_stats: list[dict] = []
 
@@ -348,13 +348,10 @@ class RuntimeExecutor:
         return self._pool
 
     def _ensure(self):
-        if self._pool is not None and not self._pool.running:
-            # broken by a dead worker: start over; a fatal MPS fault reaches every client, so our
-            # own daemon starts over too
-            self._pool.close()
-            self._pool = None
-            self._stop_daemon()
-        if self._pool is not None:
+        """The running pool; after a worker died, a new one (ManagedPool.ensure: a fatal MPS fault
+        reaches every client, so a daemon of our own starts over too)."""
+        if self._managed is not None and self._managed.running:
+            self._pool = self._managed.pool
             return self._pool
         gpu = jax.default_backend() == "gpu"
         if gpu and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() not in ("false", "0"):
@@ -363,21 +360,23 @@ class RuntimeExecutor:
                 "worker processes may run out of memory; set it before importing jax",
                 stacklevel=2,
             )
-        use_mps = gpu if self._use_mps is None else self._use_mps
-        daemon = None
-        if use_mps:  # the driver only orchestrates here: a daemon of its own serves its workers
-            daemon, self._own_daemon = worker_daemon(self._daemon, self._own_daemon, prefix="rose-mps-")
-        env = () if gpu else (("JAX_PLATFORMS", "cpu"),)
-        quotas = self.quotas or (None,) * self.groups
-        specs = [
-            mps_plan.WorkerSpec(f"group{g}", quota=q if use_mps else None, env=env)
-            for g, q in enumerate(quotas)
-        ]
-        try:
-            self._pool = runtime.start_workers(specs, daemon=daemon, transport=self.transport)
-        except BaseException:
-            self._stop_daemon()
-            raise
+        if self._managed is None:
+            use_mps = gpu if self._use_mps is None else self._use_mps
+            env = () if gpu else (("JAX_PLATFORMS", "cpu"),)
+            quotas = self.quotas or (None,) * self.groups
+            specs = [
+                mps_plan.WorkerSpec(f"group{g}", quota=q if use_mps else None, env=env)
+                for g, q in enumerate(quotas)
+            ]
+            # the driver only orchestrates here: a daemon of its own serves its workers
+            self._managed = runtime.ManagedPool(
+                specs,
+                mps=use_mps,
+                daemon=self._daemon if use_mps else None,
+                prefix="rose-mps-",
+                transport=self.transport,
+            )
+        self._pool = self._managed.ensure()
         return self._pool
 
     def _all(self, submit: Callable[[Any, str, int], Any]) -> list:
@@ -423,16 +422,10 @@ class RuntimeExecutor:
         return self._all(lambda pool, w, g: pool.submit_get(w, name))
 
     def close(self):
-        if self._pool is not None:
-            try:
-                self._pool.close()
-            finally:
-                self._pool = None
-        self._stop_daemon()
-
-    def _stop_daemon(self):
-        own, self._own_daemon = self._own_daemon, None
-        stop_own(own)
+        """Stop the workers, then a daemon this executor started; idempotent."""
+        self._pool = None
+        if self._managed is not None:
+            self._managed.close()
 
 
 # ------------------------------------------------------------------------------ the collect

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from rose_jax import runtime
-from rose_jax.mps import mps_status, search_quotas, stop_own, worker_daemon
+from rose_jax.mps import mps_status, search_quotas
 from rose_jax.mps import plan as mps_plan
 from rose_jax.optimize import measure, offload
 from rose_jax.optimize.base import Transform
@@ -94,33 +94,34 @@ def probe_branches(
         by_quota: dict[int, list[int]] = {}
         for b, q in points:
             by_quota.setdefault(q, []).append(b)
+        if not by_quota:
+            return []
         seconds: dict[tuple[int, int], float] = {}
-        given, own = worker_daemon(daemon, None, prefix="rq")
-        try:
-            env = () if jax.default_backend() == "gpu" else (("JAX_PLATFORMS", "cpu"),)
-            for q, bs in sorted(by_quota.items()):
-                spec = mps_plan.WorkerSpec(PROBE, quota=q, env=env)
-                with runtime.start_workers([spec], daemon=given, transport="auto") as pool:
-                    for b in sorted(set(bs)):
-                        br = branches[b]
-                        name = f"rose.probe.{br.digest}"
-                        pool.put_resident(PROBE, name, np.frombuffer(br.blob, np.uint8), timeout=timeout)
-                        # device arrays travel over CUDA IPC where the pool has it (an env batch can
-                        # be larger than /dev/shm)
-                        args = tuple(jax.device_put(a) for a in br.args)
-                        t = pool.call(
-                            PROBE,
-                            TIME_EXPORTED,
-                            *args,
-                            static={"digest": br.digest, "repeats": repeats},
-                            jit=False,
-                            reads=(name,),
-                            timeout=timeout,
-                        )
-                        pool.drop_resident(PROBE, name)
-                        seconds[(b, q)] = float(t)
-        finally:
-            stop_own(own)
+        env = () if jax.default_backend() == "gpu" else (("JAX_PLATFORMS", "cpu"),)
+        quotas = sorted(by_quota)
+        specs = [[mps_plan.WorkerSpec(PROBE, quota=q, env=env)] for q in quotas]
+        # one daemon (the caller's, the inherited one, or our own) and a new worker per quota
+        with runtime.ManagedPool(specs[0], mps=True, daemon=daemon, prefix="rq", transport="auto") as managed:
+            for i, q in enumerate(quotas):
+                pool = managed.pool if i == 0 else managed.relaunch(specs[i])
+                for b in sorted(set(by_quota[q])):
+                    br = branches[b]
+                    name = f"rose.probe.{br.digest}"
+                    pool.put_resident(PROBE, name, np.frombuffer(br.blob, np.uint8), timeout=timeout)
+                    # device arrays travel over CUDA IPC where the pool has it (an env batch can
+                    # be larger than /dev/shm)
+                    args = tuple(jax.device_put(a) for a in br.args)
+                    t = pool.call(
+                        PROBE,
+                        TIME_EXPORTED,
+                        *args,
+                        static={"digest": br.digest, "repeats": repeats},
+                        jit=False,
+                        reads=(name,),
+                        timeout=timeout,
+                    )
+                    pool.drop_resident(PROBE, name)
+                    seconds[(b, q)] = float(t)
         return [seconds[(b, q)] for b, q in points]
 
     return measure_points

@@ -87,6 +87,11 @@ class ManagedPool:
         return self._own is not None and self._own.running
 
     @property
+    def own_daemon(self) -> MPSDaemon | None:
+        """The daemon this object started and will stop (None: none, or the caller's/inherited one)."""
+        return self._own
+
+    @property
     def running(self) -> bool:
         return self._pool is not None and self._pool.running
 
