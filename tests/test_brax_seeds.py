@@ -12,7 +12,7 @@ that does not learn, or learns differently, fails.
 Cost: the runs happen in one child process with JAX's persistent compilation cache in a temporary
 directory (minimum compile time 0), so each side compiles once and seeds 2..8 (the seed is a runtime
 value) load the compiled programs; the child also keeps the cache settings and Brax's
-``jax.device_put_replicated`` shim out of the pytest process.
+``jax.device_put_replicated`` shim (``benchmarks.suite.brax_shim``) out of the pytest process.
 """
 
 from __future__ import annotations
@@ -57,17 +57,9 @@ def _run_child(cache_dir: str, seeds: int) -> dict:
     startup.enable_compile_cache(cache_dir, min_compile_time_s=0)
     import functools
 
-    import jax
-    import jax.numpy as jnp
+    from benchmarks.suite import brax_shim
 
-    if not hasattr(jax, "device_put_replicated"):  # removed from JAX; Brax 0.14.2 still calls it
-
-        def device_put_replicated(x, devices):  # its old meaning: a leading axis, one copy per device
-            return jax.tree.map(
-                lambda a: jnp.broadcast_to(jnp.asarray(a)[None], (len(devices),) + jnp.shape(a)), x
-            )
-
-        jax.device_put_replicated = device_put_replicated
+    brax_shim.install()  # jax.device_put_replicated, removed from JAX; Brax 0.14.2 still calls it
     from brax.training.agents.ppo import networks as brax_networks
     from brax.training.agents.ppo import train as brax_ppo
 
