@@ -29,6 +29,7 @@ the single-jit loop AND equal to it: one iteration from the same state compiled 
     python -m benchmarks.experiments.overlap --rows micro sac --brax off                 # ~7 min on the H200
     python -m benchmarks.experiments.overlap --rows ppo-ant-4096 ppo-ant-2048 --merge --brax off   # ~7 min
     python -m benchmarks.experiments.overlap --rows ppo-ant-4096-3x512 --merge           # + Brax if time
+    python -m benchmarks.experiments.overlap --rows sac-ant --brax-only --brax on        # Brax baseline for a measured row
     python -m benchmarks.experiments.overlap --smoke                  # CPU plumbing check, tiny sizes
 
 Writes ``results.json``, ``results.md`` and ``results.png`` (atomically) into ``--out``
@@ -214,6 +215,53 @@ def compare(actual, expected, tol) -> dict:
         "bitwise": bool(bitwise.equal),
         "max_abs_diff": float(bitwise.max_abs),
         "worst_leaf": bitwise.worst or within.worst,
+    }
+
+
+# The issue's targets: speedup over the best baseline (rows not named have none).
+TARGETS = {"sac-ant-128": 1.4, "sac-hopper-128": 1.4, "ppo-ant-4096": 1.15}
+
+
+def time_split(row: Row, config, env, state, options: dict, calls: int = 5) -> dict:
+    """Where an iteration's time goes: the program's ``collect`` and ``learn`` each compiled alone
+    with the plan's XLA ``options`` and timed from ``state`` (median of ``calls`` calls, each
+    synchronised), beside the whole iteration compiled the same way. The collect holds the
+    policy's inference and the physics; the learn the gradient steps (SAC: replay sampling and the
+    64 updates; PPO: GAE and the epochs of minibatches). ``sum / whole`` near 1 means the two
+    halves run back to back with nothing left to overlap between them inside one iteration."""
+    import jax
+
+    from algos import ppo, sac
+
+    prog = (sac if row.kind == "sac" else ppo).program(config, env)
+    opts = options or None
+    collect = jax.jit(prog.collect, compiler_options=opts)
+    learn = jax.jit(prog.learn, compiler_options=opts)
+    whole = jax.jit(prog.iteration(), compiler_options=opts)
+
+    def median_ms(f, *a):
+        jax.block_until_ready(f(*a))
+        jax.block_until_ready(f(*a))
+        ts = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*a))
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts) * 1e3
+
+    s = _copy(state)
+    c_ms = median_ms(collect, s)
+    s2, data = collect(s)
+    l_ms = median_ms(learn, s2, data)
+    w_ms = median_ms(whole, s)
+    return {
+        "options": sorted(options) if options else "default",
+        "collect_ms": c_ms,
+        "learn_ms": l_ms,
+        "iteration_ms": w_ms,
+        "collect_share": c_ms / (c_ms + l_ms),
+        "sum_over_whole": (c_ms + l_ms) / w_ms,
+        "calls": calls,
     }
 
 
@@ -517,6 +565,17 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
     for c in cands:
         c.record.pop("step", None)
     repro = compare(ref2, ref, streams.STREAM_TOLERANCE) if ref is not None else None
+    split_rec = None
+    if deadline - time.perf_counter() > 3.0 * compile_s + 10.0:
+        try:
+            log(f"{row.name}: where the time goes (collect / learn, plan's options)")
+            split_rec = time_split(row, config, env, state0, kept.options if kept else {})
+            log(
+                f"{row.name}: collect {split_rec['collect_ms']:.2f} ms, learn {split_rec['learn_ms']:.2f} ms, "
+                f"iteration {split_rec['iteration_ms']:.2f} ms"
+            )
+        except Exception as e:  # noqa: BLE001 - a diagnostic; the row stands without it
+            split_rec = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
     row_out = {
         "single_jit_env_steps_per_s": single,
         "baseline_env_steps_per_s": single,
@@ -533,6 +592,7 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
         "env_steps_per_iteration": env_steps,
         "iterations_per_block": k,
         "config": {key: (list(v) if isinstance(v, tuple) else v) for key, v in row.hp},
+        "time_split": split_rec,
     }
     if kept:
         row_out.update({key: kept.record[key] for key in ("equal", "bitwise", "max_abs_diff")})
@@ -626,6 +686,23 @@ def markdown(rows: list[dict], machine: dict, args) -> str:
                 f"Brax: {r['brax_env_steps_per_s']:,.0f} env-steps/s; single-jit loop: "
                 f"{r['single_jit_env_steps_per_s']:,.0f}\n"
             )
+        if r.get("measured"):
+            lines.append(f"measured {r['measured']['date']}: `{r['measured']['command']}`\n")
+        target = TARGETS.get(r["workload"])
+        if target is not None and r.get("speedup") is not None:
+            verdict = "met" if r["speedup"] >= target else "missed"
+            lines.append(f"target >= {target:.2f}x over the best baseline: {verdict} ({r['speedup']:.3f}x)\n")
+        ts = r.get("time_split")
+        if ts and not ts.get("error"):
+            lines.append(
+                f"where the time goes (each half compiled alone with {ts['options']} options, median of "
+                f"{ts['calls']} synchronised calls): collect (policy + physics) {ts['collect_ms']:.2f} ms, "
+                f"learn (gradient steps) {ts['learn_ms']:.2f} ms = {100 * ts['collect_share']:.0f}% / "
+                f"{100 * (1 - ts['collect_share']):.0f}%; the whole iteration {ts['iteration_ms']:.2f} ms "
+                f"(sum of halves / whole = {ts['sum_over_whole']:.2f}).\n"
+            )
+        elif ts:
+            lines.append(f"time split failed: {ts['error']}\n")
         if r.get("times_ms"):
             lines.append(
                 "times per call: "
@@ -707,6 +784,33 @@ def select_rows(rows: list[Row], patterns: list[str] | None) -> list[Row]:
 
 
 
+def _measured_rows(selected: list[Row], out_dir: str, smoke: bool) -> list[dict]:
+    """``--brax-only``: the selected rows as an earlier results.json has them (measured, no error),
+    each with the config Brax's trainer needs; a row not there is reported and left out."""
+    path = os.path.join(out_dir, "results.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"overlap --brax-only: no {path}; run the rows first")
+    with open(path) as f:
+        old = {r["workload"]: r for r in json.load(f).get("rows", [])}
+    rows = []
+    for row in selected:
+        rec = old.get(row.name)
+        if rec is None or rec.get("error") or rec.get("skipped") or row.kind == "micro":
+            log(f"{row.name}: --brax-only: no measured row in {path}; left out")
+            continue
+        rec = dict(rec)
+        cls = _config_class(row.kind)
+        rec["_config_env"] = (cls(**dict(row.hp)), None)
+        rows.append(rec)
+    return rows
+
+
+def _config_class(kind: str):
+    from algos import ppo, sac
+
+    return sac.SACConfig if kind == "sac" else ppo.PPOConfig
+
+
 def write_results(rows: list[dict], out_dir: str, args) -> list[dict]:
     """Write results.json / .md / .png (atomically) for ``rows`` (plus, with ``--merge``, the rows
     of an earlier results.json not run now); returns the rows written. Called after every row."""
@@ -756,11 +860,20 @@ def parse_args(argv=None):
         help="candidate compiles in a child first: all (GPU default), first (CPU default), none",
     )
     p.add_argument("--merge", action="store_true", help="keep rows of an earlier results.json not run now")
+    p.add_argument(
+        "--brax-only",
+        action="store_true",
+        help="only Brax's trainer for the selected rows of an earlier results.json (implies --merge)",
+    )
     p.add_argument("--out", default=None, help=f"output directory (default {DEFAULT_OUT}; smoke: a temp dir)")
     p.add_argument(
         "--compile-cache", default="", help="JAX persistent compilation cache directory ('' = off)"
     )
     args = p.parse_args(argv)
+    if args.brax_only:
+        args.merge = True
+        if args.brax == "off":
+            p.error("--brax-only needs --brax on or auto")
     if args.max_candidates is None:
         args.max_candidates = 1 if args.smoke else 3
     return args
@@ -778,8 +891,12 @@ def main(argv=None) -> list[dict]:
     log(f"JAX {jax.__version__} backend={jax.default_backend()}; isolation {iso.mode}; out {out_dir}")
     deadline = time.perf_counter() - common.elapsed() + args.budget_s
     selected = select_rows(rows_for(args.smoke), args.rows)
+    machine_now = common.machine_info()
     rows: list[dict] = []
-    for row in selected:
+    if args.brax_only:
+        rows = _measured_rows(selected, out_dir, args.smoke)
+        selected = [row for row in selected if any(r["workload"] == row.name for r in rows)]
+    for row in ([] if args.brax_only else selected):
         rec: dict[str, Any] = {"workload": row.name}
         left = deadline - time.perf_counter()
         if left < (20.0 if row.kind == "micro" or args.smoke else 90.0):
@@ -798,6 +915,7 @@ def main(argv=None) -> list[dict]:
             rec["traceback"] = traceback.format_exc()[-3000:]
             log(f"{row.name}: failed: {rec['error']}")
         rec["row_s"] = time.perf_counter() - t0
+        rec["measured"] = {"date": machine_now["date"], "command": machine_now["command"]}
         rows.append(rec)
         write_results(rows, out_dir, args)  # after every row: a killed call keeps what it measured
     # Brax's trainer last, in row order, while time remains
@@ -818,6 +936,7 @@ def main(argv=None) -> list[dict]:
             if rec["brax_env_steps_per_s"] > rec["single_jit_env_steps_per_s"]:
                 rec["baseline"] = "Brax train"
             rec["speedup"] = rec["rose_env_steps_per_s"] / rec["baseline_env_steps_per_s"]
+            rec["brax_measured"] = {"date": machine_now["date"], "command": machine_now["command"]}
         except Exception as e:  # noqa: BLE001
             rec["brax"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         write_results(rows, out_dir, args)
