@@ -29,7 +29,7 @@ the single-jit loop AND equal to it: one iteration from the same state compiled 
     python -m benchmarks.experiments.overlap --rows micro sac --brax off                 # ~7 min on the H200
     python -m benchmarks.experiments.overlap --rows ppo-ant-4096 ppo-ant-2048 --merge --brax off   # ~7 min
     python -m benchmarks.experiments.overlap --rows ppo-ant-4096-3x512 --merge           # + Brax if time
-    python -m benchmarks.experiments.overlap --rows sac-ant --brax-only --brax on        # Brax baseline for a measured row
+    python -m benchmarks.experiments.overlap --rows sac-ant --brax-only --brax on   # Brax for measured rows
     python -m benchmarks.experiments.overlap --smoke                  # CPU plumbing check, tiny sizes
 
 Writes ``results.json``, ``results.md`` and ``results.png`` (atomically) into ``--out``
@@ -571,8 +571,8 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
             log(f"{row.name}: where the time goes (collect / learn, plan's options)")
             split_rec = time_split(row, config, env, state0, kept.options if kept else {})
             log(
-                f"{row.name}: collect {split_rec['collect_ms']:.2f} ms, learn {split_rec['learn_ms']:.2f} ms, "
-                f"iteration {split_rec['iteration_ms']:.2f} ms"
+                f"{row.name}: collect {split_rec['collect_ms']:.2f} ms, "
+                f"learn {split_rec['learn_ms']:.2f} ms, iteration {split_rec['iteration_ms']:.2f} ms"
             )
         except Exception as e:  # noqa: BLE001 - a diagnostic; the row stands without it
             split_rec = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
@@ -783,7 +783,6 @@ def select_rows(rows: list[Row], patterns: list[str] | None) -> list[Row]:
     return [r for r in rows if r.name in chosen]
 
 
-
 def _measured_rows(selected: list[Row], out_dir: str, smoke: bool) -> list[dict]:
     """``--brax-only``: the selected rows as an earlier results.json has them (measured, no error),
     each with the config Brax's trainer needs; a row not there is reported and left out."""
@@ -838,6 +837,7 @@ def write_results(rows: list[dict], out_dir: str, args) -> list[dict]:
     atomic_write_text(os.path.join(out_dir, "results.md"), markdown(rows, machine, args))
     plot(rows, os.path.join(out_dir, "results.png"))
     return rows
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -896,7 +896,7 @@ def main(argv=None) -> list[dict]:
     if args.brax_only:
         rows = _measured_rows(selected, out_dir, args.smoke)
         selected = [row for row in selected if any(r["workload"] == row.name for r in rows)]
-    for row in ([] if args.brax_only else selected):
+    for row in [] if args.brax_only else selected:
         rec: dict[str, Any] = {"workload": row.name}
         left = deadline - time.perf_counter()
         if left < (20.0 if row.kind == "micro" or args.smoke else 90.0):
