@@ -456,15 +456,22 @@ TINY = Suite(
     measure_threshold=True,
 )
 
-_QUICK_OPT = OptimizerSettings(measure="host", check_slower=False)
+# The quick rows' candidate: per-component compilation (rollout | learn, each stage compiled with
+# the fastest of three XLA option sets, measured), the overlap experiment's PPO winner on the H200
+# (benchmarks/results/overlap/). "no_command_buffers" is left out: MJX runs about 3x slower without
+# command buffers, measuring it only costs compiles. One candidate keeps the suite under 8 minutes.
+_SPLIT_SETS = (("option_sets", ("default", "concurrent", "concurrent_no_loops")),)
+_QUICK_OPT = OptimizerSettings(
+    candidates=(("split_compile", _SPLIT_SETS),), max_candidates=1, measure="host", check_slower=False
+)
 _QUICK = dict(blocks=3, optimizer=_QUICK_OPT)  # every quick row: 3 timed blocks, one candidate
 _QUICK_NET = (32,) * 4
 _B_D = ("single_jit", "rose_jax")  # (b) and (d) only: no Brax variant, no hand pipeline
 QUICK = Suite(
     name="quick",
     description="H200 headline suite: PPO ant (all four variants), SAC ant 1024 envs, PPO MJCF swimmer "
-    "and PPO humanoid at 2048 envs, 4x32 policy; few iterations; one optimizer candidate (2 env "
-    "groups, interleaved); (b)/(c) compiled ahead in parallel; Brax runs last (SAC's last of all, "
+    "and PPO humanoid at 2048 envs, 4x32 policy; few iterations; one optimizer candidate (per-"
+    "component compilation, XLA options measured per stage); (b)/(c) compiled ahead in parallel; Brax runs last (SAC's last of all, "
     "the first a budget cuts)",
     workloads=(
         ppo_row("ant", 2048, _QUICK_NET, iterations_per_block=4, **_QUICK),
