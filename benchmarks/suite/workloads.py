@@ -12,7 +12,7 @@ with one policy size and env count, measured as up to four variants (:data:`VARI
 A :class:`Suite` is a named tuple of workloads with a device-time budget. Suites:
 
   ``tiny``   CPU smoke suite (pure-JAX cartpole/pendulum, Brax's trivial ``fast`` env); < 2 min here
-  ``quick``  four H200 rows (PPO ant / humanoid / MJCF swimmer 2048 envs, SAC ant 1024 envs); < 8 min
+  ``quick``  four H200 rows (PPO ant / humanoid / MJCF swimmer 2048 envs, SAC ant 1024 envs); two parts, < 8 min each
   ``epoch``  Brax's train loop (training epochs + evaluation; ``Workload.unit == "epoch"``), PPO ant
              2048 and SAC ant 1024 envs, as an MPS client; one row per part, < 10 min each
   ``full``   every combination {PPO, SAC} x {ant, humanoid, halfcheetah, mjx_swimmer} x {4x32, 4x256}
@@ -160,7 +160,12 @@ class Workload:
         if self.algo not in ("ppo", "sac"):
             bad("algo", "must be 'ppo' or 'sac'")
         positive = (
-            "num_envs", "iterations_per_block", "blocks", "groups", "episode_length", "epochs_per_block"
+            "num_envs",
+            "iterations_per_block",
+            "blocks",
+            "groups",
+            "episode_length",
+            "epochs_per_block",
         )
         for f in positive:
             v = getattr(self, f)
@@ -409,8 +414,17 @@ EPOCH_OPT = OptimizerSettings(
     check_slower=False,
     equality_iters=1,
 )
-def _tiny_row(algo: str, env: str, num_envs: int, episode_length: int, hyperparameters: tuple,
-              iterations_per_block: int, **kw) -> Workload:
+
+
+def _tiny_row(
+    algo: str,
+    env: str,
+    num_envs: int,
+    episode_length: int,
+    hyperparameters: tuple,
+    iterations_per_block: int,
+    **kw,
+) -> Workload:
     """A tiny CPU row: (16, 16) policy, 2 timed blocks, variants (b)-(d), the tiny optimizer settings."""
     fields = dict(
         policy_hidden_sizes=(16, 16),
@@ -419,15 +433,30 @@ def _tiny_row(algo: str, env: str, num_envs: int, episode_length: int, hyperpara
         optimizer=_TINY_OPT,
     )
     fields.update(kw)
-    return Workload(algo=algo, env=env, num_envs=num_envs, episode_length=episode_length,
-                    hyperparameters=hyperparameters, iterations_per_block=iterations_per_block, **fields)
+    return Workload(
+        algo=algo,
+        env=env,
+        num_envs=num_envs,
+        episode_length=episode_length,
+        hyperparameters=hyperparameters,
+        iterations_per_block=iterations_per_block,
+        **fields,
+    )
 
 
 _TINY_SAC_ROW = _tiny_row("sac", "pendulum", 8, 50, _TINY_SAC, 8)
 _TINY_BRAX_ROW = _tiny_row(
-    "ppo", "brax:fast", 16, 50, _with(_TINY_PPO, num_minibatches=4, num_epochs=1, max_grad_norm=None), 2,
-    backend="generalized", brax_env="fast", variants=("single_jit", "rose_jax", "brax"),
+    "ppo",
+    "brax:fast",
+    16,
+    50,
+    _with(_TINY_PPO, num_minibatches=4, num_epochs=1, max_grad_norm=None),
+    2,
+    backend="generalized",
+    brax_env="fast",
+    variants=("single_jit", "rose_jax", "brax"),
 )
+
 
 def _tiny_epoch(w: Workload) -> Workload:
     """A tiny row as an epoch row (Brax's train loop): 2 epochs per call, 4 evaluation envs."""
@@ -460,9 +489,21 @@ TINY = Suite(
 # the fastest of three XLA option sets, measured), the overlap experiment's PPO winner on the H200
 # (benchmarks/results/overlap/). "no_command_buffers" is left out: MJX runs about 3x slower without
 # command buffers, measuring it only costs compiles. One candidate keeps the suite under 8 minutes.
-_SPLIT_SETS = (("option_sets", ("default", "concurrent", "concurrent_no_loops")),)
+# PPO: rollout | learn with "default" or "concurrent" per stage (PPO ant 4096 on the H200: the rollout
+# fastest by default, the learn's scans 1.9x faster captured as CONCURRENT command buffers). SAC: the
+# split lost (0.96x on ant 1024); the whole iteration as one stage under its fastest option set won
+# at 128 envs (1.45x ant with loops captured, 1.44x hopper without), so both sets are measured.
 _QUICK_OPT = OptimizerSettings(
-    candidates=(("split_compile", _SPLIT_SETS),), max_candidates=1, measure="host", check_slower=False
+    candidates=(("split_compile", (("option_sets", ("default", "concurrent")),)),),
+    max_candidates=1,
+    measure="host",
+    check_slower=False,
+)
+_QUICK_SAC_OPT = dataclasses.replace(
+    _QUICK_OPT,
+    candidates=(
+        ("split_compile", (("boundaries", ()), ("option_sets", ("concurrent", "concurrent_no_loops")))),
+    ),
 )
 _QUICK = dict(blocks=3, optimizer=_QUICK_OPT)  # every quick row: 3 timed blocks, one candidate
 _QUICK_NET = (32,) * 4
@@ -471,11 +512,19 @@ QUICK = Suite(
     name="quick",
     description="H200 headline suite: PPO ant (all four variants), SAC ant 1024 envs, PPO MJCF swimmer "
     "and PPO humanoid at 2048 envs, 4x32 policy; few iterations; one optimizer candidate (per-"
-    "component compilation, XLA options measured per stage); (b)/(c) compiled ahead in parallel; Brax runs last (SAC's last of all, "
+    "component compilation, XLA options measured per stage); two parts (--part 1/2, --part 2/2), "
+    "one device call each; (b)/(c) compiled ahead in parallel; Brax runs last (SAC's last of all, "
     "the first a budget cuts)",
     workloads=(
         ppo_row("ant", 2048, _QUICK_NET, iterations_per_block=4, **_QUICK),
-        sac_row("ant", 1024, _QUICK_NET, variants=("single_jit", "rose_jax", "brax"), **_QUICK),
+        sac_row(
+            "ant",
+            1024,
+            _QUICK_NET,
+            variants=("single_jit", "rose_jax", "brax"),
+            blocks=3,
+            optimizer=_QUICK_SAC_OPT,
+        ),
         ppo_row(MJCF_ENV, 2048, _QUICK_NET, variants=_B_D, iterations_per_block=4, **_QUICK),
         ppo_row("humanoid", 2048, _QUICK_NET, variants=_B_D, iterations_per_block=3, **_QUICK),
     ),
@@ -511,10 +560,10 @@ EPOCH = Suite(
     "jitted epoch, (d) the optimizer with the offload candidate. Run as an MPS client (--mps-client), "
     "one row per part (--part 1/2, --part 2/2), each under 9.5 min",
     workloads=(
-        ppo_row("ant", 2048, (32,) * 4, unit="epoch", iterations_per_block=50, blocks=2,
-                optimizer=EPOCH_OPT),
-        sac_row("ant", 1024, (32,) * 4, unit="epoch", iterations_per_block=500, blocks=2,
-                optimizer=EPOCH_OPT),
+        ppo_row("ant", 2048, (32,) * 4, unit="epoch", iterations_per_block=50, blocks=2, optimizer=EPOCH_OPT),
+        sac_row(
+            "ant", 1024, (32,) * 4, unit="epoch", iterations_per_block=500, blocks=2, optimizer=EPOCH_OPT
+        ),
     ),
     budget_s=560.0,  # one part per device call (10 min each)
 )
@@ -548,6 +597,10 @@ VARIANT_COMPILES = {
 }
 BRAX_SAC_COMPILES = 5.5
 CANDIDATE_COMPILES = 1.5
+# A split_compile candidate compiles every stage under every option set it measures, each first in
+# an isolated child: the 2026-12-04 quick run (3 sets; search PPO ant 133 s, SAC ant 104 s) fits
+# about 2 compiles per option set (children and in-process compiles of the stages together).
+SPLIT_COMPILES_PER_SET = 2.0
 # (d) with check_slower (the default) on a GPU also compiles the baseline and every measured
 # candidate under deterministic XLA ops for the equality check: the 2026-12-02 21:45 quick run
 # (search PPO ant 87 s, humanoid 141 s, mjx_swimmer 64 s, SAC ant 36 s) fits 1.0 per program.
@@ -584,6 +637,21 @@ def _measured_candidates(w: Workload) -> int:
     return measured
 
 
+def _candidate_compiles(w: Workload) -> float:
+    """Compiles of ``w``'s measured candidates (in units of its (b) compile)."""
+    o, measured = w.optimizer, _measured_candidates(w)
+    if o.candidates is None:
+        return measured * CANDIDATE_COMPILES
+    total = 0.0
+    for name, params in o.candidates[:measured]:
+        if name == "split_compile":
+            sets = dict(params).get("option_sets") or ("default", "concurrent", "concurrent_no_loops", "off")
+            total += SPLIT_COMPILES_PER_SET * len(sets)
+        else:
+            total += CANDIDATE_COMPILES
+    return total
+
+
 def setup_s(w: Workload, gpu: bool = True) -> float:
     """Estimated seconds to build ``w``'s env and initial state (compile of the reset included)."""
     if not gpu:
@@ -603,7 +671,7 @@ def compile_s(w: Workload, variant: str, gpu: bool = True) -> float:
         measured = _measured_candidates(w)
         n = (
             VARIANT_COMPILES["rose_jax"]
-            + measured * CANDIDATE_COMPILES * (2.0 if o.local else 1.0)
+            + _candidate_compiles(w) * (2.0 if o.local else 1.0)
             + (1.0 if o.measure == "scan" and measured else 0.0)
         )
         # equality under deterministic ops: baseline + each candidate again (an epoch row's offload
