@@ -463,12 +463,12 @@ def train_with_config(
 
     ``make_step(state)``, if given, returns the step the loop runs instead of the jitted
     iteration (e.g. a ``rose_jax.optimize`` plan of :func:`program` searched on that state); it
-    must compute the same ``state -> (state, metrics)``.
+    must compute the same ``state -> (state, metrics)``. With ``config.num_evals`` set the loop
+    runs epochs, so it must return the step of :func:`eval_epoch` (``Algo.unit_program`` says
+    which unit to build).
     """
     env = ppo_brax.resolve_env(config, env)  # a name, a Brax env; episode_length, action_repeat
-    if config.num_evals is not None:
-        if make_step is not None:
-            raise ValueError("ppo.train_with_config: make_step is not supported with num_evals set")
+    if config.num_evals is not None:  # make_step then builds the epoch's step (see eval_epoch)
         return ppo_brax.train_with_evals(
             config,
             env,
@@ -478,6 +478,7 @@ def train_with_config(
             checkpoint_every=checkpoint_every,
             keep_checkpoints=keep_checkpoints,
             resume=resume,
+            make_step=make_step,
         )
     config.validate(env)
     driver.check_loop_args(checkpoint_dir, checkpoint_every)
@@ -497,6 +498,13 @@ def train_with_config(
     )
 
 
+def eval_epoch(config: PPOConfig, env: Env | str) -> Callable[[TrainState], tuple[TrainState, dict]]:
+    """With ``config.num_evals`` set: what ``train`` runs between two progress reports (Brax's run
+    shape), ``config.iterations_per_eval`` iterations then the evaluation, as a pure function."""
+    resolved = ppo_brax.resolve_env(config, env)
+    return ppo_brax.eval_epoch(config, resolved, iteration(config, resolved))
+
+
 # train's keywords for help(), IDEs and inspect: (env, config=None, *, progress_fn, ..., **overrides)
 train.__signature__ = registry.train_signature(train_with_config)
 
@@ -513,6 +521,7 @@ __all__ = [
     "check_state",
     "compute_gae",
     "epoch",
+    "eval_epoch",
     "evaluate",
     "global_norm",
     "init",

@@ -358,7 +358,8 @@ def resolve_env(config: PPOConfig, env: Any) -> Env:
         env = playground.from_brax_like(env, episode_length=config.episode_length or 1000)
     if not isinstance(env, Env):
         raise ValueError(
-            f"ppo.train: env must be an envs.core.Env, a registry name or a Brax env, got {type(env).__name__}"
+            "ppo.train: env must be an envs.core.Env, a registry name or a Brax env, "
+            f"got {type(env).__name__}"
         )
     if config.episode_length is not None and env.episode_length != config.episode_length:
         raise ValueError(
@@ -445,6 +446,15 @@ def epoch(
     return run_epoch
 
 
+def eval_epoch(config: PPOConfig, env: Any, one: Callable[[TrainState], tuple[TrainState, Metrics]]):
+    """What :func:`train_with_evals` runs between two progress reports, as a pure function for the
+    optimizer: :func:`epoch` of ``config.iterations_per_eval`` iterations of ``one`` and the
+    evaluation (a ``component("evaluate")``), on ``env`` resolved as ``train`` resolves it."""
+    if config.num_evals is None:
+        raise ValueError("ppo_brax.eval_epoch: config.num_evals is None (no evaluation to schedule)")
+    return epoch(config, resolve_env(config, env), one, config.iterations_per_eval)
+
+
 _BRAX_LOSS_NAMES = {
     "total_loss": "total_loss",
     "policy_loss": "policy_loss",
@@ -467,6 +477,7 @@ def train_with_evals(
     checkpoint_every: int | None = None,
     keep_checkpoints: int | None = None,
     resume: bool = False,
+    make_step: Callable[[TrainState], Callable[[TrainState], tuple[TrainState, Any]]] | None = None,
 ) -> tuple[TrainState, list[dict[str, float]]]:
     """Brax's run shape: an evaluation at step 0 (when ``num_evals > 1``), then
     ``max(num_evals - 1, 1)`` jitted epochs of ``config.iterations_per_eval`` iterations, each
@@ -477,6 +488,11 @@ def train_with_evals(
     ``training/total_loss``, ``training/sps``, ``training/walltime``, ...) next to rose-jax's
     (``env_steps``, ``episode_return``, ``eval_episode_return``, ...), plus ``time/compile_s``
     (seconds to compile the epoch). Checkpoints count epochs. Returns ``(state, metrics per epoch)``.
+
+    ``make_step(state)``, if given, returns the step run per epoch instead of the jitted
+    :func:`epoch` (e.g. a ``rose_jax.optimize`` plan of :func:`eval_epoch`, which may run the
+    evaluation behind the next epoch's training); it must compute the same ``state -> (state,
+    metrics)``. ``time/compile_s`` then includes its search.
     """
     if config.num_evals is None:
         raise ValueError("ppo_brax.train_with_evals: config.num_evals is None")
@@ -488,7 +504,10 @@ def train_with_evals(
     epochs = max(config.num_evals - 1, 1)
     donate = (0,) if jax.default_backend() != "cpu" else ()
     t0 = time.perf_counter()
-    step_fn = jax.jit(epoch(config, env, one, iters), donate_argnums=donate).lower(state).compile()
+    if make_step is None:
+        step_fn = jax.jit(epoch(config, env, one, iters), donate_argnums=donate).lower(state).compile()
+    else:
+        step_fn = make_step(state)
     compile_s = time.perf_counter() - t0
 
     clock = {"start": time.perf_counter(), "last": time.perf_counter(), "steps": int(state.env_steps)}

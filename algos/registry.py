@@ -64,9 +64,13 @@ class Algo:
 
     def unit_program(self, config: Any, env: Any, **kwargs: Any) -> Any:
         """What ``train`` runs once per progress report, for the optimizer: PPO's iteration
-        program, SAC's epoch (iterations, then the evaluation that reports ``eval_episode_return``)."""
+        program (with ``num_evals`` set: its epoch of iterations then the evaluation, Brax's run
+        shape), SAC's epoch (iterations, then the evaluation that reports ``eval_episode_return``)."""
         if self.unit == "epoch":
             return self.epoch(config, env)
+        eval_epoch = getattr(self.module, "eval_epoch", None)
+        if eval_epoch is not None and getattr(config, "num_evals", None) is not None:
+            return eval_epoch(config, env)
         return self.program(config, env, **kwargs)
 
     # ------------------------------------------------------------------ progress

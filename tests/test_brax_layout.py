@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import chex
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -381,3 +383,64 @@ def test_brax_compat_rejects_unimplemented_keywords_in_one_line():
     with pytest.raises(TypeError, match="use_distributional_critic") as e:
         compat_ppo.train(environment="pendulum", num_timesteps=10, use_distributional_critic=True)
     assert "\n" not in str(e.value)
+
+
+def _evals_config(**kw):
+    from algos import ppo
+
+    base = dict(
+        num_timesteps=1000,
+        num_evals=3,
+        episode_length=20,
+        num_envs=4,
+        batch_size=2,
+        num_minibatches=4,
+        unroll_length=5,
+        num_updates_per_batch=1,
+        num_eval_envs=2,
+        policy_hidden_sizes=(4,),
+        value_hidden_sizes=(4,),
+    )
+    base.update(kw)
+    return ppo.PPOConfig(**base)
+
+
+def test_train_with_evals_runs_make_step_of_the_eval_epoch_and_trains_the_same():
+    """With num_evals set, make_step replaces the jitted epoch (iterations + evaluation): built once,
+    from the starting state, and a step computing the same epoch trains and evaluates the same."""
+    import algos
+    from algos import ppo
+
+    config = _evals_config()
+    built = []
+
+    def make_step(state):
+        built.append(int(state.iteration))
+        return jax.jit(algos.get("ppo").unit_program(config, "pendulum"))
+
+    s1, m1 = ppo.train_with_config(config, "pendulum", make_step=make_step)
+    s2, m2 = ppo.train_with_config(config, "pendulum")
+    assert built == [0]
+    assert [m["env_steps"] for m in m1] == [m["env_steps"] for m in m2] and len(m1) == 2
+    assert [m["eval/episode_reward"] for m in m1] == [m["eval/episode_reward"] for m in m2]
+    chex.assert_trees_all_equal(s1.params, s2.params)
+
+
+def test_unit_program_with_evals_is_the_epoch_with_an_evaluate_component():
+    import algos
+    import rose_jax.trace as rtrace
+    from algos import ppo
+
+    config = _evals_config()
+    unit = algos.get("ppo").unit_program(config, "pendulum")
+    state = ppo.init(config, ppo.ppo_brax.resolve_env(config, "pendulum"), jax.random.PRNGKey(0))
+    tree = rtrace.trace(unit, state, arg_names=["state"])
+    assert "evaluate" in {n.name for n in tree.walk()}
+    after, metrics = jax.jit(unit)(state)
+    assert int(after.iteration) == config.iterations_per_eval and "eval/episode_reward" in metrics
+    # without num_evals the unit stays the iteration program
+    no_evals = _evals_config(num_evals=None, batch_size=None)
+    plain = algos.get("ppo").unit_program(no_evals, envs.make("pendulum"))
+    assert type(plain).__name__ == "Program"
+    with pytest.raises(ValueError, match="num_evals is None"):
+        ppo.ppo_brax.eval_epoch(_evals_config(num_evals=None), "pendulum", None)
