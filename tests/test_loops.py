@@ -394,7 +394,8 @@ def test_benchmark_smoke_mode_writes_results(tmp_path):
         "--only",
         "physics/hopper",
         "--variants",
-        "where",  # one variant: the plumbing (the variants' equality is tested above on real MJX steps)
+        "where",  # the plumbing (the variants' equality is tested above on real MJX steps), and an
+        "options_concurrent",  # options-only variant: XLA GPU options inert on a CPU, so exact
     ]
     proc = subprocess.run(
         cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -406,8 +407,11 @@ def test_benchmark_smoke_mode_writes_results(tmp_path):
     row = rows[0]
     assert row["error"] is None and row["equal"] is True
     assert row["baseline_env_steps_per_s"] > 0 and row["rose_env_steps_per_s"] > 0
-    assert set(row["variants"]) == {"where"}
-    assert row["plan"] in ("none", "where")
+    assert set(row["variants"]) == {"where", "options_concurrent"}
+    assert row["plan"] in ("none", "where", "options_concurrent")
+    opts = row["variants"]["options_concurrent"]
+    assert opts["equal"] is True and opts["tolerance"]["rtol"] == 0
+    assert "xla_gpu_command_buffer_scheduling_mode" in opts["options"]
     assert "not run" in (tmp_path / "results.md").read_text()  # cond / unrolled columns
     assert {"machine", "versions", "command", "date"} <= set(result)
     assert (tmp_path / "results.md").read_text().startswith("#")

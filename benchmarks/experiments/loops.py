@@ -13,14 +13,17 @@ backend, and the shipped ``mjx_swimmer``):
 * ``sac_eval/<env>`` / ``ppo_eval/<env>``: the algorithms' evaluation (``E`` envs, ``L`` steps).
 
 Each row compiles the original and :func:`rose_jax.optimize.loops.bound_while_loops` variants
-(``where``, ``cond``, ``where`` fully unrolled) from the same inputs, times ``--repeats`` calls of
-each (median), and checks one call's outputs bitwise against the original's (on the GPU both
-compiled with ``xla_gpu_deterministic_ops``: MJX's scatter-adds use atomics, so the original alone
-is not bitwise repeatable there; ``baseline_repeatable`` records whether it was). The plan is the
-fastest variant that is faster than the original by more than ``--min-gain`` and equal (bitwise
-for the exact variants, within its declared tolerance for the unrolled one), else ``"none"``:
-kept only where faster, as every plan. Brax's own trainer is not timed here (its PPO runs the
-same physics, while loop included; the suite's Brax rows time it for ant): see results.md.
+(``where``, ``cond``, ``where`` fully unrolled), the original under two XLA command-buffer option
+sets (``options_concurrent``, ``options_no_loops``: compiler options alone, for comparison) and the
+``where`` variant under CONCURRENT command buffers (``where+concurrent``) from the same inputs,
+times ``--repeats`` calls of each (median), and checks one call's outputs bitwise against the
+original's (on the GPU both compiled with ``xla_gpu_deterministic_ops``: MJX's scatter-adds use
+atomics, so the original alone is not bitwise repeatable there; ``baseline_repeatable`` records
+whether it was). The plan is the fastest variant that is faster than the original by more than
+``--min-gain`` and equal (bitwise for the exact variants, within its declared tolerance for the
+unrolled one), else ``"none"``: kept only where faster, as every plan. Brax's own trainer is not
+timed here (its PPO runs the same physics, while loop included; the suite's Brax rows time it for
+ant): see results.md.
 
 Rows that fail are reported with their error; rows that would start after ``--budget-s`` are
 skipped with that reason. Files are written after every row (atomically).
@@ -46,12 +49,21 @@ from benchmarks.common import elapsed, log
 DEFAULT_OUT = os.path.join(common.RESULTS_DIR, "loops")
 ENVS = ("hopper", "walker2d", "halfcheetah", "mjx_swimmer", "humanoidstandup")
 KINDS = ("physics", "ppo_iteration", "sac_eval", "ppo_eval")
-# (variant name, bound_while_loops keywords)
+# (variant name, bound_while_loops keywords or None for the original, XLA option set or None).
+# The option sets are rose_jax.optimize.streams.OPTION_SETS: on the H200 SAC hopper ran 1.35x faster
+# with MJX's while loops captured as CUDA-graph conditionals (concurrent) but 1.49x without them
+# (concurrent_no_loops), so a bounded scan (a fixed trip count, capturable without conditionals)
+# under CONCURRENT command buffers is measured beside the options alone: the plan then says how much
+# of a gain is the loop rewrite and how much the compiler options.
 VARIANTS = (
-    ("where", {"variant": "where"}),
-    ("cond", {"variant": "cond"}),
-    ("where_unrolled", {"variant": "where", "unroll": True}),
+    ("where", {"variant": "where"}, None),
+    ("cond", {"variant": "cond"}, None),
+    ("where_unrolled", {"variant": "where", "unroll": True}, None),
+    ("options_concurrent", None, "concurrent"),
+    ("options_no_loops", None, "concurrent_no_loops"),
+    ("where+concurrent", {"variant": "where"}, "concurrent"),
 )
+TABLE_VARIANTS = tuple(name for name, _, _ in VARIANTS)
 # XLA CPU options for --smoke (both sides compiled alike): compiling MJX takes minutes otherwise.
 SMOKE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 # Equality is checked on programs compiled with deterministic GPU ops (both sides): MJX's scatter-adds
@@ -148,9 +160,11 @@ def build_case(workload: str, args) -> Case:
     return Case(fn, call_args, steps, chain, loops)
 
 
-def compile_all(fns: dict[str, Callable], args: tuple, options: dict | None) -> dict[str, tuple[Any, float]]:
+def compile_all(
+    fns: dict[str, Callable], args: tuple, options: dict | None, per_fn: dict[str, dict] | None = None
+) -> dict[str, tuple[Any, float]]:
     """``{name: (compiled, seconds)}``: traced and lowered here, compiled in parallel threads (XLA
-    compiles release the GIL)."""
+    compiles release the GIL). ``per_fn[name]``: XLA options of that function on top of ``options``."""
     import jax
 
     lowered = {}
@@ -161,7 +175,8 @@ def compile_all(fns: dict[str, Callable], args: tuple, options: dict | None) -> 
     def compile_one(item):
         name, (low, trace_s) = item
         t0 = time.perf_counter()
-        return name, low.compile(compiler_options=options), trace_s + time.perf_counter() - t0
+        opts = {**(options or {}), **((per_fn or {}).get(name) or {})} or None
+        return name, low.compile(compiler_options=opts), trace_s + time.perf_counter() - t0
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(lowered))) as pool:
         done = list(pool.map(compile_one, lowered.items()))
@@ -212,13 +227,28 @@ def run_row(workload: str, args) -> dict:
 
     t0 = time.perf_counter()
     case = build_case(workload, args)
-    transforms = {name: L.bound_while_loops(**kw) for name, kw in VARIANTS if name in args.variants}
-    fns = {"original": case.fn, **{name: t.apply(case.fn) for name, t in transforms.items()}}
+    from rose_jax.optimize import streams
+    from rose_jax.optimize.base import EXACT
+
+    chosen_variants = [(n, kw, o) for n, kw, o in VARIANTS if n in args.variants]
+    # each variant's (function, tolerance, XLA options); an options-only variant is the original
+    # program compiled differently: exact
+    built = {}
+    for name, kw, option_set in chosen_variants:
+        t = L.bound_while_loops(**kw) if kw is not None else None
+        built[name] = (
+            t.apply(case.fn) if t else case.fn,
+            t.tolerance if t else EXACT,
+            streams.OPTION_SETS[option_set] if option_set else {},
+        )
+    fns = {"original": case.fn, **{name: b[0] for name, b in built.items()}}
+    per_fn = {name: b[2] for name, b in built.items()}
     options = SMOKE_COMPILER_OPTIONS if args.smoke else None
-    compiled = compile_all(fns, case.args, options)
+    compiled = compile_all(fns, case.args, options, per_fn)
     deterministic = jax.default_backend() == "gpu"
-    # equality programs: the same functions under deterministic ops (GPU), else the timed ones
-    checked = compile_all(fns, case.args, DETERMINISTIC) if deterministic else compiled
+    # equality programs: the same functions (and options) under deterministic ops (GPU), else the
+    # timed ones
+    checked = compile_all(fns, case.args, DETERMINISTIC, per_fn) if deterministic else compiled
     ref = checked["original"][0](*case.args)
     jax.block_until_ready(ref)
     again = compiled["original"][0](*case.args)
@@ -226,10 +256,10 @@ def run_row(workload: str, args) -> dict:
     base_s, base_times = time_calls(compiled["original"][0], case.args, case.chain, args.repeats)
     base_rate = case.env_steps / base_s
     variants: dict[str, dict] = {}
-    for name, t in transforms.items():
+    for name, (_, tolerance, opts) in built.items():
         c, compile_s = compiled[name]
         out = checked[name][0](*case.args)
-        equal, diff, within = compare(out, ref, t.tolerance.rtol)
+        equal, diff, within = compare(out, ref, tolerance.rtol)
         sec, times = time_calls(c, case.args, case.chain, args.repeats)
         variants[name] = {
             "env_steps_per_s": case.env_steps / sec,
@@ -237,7 +267,8 @@ def run_row(workload: str, args) -> dict:
             "equal": equal,
             "max_abs_diff": diff,
             "within_tolerance": equal or within,
-            "tolerance": t.tolerance.to_json(),
+            "tolerance": tolerance.to_json(),
+            "options": sorted(opts) if opts else "default",
             "compile_s": compile_s,
             "call_s": times,
         }
@@ -281,8 +312,9 @@ def _cell(variant: dict | None) -> str:
 def markdown(result: dict) -> str:
     rows, machine = result["rows"], result["machine"]
     header = (
-        "| workload | baseline env steps/s | rose env steps/s | speedup | equal | plan "
-        "| where | cond | where unrolled |"
+        "| workload | baseline env steps/s | rose env steps/s | speedup | equal | plan | "
+        + " | ".join(TABLE_VARIANTS)
+        + " |"
     )
     lines = [
         "# Loop restructuring: MJX solver while loop -> bounded masked scan",
@@ -303,18 +335,19 @@ def markdown(result: dict) -> str:
             else []
         ),
         header,
-        "|---|---:|---:|---:|---|---|---:|---:|---:|",
+        "|---|---:|---:|---:|---|---|" + "---:|" * len(TABLE_VARIANTS),
     ]
     for r in rows:
         if r.get("error") or r.get("skipped"):
             why = r.get("skipped") or r.get("error")
-            lines.append(f"| {r['workload']} | {why} | | | | | | | |")
+            lines.append(f"| {r['workload']} | {why} |" + " |" * (4 + len(TABLE_VARIANTS)))
             continue
         v = r["variants"]
         lines.append(
             f"| {r['workload']} | {r['baseline_env_steps_per_s']:,.0f} | {r['rose_env_steps_per_s']:,.0f} | "
-            f"{r['speedup']:.3f}x | {r['equal']} | {r['plan']} | {_cell(v.get('where'))} | {_cell(v.get('cond'))} | "
-            f"{_cell(v.get('where_unrolled'))} |"
+            f"{r['speedup']:.3f}x | {r['equal']} | {r['plan']} | "
+            + " | ".join(_cell(v.get(name)) for name in TABLE_VARIANTS)
+            + " |"
         )
     lines += ["", "Loops found (per workload, first row of each env):", ""]
     seen = set()
@@ -341,7 +374,7 @@ def plot(result: dict, path: str) -> None:
     rows = [r for r in result["rows"] if not r.get("error") and not r.get("skipped")]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.0))
     if rows:
-        names = [name for name, _ in VARIANTS]
+        names = [name for name in TABLE_VARIANTS if any(name in r["variants"] for r in rows)]
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
@@ -388,8 +421,8 @@ def parse(argv=None):
     p.add_argument(
         "--variants",
         nargs="+",
-        choices=[name for name, _ in VARIANTS],
-        default=[name for name, _ in VARIANTS],
+        choices=list(TABLE_VARIANTS),
+        default=list(TABLE_VARIANTS),
         help="variants to compile and time (the plumbing test compiles one)",
     )
     p.add_argument("--smoke", action="store_true", help="CPU plumbing check: 2 envs, 2 steps, 1 repeat")
