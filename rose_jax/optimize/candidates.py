@@ -35,8 +35,10 @@ ASSUMED_IDLE_SHARE = 0.5
 # top-level components that produce only metrics by convention (candidates for offload_component)
 OFFLOAD_COMPONENTS = ("evaluate",)
 # Share of the iteration that separately compiled stages with their own XLA options save: on the
-# H200 CONCURRENT command buffers took PPO ant 4096's learn from 19.35 to 16.00 ms (~17%); on a
-# CPU every stage is compiled with XLA's defaults (nothing to gain but the split itself).
+# H200 (benchmarks/results/overlap/, 2026-12-04) PPO ant's iteration ran 1.16-1.20x faster split
+# (14-17% saved; the learn 25.9 -> 13.5 ms under CONCURRENT command buffers) and SAC's whole
+# iteration 1.45-1.6x faster under its measured option set (31-37%); the lower figure is the model.
+# On a CPU every stage is compiled with XLA's defaults (nothing to gain but the split itself).
 SPLIT_COMPILE_SHARE = {"gpu": 0.15, "cpu": 0.0}
 
 
