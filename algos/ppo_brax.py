@@ -446,13 +446,14 @@ def epoch(
     return run_epoch
 
 
-def eval_epoch(config: PPOConfig, env: Any, one: Callable[[TrainState], tuple[TrainState, Metrics]]):
+def eval_epoch(config: PPOConfig, env: Env, one: Callable[[TrainState], tuple[TrainState, Metrics]]):
     """What :func:`train_with_evals` runs between two progress reports, as a pure function for the
     optimizer: :func:`epoch` of ``config.iterations_per_eval`` iterations of ``one`` and the
-    evaluation (a ``component("evaluate")``), on ``env`` resolved as ``train`` resolves it."""
+    evaluation (a ``component("evaluate")``). ``env`` is already resolved (:func:`resolve_env`
+    is not idempotent: it wraps ``action_repeat`` again), as :func:`train_with_evals` gets it."""
     if config.num_evals is None:
         raise ValueError("ppo_brax.eval_epoch: config.num_evals is None (no evaluation to schedule)")
-    return epoch(config, resolve_env(config, env), one, config.iterations_per_eval)
+    return epoch(config, env, one, config.iterations_per_eval)
 
 
 _BRAX_LOSS_NAMES = {

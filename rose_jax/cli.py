@@ -370,7 +370,8 @@ def plan_cache_dir() -> str:
 
 def _optimized_step_maker(job: Job, log):
     """``train --optimize``: ``make_step(state)`` searches (or loads the cached) rose-jax plan of
-    what train runs per report (PPO: the iteration program; SAC: the epoch with its evaluation).
+    what train runs per report (PPO: the iteration program, or with ``num_evals`` set the epoch of
+    iterations and its evaluation; SAC: the epoch with its evaluation).
 
     The search measures the untransformed unit and each candidate end to end and keeps a
     candidate only if it is faster and computes the same result (``rose_jax.optimize.optimize``);

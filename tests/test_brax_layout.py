@@ -443,4 +443,17 @@ def test_unit_program_with_evals_is_the_epoch_with_an_evaluate_component():
     plain = algos.get("ppo").unit_program(no_evals, envs.make("pendulum"))
     assert type(plain).__name__ == "Program"
     with pytest.raises(ValueError, match="num_evals is None"):
-        ppo.ppo_brax.eval_epoch(_evals_config(num_evals=None), "pendulum", None)
+        ppo.ppo_brax.eval_epoch(_evals_config(num_evals=None), envs.make("pendulum"), None)
+
+
+def test_unit_program_with_evals_and_action_repeat_is_the_epoch_train_runs():
+    """The env is resolved once (resolve_env wraps action_repeat each time it runs): the unit the
+    optimizer searches is the epoch train_with_evals compiles, evaluation included."""
+    import algos
+
+    config = _evals_config(action_repeat=2)
+    env = ppo.ppo_brax.resolve_env(config, "pendulum")
+    state = ppo.init(config, env, jax.random.PRNGKey(0))
+    unit = algos.get("ppo").unit_program(config, "pendulum")
+    reference = ppo.ppo_brax.epoch(config, env, ppo.iteration(config, env), config.iterations_per_eval)
+    chex.assert_trees_all_equal(jax.jit(unit)(state), jax.jit(reference)(state))

@@ -411,7 +411,7 @@ def test_benchmark_smoke_mode_writes_results(tmp_path):
     assert row["plan"] in ("none", "where", "options_concurrent")
     opts = row["variants"]["options_concurrent"]
     assert opts["equal"] is True and opts["tolerance"]["rtol"] == 0
-    assert "xla_gpu_command_buffer_scheduling_mode" in opts["options"]
+    assert opts["options"] == "concurrent" and row["variants"]["where"]["options"] == "default"
     assert "not run" in (tmp_path / "results.md").read_text()  # cond / unrolled columns
     assert {"machine", "versions", "command", "date"} <= set(result)
     assert (tmp_path / "results.md").read_text().startswith("#")

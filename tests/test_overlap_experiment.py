@@ -34,17 +34,21 @@ def test_time_split_times_collect_and_learn_of_the_real_program():
 
 
 def test_brax_only_needs_measured_rows(tmp_path):
+    rows_all = overlap.rows_for(smoke=False)
     with pytest.raises(SystemExit, match="no .*results.json; run the rows first"):
-        overlap._measured_rows(overlap.rows_for(smoke=True), str(tmp_path), smoke=True)
+        overlap._measured_rows(rows_all, str(tmp_path))
+    measured = {"single_jit_env_steps_per_s": 10.0, "rose_env_steps_per_s": 12.0}
     rows = [
-        {"workload": "sac-pendulum-4", "single_jit_env_steps_per_s": 10.0},
-        {"workload": "ppo-pendulum-16", "error": "boom"},
+        {"workload": "sac-ant-128", **measured},
+        {"workload": "sac-hopper-128", "single_jit_env_steps_per_s": 10.0},  # incomplete
+        {"workload": "ppo-ant-4096", "error": "boom", **measured},
+        {"workload": overlap.MICRO, **measured},  # no Brax trainer for the micro row
     ]
     (tmp_path / "results.json").write_text(json.dumps({"rows": rows}))
-    got = overlap._measured_rows(overlap.rows_for(smoke=True), str(tmp_path), smoke=True)
-    assert [r["workload"] for r in got] == ["sac-pendulum-4"]  # the failed row is left out
+    got = overlap._measured_rows(rows_all, str(tmp_path))
+    assert [r["workload"] for r in got] == ["sac-ant-128"]
     config, env = got[0]["_config_env"]
-    assert type(config).__name__ == "SACConfig" and config.num_envs == 4 and env is None
+    assert type(config).__name__ == "SACConfig" and config.num_envs == 128 and env is None
 
 
 def test_brax_only_refuses_brax_off():

@@ -240,6 +240,7 @@ def run_row(workload: str, args) -> dict:
             t.apply(case.fn) if t else case.fn,
             t.tolerance if t else EXACT,
             streams.OPTION_SETS[option_set] if option_set else {},
+            option_set or "default",
         )
     fns = {"original": case.fn, **{name: b[0] for name, b in built.items()}}
     per_fn = {name: b[2] for name, b in built.items()}
@@ -256,7 +257,7 @@ def run_row(workload: str, args) -> dict:
     base_s, base_times = time_calls(compiled["original"][0], case.args, case.chain, args.repeats)
     base_rate = case.env_steps / base_s
     variants: dict[str, dict] = {}
-    for name, (_, tolerance, opts) in built.items():
+    for name, (_, tolerance, _, option_set) in built.items():
         c, compile_s = compiled[name]
         out = checked[name][0](*case.args)
         equal, diff, within = compare(out, ref, tolerance.rtol)
@@ -268,7 +269,7 @@ def run_row(workload: str, args) -> dict:
             "max_abs_diff": diff,
             "within_tolerance": equal or within,
             "tolerance": tolerance.to_json(),
-            "options": sorted(opts) if opts else "default",
+            "options": option_set,
             "compile_s": compile_s,
             "call_s": times,
         }

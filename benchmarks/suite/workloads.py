@@ -12,7 +12,8 @@ with one policy size and env count, measured as up to four variants (:data:`VARI
 A :class:`Suite` is a named tuple of workloads with a device-time budget. Suites:
 
   ``tiny``   CPU smoke suite (pure-JAX cartpole/pendulum, Brax's trivial ``fast`` env); < 2 min here
-  ``quick``  four H200 rows (PPO ant / humanoid / MJCF swimmer 2048 envs, SAC ant 1024 envs); two parts, < 8 min each
+  ``quick``  four H200 rows (PPO ant / humanoid / MJCF swimmer 2048 envs, SAC ant 1024 envs); two
+             parts, < 8 min each
   ``epoch``  Brax's train loop (training epochs + evaluation; ``Workload.unit == "epoch"``), PPO ant
              2048 and SAC ant 1024 envs, as an MPS client; one row per part, < 10 min each
   ``full``   every combination {PPO, SAC} x {ant, humanoid, halfcheetah, mjx_swimmer} x {4x32, 4x256}
@@ -488,7 +489,7 @@ TINY = Suite(
 # The quick rows' candidate: per-component compilation (rollout | learn, each stage compiled with
 # the fastest of three XLA option sets, measured), the overlap experiment's PPO winner on the H200
 # (benchmarks/results/overlap/). "no_command_buffers" is left out: MJX runs about 3x slower without
-# command buffers, measuring it only costs compiles. One candidate keeps the suite under 8 minutes.
+# command buffers, measuring it only costs compiles. Even one such candidate makes the suite two parts.
 # PPO: rollout | learn with "default" or "concurrent" per stage (PPO ant 4096 on the H200: the rollout
 # fastest by default, the learn's scans 1.9x faster captured as CONCURRENT command buffers). SAC: the
 # split lost (0.96x on ant 1024); the whole iteration as one stage under its fastest option set won
@@ -513,8 +514,7 @@ QUICK = Suite(
     description="H200 headline suite: PPO ant (all four variants), SAC ant 1024 envs, PPO MJCF swimmer "
     "and PPO humanoid at 2048 envs, 4x32 policy; few iterations; one optimizer candidate (per-"
     "component compilation, XLA options measured per stage); two parts (--part 1/2, --part 2/2), "
-    "one device call each; (b)/(c) compiled ahead in parallel; Brax runs last (SAC's last of all, "
-    "the first a budget cuts)",
+    "one device call each; (b)/(c) compiled ahead in parallel; Brax runs last in each part",
     workloads=(
         ppo_row("ant", 2048, _QUICK_NET, iterations_per_block=4, **_QUICK),
         sac_row(
@@ -645,7 +645,9 @@ def _candidate_compiles(w: Workload) -> float:
     total = 0.0
     for name, params in o.candidates[:measured]:
         if name == "split_compile":
-            sets = dict(params).get("option_sets") or ("default", "concurrent", "concurrent_no_loops", "off")
+            from rose_jax.optimize import streams  # noqa: PLC0415 - lazily: it imports JAX
+
+            sets = dict(params).get("option_sets") or tuple(streams.OPTION_SETS)
             total += SPLIT_COMPILES_PER_SET * len(sets)
         else:
             total += CANDIDATE_COMPILES
