@@ -325,6 +325,20 @@ def _tiny_brax_env():
     return Tiny()
 
 
+# Brax's ppo.train keywords of a tiny run with evaluations (Brax's schedule on both sides)
+TINY_BRAX_KW = dict(
+    num_timesteps=1000,
+    num_evals=3,
+    episode_length=20,
+    num_envs=4,
+    batch_size=2,
+    num_minibatches=4,
+    unroll_length=5,
+    num_updates_per_batch=1,
+    num_eval_envs=2,
+)
+
+
 def test_schedule_equals_brax_ppo_train(monkeypatch):
     if not hasattr(jax, "device_put_replicated"):  # removed from JAX; Brax 0.14.2 still calls it
 
@@ -336,17 +350,7 @@ def test_schedule_equals_brax_ppo_train(monkeypatch):
         monkeypatch.setattr(jax, "device_put_replicated", device_put_replicated, raising=False)
     from brax.training.agents.ppo import train as brax_ppo
 
-    kw = dict(
-        num_timesteps=1000,
-        num_evals=3,
-        episode_length=20,
-        num_envs=4,
-        batch_size=2,
-        num_minibatches=4,
-        unroll_length=5,
-        num_updates_per_batch=1,
-        num_eval_envs=2,
-    )
+    kw = dict(TINY_BRAX_KW)
     brax_steps = []
     brax_ppo.train(
         _tiny_brax_env(),
@@ -388,19 +392,7 @@ def test_brax_compat_rejects_unimplemented_keywords_in_one_line():
 def _evals_config(**kw):
     from algos import ppo
 
-    base = dict(
-        num_timesteps=1000,
-        num_evals=3,
-        episode_length=20,
-        num_envs=4,
-        batch_size=2,
-        num_minibatches=4,
-        unroll_length=5,
-        num_updates_per_batch=1,
-        num_eval_envs=2,
-        policy_hidden_sizes=(4,),
-        value_hidden_sizes=(4,),
-    )
+    base = dict(TINY_BRAX_KW, policy_hidden_sizes=(4,), value_hidden_sizes=(4,))
     base.update(kw)
     return ppo.PPOConfig(**base)
 

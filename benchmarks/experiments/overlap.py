@@ -231,23 +231,18 @@ def time_split(row: Row, config, env, state, options: dict, calls: int = 5, labe
     halves run back to back with nothing left to overlap between them inside one iteration."""
     import jax
 
-    from algos import ppo, sac
+    import algos
+    from rose_jax.optimize.measure import time_call
 
-    prog = (sac if row.kind == "sac" else ppo).program(config, env)
+    prog = algos.get(row.kind).program(config, env)
     opts = options or None
     collect = jax.jit(prog.collect, compiler_options=opts)
     learn = jax.jit(prog.learn, compiler_options=opts)
     whole = jax.jit(prog.iteration(), compiler_options=opts)
 
     def median_ms(f, *a):
-        jax.block_until_ready(f(*a))
-        jax.block_until_ready(f(*a))
-        ts = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*a))
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts) * 1e3
+        jax.block_until_ready(f(*a))  # the compile; time_call warms up once more
+        return time_call(f, a, calls).median * 1e3
 
     s = _copy(state)
     c_ms = median_ms(collect, s)
@@ -364,17 +359,15 @@ def run_micro(row: Row, args, iso: Isolation) -> dict:
 def build(row: Row):
     import jax
 
+    import algos
     import envs
-    from algos import ppo, sac
 
     env = envs.make(row.env, **dict(row.env_kwargs))
-    if row.kind == "sac":
-        config = sac.SACConfig(**dict(row.hp))
-        state = sac.init(config, env, jax.random.PRNGKey(0))
-        return config, env, sac.iteration(config, env), state, config.num_envs
-    config = ppo.PPOConfig(**dict(row.hp))
-    state = ppo.init(config, env, jax.random.PRNGKey(0))
-    return config, env, ppo.iteration(config, env), state, config.num_envs * config.unroll_length
+    algo = algos.get(row.kind)
+    config = algo.Config(**dict(row.hp))
+    state = algo.init(config, env, jax.random.PRNGKey(0))
+    env_steps = config.num_envs * (config.unroll_length if row.kind == "ppo" else 1)
+    return config, env, algo.iteration(config, env), state, env_steps
 
 
 @dataclasses.dataclass
@@ -793,6 +786,8 @@ def select_rows(rows: list[Row], patterns: list[str] | None) -> list[Row]:
 def _measured_rows(selected: list[Row], out_dir: str) -> list[dict]:
     """``--brax-only``: the selected rows as an earlier results.json has them (measured, no error),
     each with the config Brax's trainer needs; a row not there is reported and left out."""
+    import algos
+
     path = os.path.join(out_dir, "results.json")
     if not os.path.exists(path):
         raise SystemExit(f"overlap --brax-only: no {path}; run the rows first")
@@ -808,16 +803,9 @@ def _measured_rows(selected: list[Row], out_dir: str) -> list[dict]:
             log(f"{row.name}: --brax-only: no measured row in {path}; left out")
             continue
         rec = dict(rec)
-        cls = _config_class(row.kind)
-        rec["_config_env"] = (cls(**dict(row.hp)), None)
+        rec["_config_env"] = (algos.get(row.kind).Config(**dict(row.hp)), None)
         rows.append(rec)
     return rows
-
-
-def _config_class(kind: str):
-    from algos import ppo, sac
-
-    return sac.SACConfig if kind == "sac" else ppo.PPOConfig
 
 
 def write_results(rows: list[dict], out_dir: str, args) -> list[dict]:

@@ -486,8 +486,8 @@ TINY = Suite(
     measure_threshold=True,
 )
 
-# The quick rows' candidate: per-component compilation (rollout | learn, each stage compiled with
-# the fastest of three XLA option sets, measured), the overlap experiment's PPO winner on the H200
+# The quick rows' candidate: per-component compilation (each stage compiled with the fastest of
+# the option sets below, measured), the overlap experiment's winner on the H200
 # (benchmarks/results/overlap/). "no_command_buffers" is left out: MJX runs about 3x slower without
 # command buffers, measuring it only costs compiles. Even one such candidate makes the suite two parts.
 # PPO: rollout | learn with "default" or "concurrent" per stage (PPO ant 4096 on the H200: the rollout
