@@ -498,6 +498,12 @@ def train_with_config(
     )
 
 
+def resolve_env(config: PPOConfig, env: Env | str | Any) -> Env:
+    """The env :func:`train` runs on: a registry name or Brax env built, ``action_repeat`` wrapped
+    (:func:`algos.ppo_brax.resolve_env`). Call it once: each call wraps ``action_repeat`` again."""
+    return ppo_brax.resolve_env(config, env)
+
+
 def eval_epoch(config: PPOConfig, env: Env | str) -> Callable[[TrainState], tuple[TrainState, dict]]:
     """With ``config.num_evals`` set: what ``train`` runs between two progress reports (Brax's run
     shape), ``config.iterations_per_eval`` iterations then the evaluation, as a pure function."""
@@ -536,6 +542,7 @@ __all__ = [
     "ppo_loss",
     "program",
     "program_key",
+    "resolve_env",
     "rollout",
     "split_keys",
     "train",

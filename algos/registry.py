@@ -70,8 +70,11 @@ class Algo:
             return self.epoch(config, env)
         eval_epoch = getattr(self.module, "eval_epoch", None)
         if eval_epoch is not None and getattr(config, "num_evals", None) is not None:
-            return eval_epoch(config, env)
-        return self.program(config, env, **kwargs)
+            return eval_epoch(config, env)  # resolves the env itself
+        # the env train runs on (a name or Brax env built, action_repeat wrapped: PPO), resolved
+        # once here, so the optimizer searches the iteration train compiles
+        resolve = getattr(self.module, "resolve_env", None)
+        return self.program(config, env if resolve is None else resolve(config, env), **kwargs)
 
     # ------------------------------------------------------------------ progress
     def num_units(self, config: Any) -> int:

@@ -432,7 +432,7 @@ def test_unit_program_with_evals_is_the_epoch_with_an_evaluate_component():
     assert int(after.iteration) == config.iterations_per_eval and "eval/episode_reward" in metrics
     # without num_evals the unit stays the iteration program
     no_evals = _evals_config(num_evals=None, batch_size=None)
-    plain = algos.get("ppo").unit_program(no_evals, envs.make("pendulum"))
+    plain = algos.get("ppo").unit_program(no_evals, "pendulum")
     assert type(plain).__name__ == "Program"
     with pytest.raises(ValueError, match="num_evals is None"):
         ppo.ppo_brax.eval_epoch(_evals_config(num_evals=None), envs.make("pendulum"), None)
@@ -449,3 +449,23 @@ def test_unit_program_with_evals_and_action_repeat_is_the_epoch_train_runs():
     unit = algos.get("ppo").unit_program(config, "pendulum")
     reference = ppo.ppo_brax.epoch(config, env, ppo.iteration(config, env), config.iterations_per_eval)
     chex.assert_trees_all_equal(jax.jit(unit)(state), jax.jit(reference)(state))
+
+
+def test_unit_program_without_evals_runs_on_the_env_train_resolves():
+    """Without num_evals the unit is the iteration program, built on the env train runs on: a
+    registry name built and action_repeat wrapped once (it used to be searched on the unwrapped
+    env, so a plan for action_repeat=2 stepped the physics half as often as train)."""
+    import algos
+
+    config = _evals_config(num_evals=None, batch_size=None, action_repeat=2)
+    env = ppo.resolve_env(config, "pendulum")
+    state = ppo.init(config, env, jax.random.PRNGKey(0))
+    for given in ("pendulum", envs.make("pendulum", episode_length=config.episode_length)):
+        unit = algos.get("ppo").unit_program(config, given)
+        reference = jax.jit(ppo.iteration(config, env))(state)
+        chex.assert_trees_all_equal(jax.jit(unit.iteration())(state), reference)
+    # the unwrapped env's iteration is a different function: the comparison above can fail
+    plain = ppo.iteration(config, envs.make("pendulum", episode_length=config.episode_length))
+    a, b = jax.jit(plain)(state)[0], jax.jit(ppo.iteration(config, env))(state)[0]
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    assert not all(bool(jnp.array_equal(x, y)) for x, y in pairs)
