@@ -489,7 +489,8 @@ TINY = Suite(
 # The quick rows' candidate: per-component compilation (each stage compiled with the fastest of
 # the option sets below, measured), the overlap experiment's winner on the H200
 # (benchmarks/results/overlap/). "no_command_buffers" is left out: MJX runs about 3x slower without
-# command buffers, measuring it only costs compiles. Even one such candidate makes the suite two parts.
+# command buffers, measuring it only costs compiles. Even one such candidate makes the suite three parts
+# (humanoid's search alone took 238 s on 2026-12-04).
 # PPO: rollout | learn with "default" or "concurrent" per stage (PPO ant 4096 on the H200: the rollout
 # fastest by default, the learn's scans 1.9x faster captured as CONCURRENT command buffers). SAC: the
 # split lost (0.96x on ant 1024); the whole iteration as one stage under its fastest option set won
@@ -513,7 +514,7 @@ QUICK = Suite(
     name="quick",
     description="H200 headline suite: PPO ant (all four variants), SAC ant 1024 envs, PPO MJCF swimmer "
     "and PPO humanoid at 2048 envs, 4x32 policy; few iterations; one optimizer candidate (per-"
-    "component compilation, XLA options measured per stage); two parts (--part 1/2, --part 2/2), "
+    "component compilation, XLA options measured per stage); three parts (--part 1/3 .. 3/3), "
     "one device call each; (b)/(c) compiled ahead in parallel; Brax runs last in each part",
     workloads=(
         ppo_row("ant", 2048, _QUICK_NET, iterations_per_block=4, **_QUICK),
@@ -587,7 +588,10 @@ def get(name: str) -> Suite:
 # < 1 s) 57.6 s PPO = 3.3x, 95.9 s SAC = 5.5x; (d) is the optimizer's baseline compile and trace
 # (1.0x: SAC ant 18.6 s) plus 1.5x per measured candidate (PPO ant, one candidate: 44.3 s).
 # A model for planning runs and parts, not a measurement.
-COMPILE_S = {"ant": 17.5, "humanoid": 30.0, "halfcheetah": 15.0, "mjx_swimmer": 14.8}
+# Recalibrated on the 2026-12-04 06:00-06:20 quick run (logs/part-{1,2}-of-2.log, logs/humanoid.log):
+# (b) compiled in 23.8-27.5 s on ant and 24.6 s on mjx_swimmer two rows at a time (~1.15x slower than
+# alone), humanoid 39.1 s alone.
+COMPILE_S = {"ant": 21.0, "humanoid": 38.0, "halfcheetah": 18.0, "mjx_swimmer": 21.0}
 CPU_COMPILE_S = 4.0
 VARIANT_COMPILES = {
     "brax": 3.3,
@@ -595,12 +599,18 @@ VARIANT_COMPILES = {
     "hand_pipelined": 1.7,
     "rose_jax": 1.0,  # + CANDIDATE_COMPILES per measured candidate, see compile_s
 }
-BRAX_SAC_COMPILES = 5.5
+BRAX_SAC_COMPILES = 6.0  # Brax's SAC train() took 125.7 s on ant on 2026-12-04 (6.0 x 21 s)
 CANDIDATE_COMPILES = 1.5
 # A split_compile candidate compiles every stage under every option set it measures, each first in
 # an isolated child: the 2026-12-04 quick run (3 sets; search PPO ant 133 s, SAC ant 104 s) fits
 # about 2 compiles per option set (children and in-process compiles of the stages together).
 SPLIT_COMPILES_PER_SET = 2.0
+# A kept multi-stage split (PPO's rollout | learn, kept on every PPO row so far) is compiled again for
+# (d)'s timed loop (its stages with the chosen options, state donated): (d) compiled and warmed up
+# in 36.8 s (ant), 35.7 s (mjx_swimmer), 61.9 s (humanoid) after the search on 2026-12-04, and the
+# search itself took 132 / 95 / 238 s: (search + warm-up) / (b)'s compile = 6.2-8.0 with two option
+# sets, which 1 + 2 x 2 + 2 = 7 fits.
+SPLIT_PLAN_COMPILES = 2.0
 # (d) with check_slower (the default) on a GPU also compiles the baseline and every measured
 # candidate under deterministic XLA ops for the equality check: the 2026-12-02 21:45 quick run
 # (search PPO ant 87 s, humanoid 141 s, mjx_swimmer 64 s, SAC ant 36 s) fits 1.0 per program.
@@ -618,9 +628,9 @@ RATE = {"ant": 4.8e5, "humanoid": 1.5e5, "halfcheetah": 5e5, "mjx_swimmer": 1.5e
 PARALLEL_EFFICIENCY, PARALLEL_SLOWDOWN = 0.5, 1.15
 PRECOMPILED = ("single_jit", "hand_pipelined")  # variants benchmarks.suite.run compiles ahead of time
 # Epoch rows (benchmarks/results/optimize_epoch*/logs, H200): the epoch program (training scan + evaluation)
-# compiles in ~28 s on ant vs 17.5 s for the K-iteration loop; an evaluation of 128 envs x 1000
+# compiles in ~28 s on ant vs 21 s for the K-iteration loop; an evaluation of 128 envs x 1000
 # latency-bound MJX steps takes ~2.0 s (seconds per evaluation step below; CPU: tiny envs).
-EPOCH_COMPILES = 1.6
+EPOCH_COMPILES = 1.35  # 28 s / COMPILE_S["ant"]
 EVAL_STEP_S = {"ant": 2.0e-3, "humanoid": 3.0e-3, "halfcheetah": 2.0e-3, "mjx_swimmer": 2.5e-3}
 CPU_EVAL_STEP_S = 2e-4
 
@@ -649,6 +659,8 @@ def _candidate_compiles(w: Workload) -> float:
 
             sets = dict(params).get("option_sets") or tuple(streams.OPTION_SETS)
             total += SPLIT_COMPILES_PER_SET * len(sets)
+            if dict(params).get("boundaries", None) != ():  # stages: the kept plan's recompile
+                total += SPLIT_PLAN_COMPILES
         else:
             total += CANDIDATE_COMPILES
     return total
@@ -782,12 +794,14 @@ def split(workloads: tuple[Workload, ...], part: int, parts: int) -> tuple[Workl
     return tuple(workloads[i] for i in sorted(bins[part - 1]))
 
 
-def parts_needed(suite: Suite, budget_s: float | None = None) -> int:
-    """Smallest ``n`` such that every part of ``split(suite.workloads, i, n)`` fits ``budget_s``."""
+def parts_needed(suite: Suite, budget_s: float | None = None, workers: int = 4) -> int:
+    """Smallest ``n`` such that every part of ``split(suite.workloads, i, n)`` fits ``budget_s`` as
+    ``benchmarks.suite.run`` runs it on a GPU (:func:`plan_s` with ``workers`` concurrent compiles)."""
     budget = budget_s or suite.budget_s
     if budget is None:
         return 1
     for n in range(1, len(suite.workloads) + 1):
-        if all(sum(estimate_s(w) for w in split(suite.workloads, i, n)) <= budget for i in range(1, n + 1)):
+        parts = [split(suite.workloads, i, n) for i in range(1, n + 1)]
+        if all(plan_s(p, gpu=True, workers=workers)["total"] <= budget for p in parts):
             return n
     return len(suite.workloads)
