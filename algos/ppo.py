@@ -266,7 +266,8 @@ def program(config: PPOConfig, env: Env, *, env_name: str | None = None, env_kwa
     ``collect`` is :func:`rollout`, ``learn`` is :func:`learn`; ``rollout`` parts let the optimizer
     step env groups inside one loop (each group draws the full batch's noise, sliced to its envs).
     ``env_name`` (and ``env_kwargs`` as ``((key, value), ...)``): ``env``'s registry name, so that
-    worker processes can rebuild it (``envs.make``); without it the program has no spec.
+    worker processes can rebuild it (``envs.make``, then ``config.action_repeat`` wrapped: pass the
+    env :func:`resolve_env` returns); without it the program has no spec.
     """
     if config.brax_layout:
         return ppo_brax.program(config, env)
@@ -315,9 +316,13 @@ def program(config: PPOConfig, env: Env, *, env_name: str | None = None, env_kwa
         new_state, metrics = learn(nets, config, state, env_state, transitions)
         return new_state.replace(env_state=state.env_state), metrics
 
-    spec = None if env_name is None else ProgramSpec(
-        "algos.ppo:program", (("config", config),), env=("envs:make", env_name, tuple(env_kwargs))
+    # workers rebuild the env train runs on: by name, then action_repeat wrapped as resolve_env does
+    env_spec = (
+        ("envs:make", env_name, tuple(env_kwargs))
+        if config.action_repeat == 1
+        else ("algos.ppo:make_env", env_name, tuple(env_kwargs) + (("action_repeat", config.action_repeat),))
     )
+    spec = None if env_name is None else ProgramSpec("algos.ppo:program", (("config", config),), env=env_spec)
     return Program(
         name="ppo",
         num_envs=N,
@@ -498,6 +503,14 @@ def train_with_config(
     )
 
 
+def make_env(name: str, *, action_repeat: int = 1, **kwargs: Any) -> Env:
+    """``envs.make(name, **kwargs)`` stepping each action ``action_repeat`` times: how a worker
+    process rebuilds the env of a :func:`program` whose config repeats actions."""
+    import envs
+
+    return ppo_brax.with_action_repeat(envs.make(name, **kwargs), action_repeat)
+
+
 def resolve_env(config: PPOConfig, env: Env | str | Any) -> Env:
     """The env :func:`train` runs on: a registry name or Brax env built, ``action_repeat`` wrapped
     (:func:`algos.ppo_brax.resolve_env`). Call it once: each call wraps ``action_repeat`` again."""
@@ -533,6 +546,7 @@ __all__ = [
     "init",
     "iteration",
     "jitted_iteration",
+    "make_env",
     "loss_from_outputs",
     "make_evaluator",
     "make_inference_fn",

@@ -469,3 +469,22 @@ def test_unit_program_without_evals_runs_on_the_env_train_resolves():
     a, b = jax.jit(plain)(state)[0], jax.jit(ppo.iteration(config, env))(state)[0]
     pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
     assert not all(bool(jnp.array_equal(x, y)) for x, y in pairs)
+
+
+def test_program_spec_rebuilds_the_action_repeat_env_train_runs_on():
+    """A worker process rebuilds the program from its spec (by env name): with action_repeat > 1
+    it must step the same wrapped env as the driver's program, not the bare registry env."""
+    from rose_jax.optimize.process_worker import build_program
+
+    config = _evals_config(num_evals=None, batch_size=None, action_repeat=2)
+    env = ppo.resolve_env(config, "pendulum")
+    state = ppo.init(config, env, jax.random.PRNGKey(0))
+    kwargs = (("episode_length", config.episode_length),)
+    parent = ppo.program(config, env, env_name="pendulum", env_kwargs=kwargs)
+    rebuilt = build_program(parent.spec)
+    chex.assert_trees_all_equal(jax.jit(rebuilt.iteration())(state), jax.jit(parent.iteration())(state))
+    assert parent.spec.env[0] == "algos.ppo:make_env"
+    # without action_repeat the spec stays the plain registry build
+    plain = _evals_config(num_evals=None, batch_size=None)
+    plain_program = ppo.program(plain, ppo.resolve_env(plain, "pendulum"), env_name="pendulum")
+    assert plain_program.spec.env[0] == "envs:make"

@@ -57,7 +57,7 @@ KINDS = ("physics", "ppo_iteration", "sac_eval", "ppo_eval")
 # under CONCURRENT command buffers is measured beside the options alone: the plan then says how much
 # of a gain is the loop rewrite and how much the compiler options. Measured 2026-12-04 (results/loops):
 # PPO iterations of hopper / walker2d 1.34x / 1.27x with concurrent_no_loops alone, the masked scan alone
-# 1.04-1.06x and under concurrent 1.02-1.04x; "where+no_loops" measures the two together.
+# 1.04-1.05x (1.04-1.06x unrolled) and under concurrent 1.02-1.04x; "where+no_loops" measures the two together.
 VARIANTS = (
     ("where", {"variant": "where"}, None),
     ("cond", {"variant": "cond"}, None),

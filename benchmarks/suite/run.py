@@ -852,7 +852,7 @@ def print_plan(
         f"{'the GPU' if gpu else 'this CPU'}"
         + (
             f" (budget {budget / 60:.1f} min per run; parts needed for the whole suite: "
-            f"{S.parts_needed(suite, budget, workers)})"
+            f"{S.parts_needed(suite, budget, workers, gpu)})"
             if budget
             else ""
         )

@@ -794,14 +794,14 @@ def split(workloads: tuple[Workload, ...], part: int, parts: int) -> tuple[Workl
     return tuple(workloads[i] for i in sorted(bins[part - 1]))
 
 
-def parts_needed(suite: Suite, budget_s: float | None = None, workers: int = 4) -> int:
+def parts_needed(suite: Suite, budget_s: float | None = None, workers: int = 4, gpu: bool = True) -> int:
     """Smallest ``n`` such that every part of ``split(suite.workloads, i, n)`` fits ``budget_s`` as
-    ``benchmarks.suite.run`` runs it on a GPU (:func:`plan_s` with ``workers`` concurrent compiles)."""
+    ``benchmarks.suite.run`` runs it (:func:`plan_s` with ``workers`` concurrent compiles)."""
     budget = budget_s or suite.budget_s
     if budget is None:
         return 1
     for n in range(1, len(suite.workloads) + 1):
         parts = [split(suite.workloads, i, n) for i in range(1, n + 1)]
-        if all(plan_s(p, gpu=True, workers=workers)["total"] <= budget for p in parts):
+        if all(plan_s(p, gpu=gpu, workers=workers)["total"] <= budget for p in parts):
             return n
     return len(suite.workloads)
