@@ -1097,6 +1097,41 @@ def test_search_generates_stream_and_split_candidates_for_ppo(ppo_setup):
     assert "stages rollout | " in O.format_report(report)
 
 
+def test_a_kept_split_records_its_measured_options_and_a_cache_hit_measures_nothing(ppo_setup, tmp_path, monkeypatch):
+    """split_compile(options="measure") picks each stage's XLA option set on its first call; once
+    kept, the plan (and the plan cache) holds the chosen sets, so applying it again compiles each stage
+    once instead of measuring every set again (on the H200 that re-measuring was most of a PPO
+    plan's 37-62 s warm-up after the search).
+
+    Labelled stand-in: on a CPU the split is rarely faster than the fused iteration, so this test
+    replaces the search's verdict with one that keeps every equal candidate; what happens after the
+    verdict (the recorded options, the cache, the returned step) is the real code."""
+    from rose_jax.optimize import search as S
+    from rose_jax.optimize import streams
+
+    ppo, config, env, state, _ = ppo_setup
+
+    def keep_if_equal(self, rec, res, gain, *, versus_plan):
+        rec.kept = res.cmp is not None and res.cmp.equal
+        rec.reason = "kept by the test's stand-in verdict" if rec.kept else "not equal"
+        return rec.kept
+
+    monkeypatch.setattr(S._Search, "verdict", keep_if_equal)
+    opts = dict(candidates=[streams.split_compile()], n_iters=1, repeats=1, local=False, check_slower=True)
+    step, report = O.optimize(ppo.program(config, env), state, cache_dir=str(tmp_path), **opts)
+    assert [p["params"]["options"] for p in report.plan] == [["default", "default"]]  # a CPU: XLA's defaults
+    assert isinstance(step, streams.ChainedStep) and step.options == ("default", "default")
+    out = step(state)
+    assert step.measured_params() == {} and step.timings == {}  # compiled, not measured
+    chex.assert_trees_all_close(out[0], jax.jit(ppo.iteration(config, env))(state)[0], rtol=1e-4)
+    again, cached = O.optimize(ppo.program(config, env), state, cache_dir=str(tmp_path), **opts)
+    assert cached.cache_hit and again.options == ("default", "default")
+    # the measuring step itself reports what it chose
+    measuring = streams.split_compile().apply(ppo.program(config, env))
+    measuring(state)
+    assert measuring.measured_params() == {"options": ("default", "default")}
+
+
 @pytest.mark.slow
 def test_search_generates_stream_candidates_for_sac():
     """SAC's gradient step: alpha, critic and actor updates on three streams, generated, measured and

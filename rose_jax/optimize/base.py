@@ -156,7 +156,10 @@ class HostStep:
     * ``sync_state(state)``: the full state (an env state resident in workers fetched back);
     * ``stats()``: what moved between processes (JSON-able dict);
     * ``close()``: stop the worker processes (and an MPS daemon the step started);
-    * ``with_compiler_options(options)``: the same step compiled with other XLA options.
+    * ``with_compiler_options(options)``: the same step compiled with other XLA options;
+    * ``measured_params()``: parameters of the transform that built it which the step settled by
+      measuring on its first call (e.g. split_compile's per-stage XLA options): the search writes
+      them into the plan, so that applying the plan again (or from the plan cache) measures nothing.
     """
 
     host = True
@@ -178,6 +181,9 @@ class HostStep:
 
     def with_compiler_options(self, compiler_options: dict | None) -> "HostStep":
         raise ValueError(f"{type(self).__name__} cannot be compiled with compiler options")
+
+    def measured_params(self) -> dict:
+        return {}
 
     def __enter__(self) -> "HostStep":
         return self

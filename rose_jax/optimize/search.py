@@ -411,6 +411,7 @@ class _Trial(NamedTuple):
     cmp: measure.Comparison | None  # None: equality not checked (check_slower=False, not faster)
     what: str  # how equality was decided, for reasons
     unchecked: str = "check_slower=False"  # why equality was not checked (when cmp is None)
+    settled: dict | None = None  # parameters the step chose by measuring (HostStep.measured_params)
 
 
 class _Search:
@@ -509,6 +510,7 @@ class _Search:
             (_, tb), (state_c, tc) = measure.time_alternating(
                 [self.base_step, step], self.state, opts.n_iters, opts.repeats
             )
+            settled = step.measured_params() if isinstance(step, HostStep) and len(transforms) == 1 else {}
             report.measurements += 2 * opts.repeats
             gain = tb.median - tc.median  # against the baseline timed in turns with it
             noise = max(self.spread, 2.0 * max(tb.mad, tc.mad))
@@ -538,7 +540,7 @@ class _Search:
             if always_check
             else "check_slower=False"
         )
-        return _Trial(tb, tc, tc.median * self.baseline / tb.median, noise, cmp, what, unchecked)
+        return _Trial(tb, tc, tc.median * self.baseline / tb.median, noise, cmp, what, unchecked, settled)
 
     def isolated(self, rec: CandidateRecord, transformed: Any, host: bool) -> bool:
         """The candidate's first compile and one call in a child process (see ``isolate``):
@@ -693,6 +695,11 @@ class _Search:
             if res is not None and self.verdict(
                 rec, res, res.base.median - res.cand.median, versus_plan=False
             ):
+                if res.settled:  # what the step chose by measuring goes into the plan
+                    t = transform_by_name(t.name, {**dict(t.params), **res.settled})
+                    self.say(
+                        f"[optimize] {rec.label}: measured {res.settled} recorded in the plan as {t.label}"
+                    )
                 kept.append((t, res.scaled_s, res.cmp))
         return kept
 

@@ -1035,6 +1035,12 @@ class ChainedStep(HostStep):
         )
         return step
 
+    def measured_params(self) -> dict:
+        """``{"options": (set per stage, ...)}`` once ``"measure"`` has chosen them (first call)."""
+        if isinstance(self.options, str) and self.chosen is not None:
+            return {"options": tuple(self.chosen)}
+        return {}
+
     def stats(self) -> dict:
         stages = [s.name for s in self._chain.stages] if self._chain else []
         return {
