@@ -1097,7 +1097,9 @@ def test_search_generates_stream_and_split_candidates_for_ppo(ppo_setup):
     assert "stages rollout | " in O.format_report(report)
 
 
-def test_a_kept_split_records_its_measured_options_and_a_cache_hit_measures_nothing(ppo_setup, tmp_path, monkeypatch):
+def test_a_kept_split_records_its_measured_options_and_a_cache_hit_measures_nothing(
+    ppo_setup, tmp_path, monkeypatch
+):
     """split_compile(options="measure") picks each stage's XLA option set on its first call; once
     kept, the plan (and the plan cache) holds the chosen sets, so applying it again compiles each stage
     once instead of measuring every set again (on the H200 that re-measuring was most of a PPO
