@@ -609,7 +609,9 @@ SPLIT_COMPILES_PER_SET = 2.0
 # (d)'s timed loop (its stages with the chosen options, state donated): (d) compiled and warmed up
 # in 36.8 s (ant), 35.7 s (mjx_swimmer), 61.9 s (humanoid) after the search on 2026-12-04, and the
 # search itself took 132 / 95 / 238 s: (search + warm-up) / (b)'s compile = 6.2-8.0 with two option
-# sets, which 1 + 2 x 2 + 2 = 7 fits.
+# sets, which 1 + 2 x 2 + 2 = 7 fits. That warm-up measured every option set again; since the plan
+# records the sets it chose (HostStep.measured_params), it compiles each stage once: expected ~1.0,
+# left at 2.0 until a GPU run measures it.
 SPLIT_PLAN_COMPILES = 2.0
 # (d) with check_slower (the default) on a GPU also compiles the baseline and every measured
 # candidate under deterministic XLA ops for the equality check: the 2026-12-02 21:45 quick run
