@@ -427,6 +427,29 @@ def test_nodes_keep_references_to_runnable_sub_jaxprs():
 # -------------------------------------------------------------------------------- render
 
 
+def test_format_tree_collapses_runs_of_equal_leaves():
+    """MJX's physics step holds dozens of opaque scatter-adds in a row: printed as one line each
+    run (summed cost), unless collapse=False."""
+
+    def body(x, i):
+        for k in range(4):
+            x = x.at[i].add(float(k + 1))
+        return x, None
+
+    def fn(state):
+        x, _ = jax.lax.scan(body, state["x"], jnp.arange(3))
+        return {"x": x}
+
+    tree = trace(fn, {"x": jnp.zeros(5)})
+    full = format_tree(tree, collapse=False)
+    short = format_tree(tree)
+    assert len(full.splitlines()) == len(tree.nodes())
+    assert sum("opaque scatter-add" in line for line in full.splitlines()) == 4
+    (run,) = [line for line in short.splitlines() if "scatter-add" in line]
+    assert run.strip().startswith("4 x opaque scatter-add") and "FLOP" in run
+    assert len(short.splitlines()) == len(full.splitlines()) - 3
+
+
 def test_format_tree_and_json(tmp_path):
     tree = trace(iteration, make_state())
     text = format_tree(tree)

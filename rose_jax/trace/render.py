@@ -52,8 +52,50 @@ def format_node(node: Node, show_paths: int = 3) -> str:
     return line
 
 
-def format_tree(tree: LoopTree | Node, max_depth: int | None = None, show_paths: int = 3) -> str:
-    """The tree as indented lines (``max_depth`` = 0 shows only the root)."""
+# Runs of at least this many sibling leaves of one kind and name (e.g. MJX's dozens of opaque
+# scatter-adds in a physics step) are printed as one line.
+COLLAPSE_RUN = 3
+
+
+def _runs(children) -> list[list[Node]]:
+    """Consecutive sibling leaves with the same kind, name and component path, grouped."""
+    runs: list[list[Node]] = []
+    for c in children:
+        key = (c.kind, c.name, tuple(c.component_path))
+        last = runs[-1][-1] if runs else None
+        if (
+            last is not None
+            and not c.children
+            and not last.children
+            and (last.kind, last.name, tuple(last.component_path)) == key
+        ):
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return runs
+
+
+def _format_run(run: list[Node], show_paths: int) -> str:
+    """One line for ``len(run)`` equal-named sibling leaves: summed cost, united reads/writes."""
+    first = run[0]
+    cost = Cost(*(sum(getattr(n.cost, f) for n in run) for f in Cost._fields))
+    head = f"{len(run)} x {first.kind} {first.name}"
+    if first.component_path:
+        head += f" [{'/'.join(first.component_path)}]"
+    line = f"{head}  ({format_cost(cost)})"
+    if show_paths:
+        reads = frozenset().union(*(n.reads for n in run))
+        writes = frozenset().union(*(n.writes for n in run))
+        line += f"  reads: {_paths(reads, show_paths)}  writes: {_paths(writes, show_paths)}"
+    return line
+
+
+def format_tree(
+    tree: LoopTree | Node, max_depth: int | None = None, show_paths: int = 3, collapse: bool = True
+) -> str:
+    """The tree as indented lines (``max_depth`` = 0 shows only the root). ``collapse``: runs of
+    :data:`COLLAPSE_RUN` or more equal-named sibling leaves are one line (``33 x opaque
+    scatter-add``); ``collapse=False``: one line per node."""
     root = tree.root if isinstance(tree, LoopTree) else tree
     lines: list[str] = []
 
@@ -63,8 +105,12 @@ def format_tree(tree: LoopTree | Node, max_depth: int | None = None, show_paths:
             if node.children:
                 lines.append("  " * (depth + 1) + f"... {sum(1 for _ in node.walk()) - 1} nodes")
             return
-        for child in node.children:
-            visit(child, depth + 1)
+        for run in _runs(node.children) if collapse else [[c] for c in node.children]:
+            if len(run) >= COLLAPSE_RUN:
+                lines.append("  " * (depth + 1) + _format_run(run, show_paths))
+            else:
+                for child in run:
+                    visit(child, depth + 1)
 
     visit(root, 0)
     return "\n".join(lines)
