@@ -327,6 +327,70 @@ def test_child_that_aborts_is_refused_remembered_and_the_driver_lives(tmp_path):
     assert not bad.ok and bad.reason.startswith("XLA compile failed:")
 
 
+_LOADED_FROM_CHILD = r"""
+import json
+import sys
+import jax
+from jax._src import monitoring
+
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+events = []
+monitoring.register_event_listener(lambda name, **kw: events.append(name))
+import envs
+from algos import ppo
+from helpers_optimize import tiny_ppo_config
+from rose_jax.optimize import streams
+from rose_jax.optimize.measure import compare_trees
+
+env, config = envs.make("pendulum"), tiny_ppo_config()
+state = ppo.init(config, env, jax.random.PRNGKey(0))
+fn = ppo.iteration(config, env)
+step = streams.ChainedStep(fn, None, "measure", isolate=True)
+before = events.count("/jax/compilation_cache/cache_hits")
+out = step(state)
+hits = events.count("/jax/compilation_cache/cache_hits") - before
+direct = streams.ChainedStep(fn, None, "measure", isolate=False)(state)  # the stages compiled here
+again = step(out[0])  # the measured executables run again
+fixed = streams.ChainedStep(fn, None, ("default", "default"))(out[0])
+print("RESULT " + json.dumps({
+    "loaded": step.loaded,
+    "hits": hits,
+    "bitwise_vs_direct": compare_trees(out, direct).equal,
+    "again_vs_direct": compare_trees(again, fixed).equal,
+}))
+"""
+
+
+def test_split_stages_load_what_their_isolated_children_compiled(tmp_path):
+    """With JAX's persistent compilation cache on, each isolated child writes its stage's executable
+    there and the driver loads it (a cache hit) instead of compiling the stage again; the result is
+    bitwise the stages compiled in the driver. Run in a fresh interpreter: the persistent cache is
+    configured once per process."""
+    import json
+
+    path = os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOADED_FROM_CHILD, str(tmp_path / "cache")],
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    r = json.loads(line[0][len("RESULT ") :])
+    assert r["loaded"] == ["rollout:default", "normalizer+advantage+update:default"]
+    assert r["hits"] >= 2 and r["bitwise_vs_direct"] and r["again_vs_direct"]
+
+
+def test_without_a_persistent_cache_nothing_is_loaded(monkeypatch):
+    monkeypatch.setattr(isolate, "persistent_cache_dir", lambda: None)
+    assert isolate.compile_exported(isolate.Outcome(True, "ran", exported=object()), [], None) is None
+    assert isolate.compile_exported(isolate.Outcome(False, "refused"), [], None) is None
+
+
 # ------------------------------------------------------------------------------ GPU only
 
 

@@ -50,12 +50,17 @@ _REFUSED_PREFIX = "refused|"
 
 class Outcome(NamedTuple):
     """What the isolated compile said: ``ok``; ``reason`` (why refused, or what ran);
-    ``seconds`` spent (0 for a cached answer); ``cached``: answered from the plan cache."""
+    ``seconds`` spent (0 for a cached answer); ``cached``: answered from the plan cache;
+    ``exported``: the ``jax.export.Exported`` the child compiled (``ok`` only). With JAX's
+    persistent compilation cache on, the child wrote its executable there, so
+    ``jax.jit(exported.call, compiler_options=<the same>)`` in the driver loads it instead of
+    compiling again (:func:`compile_exported`)."""
 
     ok: bool
     reason: str
     seconds: float = 0.0
     cached: bool = False
+    exported: Any = None
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -99,10 +104,40 @@ def _arg_specs(args: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
     return out
 
 
+# JAX's persistent-cache settings the child takes from the driver (set with jax.config.update in
+# the driver, e.g. by rose_jax.startup, they are not in its environment)
+_CACHE_CONFIG = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+
+
+def persistent_cache_dir() -> str | None:
+    """The driver's persistent compilation cache directory, or None when it has none."""
+    return getattr(jax.config, "jax_compilation_cache_dir", None) or None
+
+
+def compile_exported(outcome: Outcome, args: Sequence[Any], compiler_options: Mapping[str, Any] | None):
+    """The driver's executable of a candidate its child compiled: ``jax.jit(exported.call)`` with
+    the child's XLA options, compiled for the shapes of ``args``. With the persistent cache on (and
+    shared with the child, :func:`child_environment`) this loads the child's executable; None when
+    there is no exported program or no cache (compiling it again would gain nothing).
+
+    Lowered from shapes, as the child lowers from uncommitted zeros: arrays committed to a device
+    (e.g. a previous stage's outputs) would give another module and miss the cache."""
+    if not outcome.ok or outcome.exported is None or persistent_cache_dir() is None:
+        return None
+    opts = {k: v for k, v in dict(compiler_options or {}).items()} or None
+    specs = _arg_specs(jax.tree.leaves(tuple(args)))
+    return jax.jit(outcome.exported.call, compiler_options=opts).lower(*specs).compile()
+
+
 def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The child's complete environment: the driver's, minus MPS / memory-fraction variables,
     preallocation off (:func:`rose_jax.mps.plan.worker_environment`), JAX on the driver's
-    platform, plus ``extra``."""
+    platform, the driver's persistent compilation cache (so the driver can load what the child
+    compiled), plus ``extra``."""
     from rose_jax.mps import plan  # noqa: PLC0415
 
     env = plan.worker_environment(plan.WorkerSpec("isolate"))
@@ -112,6 +147,11 @@ def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     )
     if jax.default_backend() == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
+    if persistent_cache_dir() is not None:
+        for name in _CACHE_CONFIG:
+            value = getattr(jax.config, name, None)
+            if value is not None:
+                env[name.upper()] = str(value)
     env.update({str(k): str(v) for k, v in (extra or {}).items()})
     return env
 
@@ -200,7 +240,10 @@ def check(
     seconds = time.perf_counter() - t0
     if code == 0 and result is not None and result.get("ok"):
         return Outcome(
-            True, f"compiled and ran in a child process ({result.get('compile_s', 0):.1f} s compile)", seconds
+            True,
+            f"compiled and ran in a child process ({result.get('compile_s', 0):.1f} s compile)",
+            seconds,
+            exported=exported,
         )
     if result is not None and not result.get("ok"):
         reason = f"XLA compile failed: {result.get('error', '?')}"

@@ -1004,6 +1004,8 @@ class ChainedStep(HostStep):
         self._key = None
         self.chosen: tuple[str, ...] | None = None
         self.timings: dict[str, dict[str, float | str]] = {}
+        self._measured: list[Callable] | None = None  # per stage: the chosen set's measured executable
+        self.loaded: list[str] = []  # "stage:set" executables loaded from an isolated child's compile
 
     # -- the call ---------------------------------------------------------------------------
     def __call__(self, *args):
@@ -1061,13 +1063,17 @@ class ChainedStep(HostStep):
     def _prepare(self, args, flat) -> None:
         self._chain = build_chain(self.fn, args, self.boundaries)
         n = len(self._chain.stages)
+        self._measured = None
         if isinstance(self.options, str):
             self.chosen = self._measure(flat)
         else:
             if len(self.options) != n:
                 raise ValueError(f"ChainedStep: {len(self.options)} option set(s) for {n} stages")
             self.chosen = tuple(self.options)
-        self._compiled = [self._jit(k, self.chosen[k], self.donate) for k in range(n)]
+        if self._measured is not None and not self.donate:  # the measured executables, not compiled again
+            self._compiled = list(self._measured)
+        else:
+            self._compiled = [self._jit(k, self.chosen[k], self.donate) for k in range(n)]
 
     def isolation_checks(self, stage_sets: Sequence[tuple[int, str]] | None = None, workers: int = 4) -> dict:
         """``(stage index, option set) -> isolate.Outcome`` of each stage's compile and first call in
@@ -1094,6 +1100,8 @@ class ChainedStep(HostStep):
             return dict(zip(todo, pool.map(one, todo), strict=True))
 
     def _measure(self, flat) -> tuple[str, ...]:
+        from rose_jax.optimize import isolate as iso  # noqa: PLC0415 - child processes, loaded on use
+
         gpu = _platform() == "gpu"
         sets = list(self.option_sets) if gpu else ["default"]
         use_child = gpu if self.isolate is None else self.isolate
@@ -1103,7 +1111,7 @@ class ChainedStep(HostStep):
             else {}
         )
         values = list(flat)
-        chosen = []
+        chosen, runs = [], []
         for k, stage in enumerate(self._chain.stages):
             stage_args = [values[p] for p in stage.inputs]
             best, best_t, best_run, times = None, float("inf"), None, {}
@@ -1113,7 +1121,15 @@ class ChainedStep(HostStep):
                     times[name] = f"refused: {outcome.reason}"
                     self.refusals[f"{stage.name}:{name}"] = outcome.reason
                     continue
-                run = self._jit(k, name, donate=False)
+                # the child's executable from the shared persistent cache when there is one (the
+                # same program: compiling it here again cost as much as the child's compile)
+                run = None
+                if outcome is not None:
+                    opts = {**(OPTION_SETS[name] if gpu else {}), **self.extra_options}
+                    run = iso.compile_exported(outcome, stage_args, opts)
+                    if run is not None:
+                        self.loaded.append(f"{stage.name}:{name}")
+                run = run or self._jit(k, name, donate=False)
                 jax.block_until_ready(run(*stage_args))
                 ts = []
                 for _ in range(max(1, self.repeats)):
@@ -1129,8 +1145,10 @@ class ChainedStep(HostStep):
                     f"split_compile: every option set was refused for stage {stage.name!r}: {times}"
                 )
             chosen.append(best)
+            runs.append(best_run)
             self.timings[stage.name] = times
             values.extend(best_run(*stage_args))
+        self._measured = runs
         return tuple(chosen)
 
 
