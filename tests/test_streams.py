@@ -354,7 +354,7 @@ direct = streams.ChainedStep(fn, None, "measure", isolate=False)(state)  # the s
 again = step(out[0])  # the measured executables run again
 fixed = streams.ChainedStep(fn, None, ("default", "default"))(out[0])
 print("RESULT " + json.dumps({
-    "loaded": step.loaded,
+    "loaded": step.from_children,
     "hits": hits,
     "bitwise_vs_direct": compare_trees(out, direct).equal,
     "again_vs_direct": compare_trees(again, fixed).equal,

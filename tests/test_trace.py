@@ -449,6 +449,15 @@ def test_format_tree_collapses_runs_of_equal_leaves():
     assert run.strip().startswith("4 x opaque scatter-add") and "FLOP" in run
     assert len(short.splitlines()) == len(full.splitlines()) - 3
 
+    def loops(state):  # sibling leaf loops keep their own lines: their trip counts differ
+        x = state["x"]
+        for n in (2, 5, 7):
+            x = jax.lax.fori_loop(0, n, lambda i, v: v * 1.5, x)
+        return {"x": x}
+
+    text = format_tree(trace(loops, {"x": jnp.ones(3)}))
+    assert all(f"x{n}" in text for n in (2, 5, 7)) and " x scan" not in text
+
 
 def test_format_tree_and_json(tmp_path):
     tree = trace(iteration, make_state())

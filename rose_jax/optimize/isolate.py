@@ -133,11 +133,11 @@ def compile_exported(outcome: Outcome, args: Sequence[Any], compiler_options: Ma
     return jax.jit(outcome.exported.call, compiler_options=opts).lower(*specs).compile()
 
 
-def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_environment(extra: Mapping[str, str] | None = None, share_cache: bool = False) -> dict[str, str]:
     """The child's complete environment: the driver's, minus MPS / memory-fraction variables,
     preallocation off (:func:`rose_jax.mps.plan.worker_environment`), JAX on the driver's
-    platform, the driver's persistent compilation cache (so the driver can load what the child
-    compiled), plus ``extra``."""
+    platform, with ``share_cache`` the driver's persistent compilation cache (so the driver can
+    load what the child compiled), plus ``extra``."""
     from rose_jax.mps import plan  # noqa: PLC0415
 
     env = plan.worker_environment(plan.WorkerSpec("isolate"))
@@ -147,7 +147,7 @@ def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     )
     if jax.default_backend() == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
-    if persistent_cache_dir() is not None:
+    if share_cache and persistent_cache_dir() is not None:
         for name in _CACHE_CONFIG:
             value = getattr(jax.config, name, None)
             if value is not None:
@@ -175,13 +175,16 @@ def check(
     fingerprint: str | None = None,
     timeout: float = 900.0,
     env: Mapping[str, str] | None = None,
+    share_cache: bool = False,
 ) -> Outcome:
     """Compile ``jax.jit(fn)`` for ``args`` (pytrees of arrays or ShapeDtypeStructs) and call it
     once, in a child process; see the module docstring.
 
     ``label`` names the candidate in the refusal cache; ``cache_dir`` + ``fingerprint`` (the
     program's, :func:`rose_jax.optimize.cache.fingerprint`) turn the cache on. ``env``: extra
-    environment variables for the child.
+    environment variables for the child. ``share_cache``: the child writes its executable into
+    the driver's persistent compilation cache, for a caller that loads it
+    (:func:`compile_exported`); off by default, so as not to fill the cache with entries nobody reads.
     """
     known = remembered(cache_dir, fingerprint)
     if label in known:
@@ -216,7 +219,7 @@ def check(
             try:
                 proc = subprocess.run(
                     [sys.executable, "-m", "rose_jax.optimize.isolate", tmp],
-                    env=child_environment(env),
+                    env=child_environment(env, share_cache=share_cache),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=err,

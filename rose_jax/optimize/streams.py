@@ -954,6 +954,17 @@ def _platform() -> str:
     return jax.default_backend()
 
 
+def _device_set(x: Any) -> Any:
+    sharding = getattr(x, "sharding", None)
+    return frozenset(sharding.device_set) if sharding is not None else None
+
+
+def _on_default_device(args: Sequence[Any]) -> bool:
+    """Every array on the default device (or uncommitted): what a loaded executable accepts."""
+    default = jax.devices()[0]
+    return all(_device_set(a) in (None, frozenset({default})) for a in args)
+
+
 class ChainedStep(HostStep):
     """``state -> (state, metrics)`` as separately compiled stages chained on the device.
 
@@ -1005,14 +1016,16 @@ class ChainedStep(HostStep):
         self.chosen: tuple[str, ...] | None = None
         self.timings: dict[str, dict[str, float | str]] = {}
         self._measured: list[Callable] | None = None  # per stage: the chosen set's measured executable
-        self.loaded: list[str] = []  # "stage:set" executables loaded from an isolated child's compile
+        # "stage:set" executables built from the isolated child's exported program (a load from the
+        # persistent cache when the child's compile was long enough to be cached there)
+        self.from_children: list[str] = []
 
     # -- the call ---------------------------------------------------------------------------
     def __call__(self, *args):
         flat = jax.tree.leaves(args)
-        key = (
+        key = (  # placement too: an executable loaded from a child is fixed to its device
             jax.tree.structure(args),
-            tuple((getattr(x, "shape", ()), str(getattr(x, "dtype", ""))) for x in flat),
+            tuple((getattr(x, "shape", ()), str(getattr(x, "dtype", "")), _device_set(x)) for x in flat),
         )
         if self._compiled is None or key != self._key:
             self._prepare(args, flat)
@@ -1063,7 +1076,7 @@ class ChainedStep(HostStep):
     def _prepare(self, args, flat) -> None:
         self._chain = build_chain(self.fn, args, self.boundaries)
         n = len(self._chain.stages)
-        self._measured = None
+        self._measured, self.from_children = None, []
         if isinstance(self.options, str):
             self.chosen = self._measure(flat)
         else:
@@ -1094,6 +1107,7 @@ class ChainedStep(HostStep):
                 compiler_options=opts,
                 label=f"{stage.name}:{name}",
                 cache_dir=self.cache_dir,
+                share_cache=True,  # _measure loads the child's executable (isolate.compile_exported)
             )
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -1124,11 +1138,15 @@ class ChainedStep(HostStep):
                 # the child's executable from the shared persistent cache when there is one (the
                 # same program: compiling it here again cost as much as the child's compile)
                 run = None
-                if outcome is not None:
+                if outcome is not None and _on_default_device(stage_args):
                     opts = {**(OPTION_SETS[name] if gpu else {}), **self.extra_options}
-                    run = iso.compile_exported(outcome, stage_args, opts)
+                    try:
+                        specs = stage.in_specs if len(stage.in_specs) == len(stage_args) else stage_args
+                        run = iso.compile_exported(outcome, specs, opts)
+                    except Exception:  # noqa: BLE001 - an optimisation only: compile it here instead
+                        run = None
                     if run is not None:
-                        self.loaded.append(f"{stage.name}:{name}")
+                        self.from_children.append(f"{stage.name}:{name}")
                 run = run or self._jit(k, name, donate=False)
                 jax.block_until_ready(run(*stage_args))
                 ts = []

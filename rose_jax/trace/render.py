@@ -57,17 +57,23 @@ def format_node(node: Node, show_paths: int = 3) -> str:
 COLLAPSE_RUN = 3
 
 
+def _run_key(node: Node) -> tuple:
+    """What must agree for two sibling leaves to share a line: label (kind, name, trips), loop
+    note, branch part and component path. Loops are never merged (their trips and notes matter)."""
+    return (node.label(), node.loop_note(), node.part, tuple(node.component_path))
+
+
 def _runs(children) -> list[list[Node]]:
-    """Consecutive sibling leaves with the same kind, name and component path, grouped."""
+    """Consecutive sibling leaves (not loops) with the same :func:`_run_key`, grouped."""
     runs: list[list[Node]] = []
     for c in children:
-        key = (c.kind, c.name, tuple(c.component_path))
         last = runs[-1][-1] if runs else None
         if (
             last is not None
             and not c.children
             and not last.children
-            and (last.kind, last.name, tuple(last.component_path)) == key
+            and not c.is_loop
+            and _run_key(last) == _run_key(c)
         ):
             runs[-1].append(c)
         else:
