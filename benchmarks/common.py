@@ -131,11 +131,9 @@ def enable_compile_cache(path: str, min_compile_time_s: float = 1.0) -> None:
     compiled again in this run (or a later one) loads instead of compiling.
     """
     if path:
-        import jax
+        from rose_jax import startup
 
-        os.makedirs(path, exist_ok=True)
-        jax.config.update("jax_compilation_cache_dir", path)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_time_s)
+        startup.enable_compile_cache(path, min_compile_time_s)
 
 
 # ------------------------------------------------------------------------------ per-config experiments

@@ -1015,7 +1015,6 @@ class ChainedStep(HostStep):
         self._key = None
         self.chosen: tuple[str, ...] | None = None
         self.timings: dict[str, dict[str, float | str]] = {}
-        self._measured: list[Callable] | None = None  # per stage: the chosen set's measured executable
         # "stage:set" executables built from the isolated child's exported program (a load from the
         # persistent cache when the child's compile was long enough to be cached there)
         self.from_children: list[str] = []
@@ -1076,15 +1075,16 @@ class ChainedStep(HostStep):
     def _prepare(self, args, flat) -> None:
         self._chain = build_chain(self.fn, args, self.boundaries)
         n = len(self._chain.stages)
-        self._measured, self.from_children = None, []
+        self.from_children = []
+        measured = None
         if isinstance(self.options, str):
-            self.chosen = self._measure(flat)
+            self.chosen, measured = self._measure(flat)
         else:
             if len(self.options) != n:
                 raise ValueError(f"ChainedStep: {len(self.options)} option set(s) for {n} stages")
             self.chosen = tuple(self.options)
-        if self._measured is not None and not self.donate:  # the measured executables, not compiled again
-            self._compiled = list(self._measured)
+        if measured is not None and not self.donate:  # the measured executables, not compiled again
+            self._compiled = measured
         else:
             self._compiled = [self._jit(k, self.chosen[k], self.donate) for k in range(n)]
 
@@ -1113,7 +1113,8 @@ class ChainedStep(HostStep):
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             return dict(zip(todo, pool.map(one, todo), strict=True))
 
-    def _measure(self, flat) -> tuple[str, ...]:
+    def _measure(self, flat) -> tuple[tuple[str, ...], list[Callable]]:
+        """Each stage timed under each option set: ``(chosen set per stage, its executables)``."""
         from rose_jax.optimize import isolate as iso  # noqa: PLC0415 - child processes, loaded on use
 
         gpu = _platform() == "gpu"
@@ -1141,8 +1142,7 @@ class ChainedStep(HostStep):
                 if outcome is not None and _on_default_device(stage_args):
                     opts = {**(OPTION_SETS[name] if gpu else {}), **self.extra_options}
                     try:
-                        specs = stage.in_specs if len(stage.in_specs) == len(stage_args) else stage_args
-                        run = iso.compile_exported(outcome, specs, opts)
+                        run = iso.compile_exported(outcome, stage.in_specs, opts)
                     except Exception:  # noqa: BLE001 - an optimisation only: compile it here instead
                         run = None
                     if run is not None:
@@ -1166,8 +1166,7 @@ class ChainedStep(HostStep):
             runs.append(best_run)
             self.timings[stage.name] = times
             values.extend(best_run(*stage_args))
-        self._measured = runs
-        return tuple(chosen)
+        return tuple(chosen), runs
 
 
 def split_compile(

@@ -37,19 +37,23 @@ def _paths(paths, n: int) -> str:
     return ", ".join(paths[:n]) + more
 
 
-def format_node(node: Node, show_paths: int = 3) -> str:
-    """One line: kind, name, trips, part, components, cost, reads/writes summaries."""
-    head = node.label()
+def _line(head: str, node: Node, cost: Cost, reads, writes, show_paths: int) -> str:
+    """``head`` with ``node``'s loop note, branch part and components, then cost and paths."""
     if node.loop_note():
         head += f" ({node.loop_note()})"
     if node.part:
         head += f" <{node.part}>"
     if node.component_path and node.kind != "component":
         head += f" [{'/'.join(node.component_path)}]"
-    line = f"{head}  ({format_cost(node.cost)})"
+    line = f"{head}  ({format_cost(cost)})"
     if show_paths:
-        line += f"  reads: {_paths(node.reads, show_paths)}  writes: {_paths(node.writes, show_paths)}"
+        line += f"  reads: {_paths(reads, show_paths)}  writes: {_paths(writes, show_paths)}"
     return line
+
+
+def format_node(node: Node, show_paths: int = 3) -> str:
+    """One line: kind, name, trips, part, components, cost, reads/writes summaries."""
+    return _line(node.label(), node, node.cost, node.reads, node.writes, show_paths)
 
 
 # Runs of at least this many sibling leaves of one kind and name (e.g. MJX's dozens of opaque
@@ -83,17 +87,10 @@ def _runs(children) -> list[list[Node]]:
 
 def _format_run(run: list[Node], show_paths: int) -> str:
     """One line for ``len(run)`` equal-named sibling leaves: summed cost, united reads/writes."""
-    first = run[0]
     cost = Cost(*(sum(getattr(n.cost, f) for n in run) for f in Cost._fields))
-    head = f"{len(run)} x {first.kind} {first.name}"
-    if first.component_path:
-        head += f" [{'/'.join(first.component_path)}]"
-    line = f"{head}  ({format_cost(cost)})"
-    if show_paths:
-        reads = frozenset().union(*(n.reads for n in run))
-        writes = frozenset().union(*(n.writes for n in run))
-        line += f"  reads: {_paths(reads, show_paths)}  writes: {_paths(writes, show_paths)}"
-    return line
+    reads = frozenset().union(*(n.reads for n in run))
+    writes = frozenset().union(*(n.writes for n in run))
+    return _line(f"{len(run)} x {run[0].label()}", run[0], cost, reads, writes, show_paths)
 
 
 def format_tree(
