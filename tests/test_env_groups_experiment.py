@@ -77,3 +77,27 @@ def test_plot_skips_failed_rows(tmp_path):
     empty = tmp_path / "none.png"
     E.plot(_rows()[1:], str(empty))  # nothing measured: no plot
     assert not empty.exists()
+
+
+def test_merge_keeps_measured_rows_and_takes_this_runs_measurements():
+    """--merge: a skipped or failed row of this run never replaces a measured row of an earlier run;
+    a measured row replaces the old one of its name; new names are appended; each keeps its command."""
+    old = [
+        {**_groups_row("groups_4x32", "4x32"), "command": "run 1"},
+        {"name": "offload_2048", "kind": "offload", "skipped": "time budget", "command": "run 1"},
+        {"name": "exchange", "kind": "exchange", "round_trips": [], "command": "run 1"},
+    ]
+    new = [
+        {"name": "groups_4x32", "kind": "groups", "skipped": "time budget", "command": "run 2"},
+        {**_groups_row("offload_2048", "x"), "kind": "offload", "command": "run 2"},
+        E.failed_row("exchange", "exchange", OSError("no CUDA IPC")) | {"command": "run 2"},
+        {"name": "offload_8192", "kind": "offload", "skipped": "time budget", "command": "run 2"},
+    ]
+    merged = E.merged_rows(old, new)
+    assert [(r["name"], r["command"]) for r in merged] == [
+        ("groups_4x32", "run 1"),
+        ("offload_2048", "run 2"),
+        ("exchange", "run 1"),
+        ("offload_8192", "run 2"),
+    ]
+    assert "skipped" not in merged[0] and "skipped" not in merged[2]

@@ -453,3 +453,43 @@ def test_search_generates_loop_candidates_measures_them_and_refuses_unbounded_lo
     (c,) = [c for c in report.candidates if c.transform["name"] == "bound_while_loops"]
     assert not c.legal and c.reason.startswith("illegal: no while loop can be bounded")
     assert "no integer counter test" in c.reason
+
+
+def test_combine_keeps_each_rows_command_and_never_replaces_a_measurement_by_a_skip(tmp_path):
+    """loops --combine: files given oldest first; per workload the last measured row wins, a row a
+    file only carried over with --merge keeps the older file's command, rows come in workload order."""
+    from benchmarks.experiments import loops as B
+
+    def row(w, speedup=None, skipped=None):
+        if skipped:
+            return {"workload": w, "skipped": skipped, "error": None}
+        return {"workload": w, "error": None, "speedup": speedup}
+
+    files = [
+        {"experiment": "loops", "command": "run 1", "date": "d1", "rows": [row("ppo_iteration/hopper", 1.3)]},
+        {
+            "experiment": "loops",
+            "command": "run 2",
+            "date": "d2",
+            "merged_from_earlier_runs": ["ppo_iteration/hopper"],
+            "rows": [row("ppo_iteration/hopper", 1.3), row("physics/walker2d", 1.2), row("ppo_iteration/mjx_swimmer", skipped="budget")],
+        },
+        {"experiment": "loops", "command": "run 3", "date": "d3", "rows": [row("physics/walker2d", skipped="budget"), row("physics/hopper", 1.1)]},
+    ]
+    paths = []
+    for i, f in enumerate(files):
+        p = tmp_path / f"r{i}.json"
+        p.write_text(json.dumps(f))
+        paths.append(str(p))
+    result = B.combine(paths)
+    got = [(r["workload"], r["command"], r.get("speedup")) for r in result["rows"]]
+    assert got == [
+        ("physics/hopper", "run 3", 1.1),
+        ("physics/walker2d", "run 2", 1.2),
+        ("ppo_iteration/hopper", "run 1", 1.3),
+        ("ppo_iteration/mjx_swimmer", "run 2", None),
+    ]
+    assert result["command"] == "run 1 ; run 2 ; run 3"
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not a loops results.json"):
+        B.combine([str(tmp_path / "bad.json")])

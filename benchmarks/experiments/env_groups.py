@@ -143,6 +143,7 @@ def groups_row(args, label: str) -> dict:
         driver_after = process_worker.compile_events()
         worker_after = {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names}
         st = pc.stats()
+        det = deterministic_check(args, program, grouped, state)
     finally:
         step.close()
     tol = t.tolerance
@@ -184,6 +185,10 @@ def groups_row(args, label: str) -> dict:
         "envs_differing_inline": envs_differing(one.env_state, inline_one.env_state, 1e-3),
         "envs_differing_fused_vs_sequential": envs_differing(seq_one.env_state, ref_one.env_state, 1e-3),
         "max_abs_diff_inline": measure.compare_trees(one, inline_one).max_abs,
+        # the same comparisons with every part compiled under xla_gpu_deterministic_ops (driver and
+        # workers): MJX's scatter-adds use atomics on the GPU, so the default-option rows above
+        # differ even between two runs of one program; these tell a transport fault from that
+        **det,
         "tolerance_rtol": tol.rtol,
         "mode": st["mode"],
         "reason": st["reason"],
@@ -203,7 +208,57 @@ def groups_row(args, label: str) -> dict:
         f"{row['envs_differing_inline']} envs differ; fused vs sequential groups: "
         f"{row['envs_differing_fused_vs_sequential']} envs differ"
     )
+    if det.get("deterministic_options"):
+        log(
+            f"{name}: under {det['deterministic_options']}: processes vs in-process workers "
+            f"bitwise={det['det_equal_inline']} ({det['det_envs_differing_inline']} envs differ); vs "
+            f"sequential groups {det['det_envs_differing_sequential']}, vs fused "
+            f"{det['det_envs_differing_fused']}, fused vs fused (repeat) {det['det_envs_differing_fused_repeat']}"
+        )
     return row
+
+
+def deterministic_check(args, program, grouped, state) -> dict:
+    """One iteration from ``state`` of the fused program, the sequential groups, the worker functions
+    in this process and the worker processes, every part compiled under the search's equality options
+    (``xla_gpu_deterministic_ops``; ``--equality-options off`` skips it): ``det_equal_inline`` (processes
+    vs the same functions in this process, bitwise) checks the transport; the other counts say how far
+    the groups' own computation (other batch shapes) diverges from the fused one."""
+    import jax
+
+    from rose_jax import optimize as O
+    from rose_jax.optimize import measure, processes, search
+
+    if args.equality_options == "off":
+        return {"deterministic_options": None}
+    opts = search.DETERMINISTIC
+    fused = jax.jit(program.iteration(), compiler_options=opts)
+    sequential = jax.jit(O.group_rollout(args.groups, "sequential").apply(program).iteration(), compiler_options=opts)
+    ref = fused(state)[0]
+    ref2 = fused(state)[0]
+    seq = sequential(state)[0]
+    inline = processes.ProcessCollect(program, args.groups, executor=processes.InlineExecutor())
+    try:
+        inline_step = search.compile_step(
+            program._replace(collect=inline, host=True, groups=args.groups), compiler_options=opts
+        )
+        inline_one = inline_step.sync_state(inline_step(state)[0])
+    finally:
+        inline.close()
+    proc_step = search.compile_step(grouped, compiler_options=opts)  # the running workers, recompiled
+    proc_one = proc_step.sync_state(proc_step(state)[0])
+    cmp_inline = measure.compare_trees(proc_one, inline_one)
+    return {
+        "deterministic_options": sorted(opts),
+        "det_equal_inline": cmp_inline.equal,
+        "det_max_abs_diff_inline": cmp_inline.max_abs,
+        "det_envs_differing_inline": envs_differing(proc_one.env_state, inline_one.env_state, 1e-3),
+        "det_equal_fused": measure.compare_trees(proc_one, ref).equal,
+        "det_envs_differing_fused": envs_differing(proc_one.env_state, ref.env_state, 1e-3),
+        "det_envs_differing_sequential": envs_differing(proc_one.env_state, seq.env_state, 1e-3),
+        "det_fused_repeatable": measure.compare_trees(ref, ref2).equal,
+        "det_envs_differing_fused_repeat": envs_differing(ref.env_state, ref2.env_state, 1e-3),
+    }
 
 
 def search_row(args) -> dict:
@@ -414,6 +469,7 @@ def table(rows: list[dict]) -> str:
                     "learn ms",
                     "recompiles (driver/workers)",
                     "equal (envs differing) vs fused / vs groups / vs in-process workers",
+                    "deterministic ops: vs in-process workers bitwise (envs differing); vs fused; fused repeat",
                 ],
                 [
                     [
@@ -428,6 +484,12 @@ def table(rows: list[dict]) -> str:
                         f"{r['driver_compiles_after_first']}/{r['worker_compiles_after_first']}",
                         f"{r['equal']} ({r['envs_differing']}) / {r['equal_to_sequential_groups']} "
                         f"({r['envs_differing_sequential']}) / ({r['envs_differing_inline']})",
+                        (
+                            f"{r['det_equal_inline']} ({r['det_envs_differing_inline']}); "
+                            f"({r['det_envs_differing_fused']}); {r['det_fused_repeatable']}"
+                            if r.get("deterministic_options")
+                            else "not run"
+                        ),
                     ]
                     for r in g
                 ],
@@ -549,9 +611,26 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def write_results(rows: list[dict], args, out_dir: str) -> str:
-    text = table(rows)
+def merged_rows(old_rows: list[dict], rows: list[dict]) -> list[dict]:
+    """``old_rows`` (a previous run's, for ``--merge``) updated by this run's ``rows``: a row of this
+    run replaces the old one of its name unless it was skipped or failed and the old one was measured;
+    the old rows' order first, this run's new rows after."""
+    def ok(r):
+        return "skipped" not in r and not r.get("error")
+
+    new = {r["name"]: r for r in rows}
+    out = [new.pop(r["name"]) if r["name"] in new and (ok(new[r["name"]]) or not ok(r)) else r for r in old_rows]
+    names = {r["name"] for r in out}
+    return out + [r for r in rows if r["name"] not in names]
+
+
+def write_results(rows: list[dict], args, out_dir: str, old_rows: list[dict] | None = None) -> str:
     meta = common.machine_info()
+    # each row keeps the command and date that measured it (merged files stay traceable)
+    rows = [{"command": meta.get("command"), "date": meta.get("date"), **r} for r in rows]
+    if old_rows:
+        rows = merged_rows(old_rows, rows)
+    text = table(rows)
     atomic_write_json(
         os.path.join(out_dir, "env_groups.json"),
         {"machine": meta, "argv": sys.argv[1:], "wall_s": common.elapsed(), "rows": rows},
@@ -566,10 +645,14 @@ def write_results(rows: list[dict], args, out_dir: str) -> str:
     detail = "\n".join(
         f"\n## {r['name']}\n\n```\n{r['report_text']}\n```" for r in rows if "report_text" in r
     )
+    runs: dict[str, list[str]] = {}
+    for r in rows:
+        runs.setdefault(f"{r.get('date')}: `{r.get('command')}`", []).append(r["name"])
+    provenance = "".join(f"- {run}: {', '.join(names)}\n" for run, names in runs.items())
     atomic_write_text(
         os.path.join(out_dir, "env_groups.md"),
         f"# env_groups\n\ncommand: `{meta.get('command')}` ({meta.get('date')})\n\n{notes}\n\n"
-        f"{text}\n{detail}\n",
+        f"Rows by the run that wrote them:\n\n{provenance}\n{text}\n{detail}\n",
     )
     if any("skipped" not in r for r in rows):
         plot(rows, os.path.join(out_dir, "env_groups.png"))
@@ -605,7 +688,18 @@ def parse_args(argv=None):
     p.add_argument(
         "--rows", nargs="+", default=["groups_4x32", "exchange", "groups_3x1024", "offload", "search"]
     )
+    p.add_argument(
+        "--equality-options",
+        choices=["deterministic", "off"],
+        default="deterministic",
+        help="also compare the env-group rows with every part under xla_gpu_deterministic_ops",
+    )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of an existing env_groups.json in --out that this run does not measure",
+    )
     p.add_argument(
         "--compile-cache",
         default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
@@ -653,6 +747,15 @@ def main(argv=None) -> list[dict]:
     os.makedirs(out_dir, exist_ok=True)
     log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; output {out_dir}")
     rows: list[dict] = []
+    old_rows = None
+    old_path = os.path.join(out_dir, "env_groups.json")
+    if args.merge and os.path.exists(old_path):
+        import json
+
+        with open(old_path) as f:
+            old = json.load(f)
+        stamp = {"command": old.get("machine", {}).get("command"), "date": old.get("machine", {}).get("date")}
+        old_rows = [{**stamp, **r} for r in old.get("rows", [])]
     start = time.perf_counter()
     text = ""
     for name, kind, run in plan_rows(args):
@@ -673,7 +776,7 @@ def main(argv=None) -> list[dict]:
             except Exception as e:  # noqa: BLE001 - one failing row is reported, the next one runs
                 log(f"{name}: FAILED: {type(e).__name__}: {e}")
                 rows.append(failed_row(name, kind, e))
-        text = write_results(rows, args, out_dir)
+        text = write_results(rows, args, out_dir, old_rows)
     log(f"done in {common.elapsed():.1f}s; results in {out_dir}")
     print("\n" + text + "\n", flush=True)
     return rows

@@ -354,6 +354,13 @@ def markdown(result: dict) -> str:
             + " | ".join(_cell(v.get(name)) for name in TABLE_VARIANTS)
             + " |"
         )
+    commands: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("command"):
+            commands.setdefault(f"{r.get('date')}: `{r['command']}`", []).append(r["workload"])
+    if len(commands) > 1:
+        lines += ["", "Rows by the run that wrote them (measured, or skipped with the reason):", ""]
+        lines += [f"- {run}: {', '.join(ws)}" for run, ws in commands.items()]
     lines += ["", "Loops found (per workload, first row of each env):", ""]
     seen = set()
     for r in rows:
@@ -440,6 +447,14 @@ def parse(argv=None):
         help="keep the rows of an existing results.json in --out that this run does not measure",
     )
     p.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="RESULTS_JSON",
+        default=None,
+        help="measure nothing: combine these results.json files (later files win per workload; a "
+        "skipped or failed row never replaces a measured one) into --out, each row keeping its command",
+    )
+    p.add_argument(
         "--compile-cache",
         default=os.path.join(tempfile.gettempdir(), "rose_jax_jit_cache"),
         help="JAX persistent compilation cache dir ('' to disable)",
@@ -457,10 +472,66 @@ def parse(argv=None):
     return args
 
 
+def _measured(row: dict) -> bool:
+    return not row.get("error") and not row.get("skipped")
+
+
+def stamp(rows: list[dict], result: dict) -> list[dict]:
+    """Rows with the command and date they were measured by (rows that already carry theirs keep
+    them): merged and combined files stay traceable row by row."""
+    return [{"command": result.get("command"), "date": result.get("date"), **r} for r in rows]
+
+
+def combine(paths: list[str], envs: tuple[str, ...] = ENVS) -> dict:
+    """One result from several ``results.json`` files of this experiment: per workload the last
+    measured row wins (a skipped or failed row only where no file measured it), rows in
+    :func:`workload_order`, each stamped with its own command and date (give the files oldest
+    first: a row a file only carried over with ``--merge`` keeps the older file's command)."""
+    by_workload: dict[str, dict] = {}
+    last = None
+    for path in paths:
+        try:
+            with open(path) as f:
+                result = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--combine: cannot read {path}: {e}") from None
+        if result.get("experiment") != "loops":
+            raise SystemExit(f"--combine: {path} is not a loops results.json")
+        last = result
+        merged = set(result.get("merged_from_earlier_runs") or ())
+        for row in result.get("rows", []):
+            if row["workload"] in merged and "command" not in row:
+                # carried over by --merge from an earlier file, unstamped (files before per-row
+                # commands): that earlier file, given first, has its command; keep it unstamped otherwise
+                by_workload.setdefault(row["workload"], row)
+                continue
+            row = stamp([row], result)[0]
+            old = by_workload.get(row["workload"])
+            if old is None or _measured(row) or not _measured(old):
+                by_workload[row["workload"]] = row
+    order = workload_order(envs)
+    rows = sorted(by_workload.values(), key=lambda r: (order.index(r["workload"]) if r["workload"] in order else len(order)))
+    dated = sorted((r.get("date") or "", r["command"]) for r in rows if r.get("command"))
+    commands = list(dict.fromkeys(c for _, c in dated))  # oldest first
+    return {
+        **last,
+        "command": " ; ".join(commands),
+        "combined_from": [os.path.abspath(p) for p in paths],
+        "merged_from_earlier_runs": [],
+        "rows": rows,
+    }
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     out = args.out or (tempfile.mkdtemp(prefix="loops_smoke_") if args.smoke else DEFAULT_OUT)
     os.makedirs(out, exist_ok=True)
+    if args.combine:
+        result = combine(args.combine)
+        write(result, out)
+        print(markdown(result))
+        print(f"combined {len(args.combine)} file(s) into {out}/results.json, results.md, results.png")
+        return 0
     if not args.smoke:
         common.enable_compile_cache(args.compile_cache)
     workloads = workload_order(tuple(args.envs))
@@ -490,7 +561,8 @@ def main(argv=None) -> int:
     old_path = os.path.join(out, "results.json")
     if args.merge and os.path.exists(old_path):
         with open(old_path) as f:
-            kept = [r for r in json.load(f).get("rows", []) if r["workload"] not in workloads]
+            old = json.load(f)
+            kept = [r for r in stamp(old.get("rows", []), old) if r["workload"] not in workloads]
         result["merged_from_earlier_runs"] = [r["workload"] for r in kept]
     result["versions"] = {
         k: result["machine"].get(k) for k in ("jax", *common.PACKAGES) if result["machine"].get(k)
@@ -512,8 +584,8 @@ def main(argv=None) -> int:
                 log(f"{w}: FAILED: {type(e).__name__}: {e}")
                 result["rows"].append({"workload": w, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         result["total_s"] = elapsed()
-        write({**result, "rows": kept + result["rows"]}, out)
-    result["rows"] = kept + result["rows"]
+        write({**result, "rows": kept + stamp(result["rows"], result)}, out)
+    result["rows"] = kept + stamp(result["rows"], result)
     print(markdown(result))
     print(f"wrote {out}/results.json, results.md, results.png ({elapsed():.0f}s)")
     return 0
