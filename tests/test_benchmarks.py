@@ -616,3 +616,37 @@ def test_readme_block_lists_experiment_results(tmp_path):
     assert "ppo-ant-2048" not in block  # a skipped row has no numbers to show
     assert "| ppo ant | 2/1 | 1500 | 2300 | 140 | - |" in block
     assert "loops" not in block.lower().split("overlap")[0]  # no results folder, no table
+
+
+def test_multiprocess_headline_reports_sweep_groups_and_offload_and_skips_unmeasured_rows(tmp_path):
+    """The README's several-processes table is generated from the results files: the sweep's modes
+    against one after another, measured env-group and offload rows; skipped rows leave no line."""
+    import json
+
+    from benchmarks.suite import report
+
+    base = tmp_path / "multiprocess"
+    base.mkdir()
+    machine = {"date": "2026-12-04 08:23 UTC", "gpu": "NVIDIA H200", "jax": "0.11.2"}
+    sweep = {
+        "machine": machine,
+        "workload": {"algo": "ppo", "env": "ant", "seeds": 4, "config": {"num_envs": 2048}},
+        "summary": {"sequential_rate": 500_000.0, "vmapped_rate": 1_150_000.0, "vmapped_speedup": 2.3},
+    }
+    groups = {
+        "machine": machine,
+        "rows": [
+            {"name": "groups_4x32", "kind": "groups", "num_envs": 2048, "policy": "4x32", "groups": 2,
+             "fused_ms": 44.7, "processes_ms": 74.8, "speedup": 44.7 / 74.8},
+            {"name": "offload_8192", "kind": "offload", "skipped": "time budget"},
+        ],
+    }
+    (base / "sweep.json").write_text(json.dumps(sweep))
+    (base / "env_groups.json").write_text(json.dumps(groups))
+    text = report.multiprocess_headline(str(tmp_path))
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ") and "workload" not in ln]
+    assert len(lines) == 2
+    assert "vmapped" in lines[0] and "500,000" in lines[0] and "1,150,000" in lines[0] and "2.30x" in lines[0]
+    assert "2 env groups in processes" in lines[1] and "0.60x" in lines[1]
+    assert "2026-12-04 08:23 UTC on NVIDIA H200" in text and "8192" not in text
+    assert report.multiprocess_headline(str(tmp_path / "none")) is None

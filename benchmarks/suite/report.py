@@ -494,8 +494,8 @@ def _suite_headline(name: str, root: str | None, complete_only: bool = False) ->
 # rose_env_steps_per_s / speedup / equal / plan (issues' acceptance schema): folder, title.
 EXPERIMENTS = (
     ("overlap", "Overlap inside one program (`python -m benchmarks.experiments.overlap`)"),
-    ("loops", "Loop restructuring: MJX solver while loop as a bounded masked scan "
-     "(`python -m benchmarks.experiments.loops`)"),
+    ("loops", "MJX's solver while loop: bounded masked scan vs XLA command-buffer options, plan = the "
+     "fastest equal variant (`python -m benchmarks.experiments.loops`)"),
 )
 
 
@@ -566,6 +566,71 @@ def parity_headline(root: str | None = None) -> str | None:
     )
 
 
+def multiprocess_headline(root: str | None = None) -> str | None:
+    """Several processes on one GPU (benchmarks/results/multiprocess: ``sweep.json`` and
+    ``env_groups.json``) as a short README table: aggregate env-steps/s of K seeds vmapped / as MPS
+    processes vs one after another, env groups in processes vs the fused iteration, the offloaded
+    evaluation with and without its SM quota."""
+    base = os.path.join(root or common.RESULTS_DIR, "multiprocess")
+    body, sources, when = [], [], None
+    sweep_path = os.path.join(base, "sweep.json")
+    if os.path.exists(sweep_path):
+        doc = load(sweep_path)
+        s, w = doc.get("summary") or {}, doc.get("workload") or {}
+        what = f"{w.get('seeds', '?')} seeds of {w.get('algo', '?').upper()} {w.get('env', '?')} {w.get('config', {}).get('num_envs', '?')} envs"
+        seq = s.get("sequential_rate")
+        for label, key in (
+            ("vmapped (one program)", "vmapped"),
+            ("MPS processes, slack-aware quotas", "mps"),
+            ("MPS processes, no quotas", "mps_no_quota"),
+        ):
+            if s.get(f"{key}_rate") is not None:
+                body.append(
+                    [f"{what}: {label}", _fmt_rate(seq), _fmt_rate(s[f"{key}_rate"]), f"{s[f'{key}_speedup']:.2f}x"]
+                )
+        sources.append(os.path.relpath(sweep_path, os.path.dirname(README)))
+        when = (doc.get("machine") or {}, doc.get("machine", {}).get("date"))
+    groups_path = os.path.join(base, "env_groups.json")
+    if os.path.exists(groups_path):
+        doc = load(groups_path)
+        for r in doc.get("rows", []):
+            if "skipped" in r:
+                continue
+            if r.get("kind") == "groups":
+                body.append(
+                    [
+                        f"PPO ant {r['num_envs']} envs, policy {r['policy']}: {r['groups']} env groups in processes",
+                        f"{r['fused_ms']:.1f} ms/iter (fused)",
+                        f"{r['processes_ms']:.1f} ms/iter",
+                        f"{r['speedup']:.2f}x",
+                    ]
+                )
+            elif r.get("kind") == "offload" and r.get("speedup_quota") is not None:
+                body.append(
+                    [
+                        f"PPO ant {r['num_envs']} envs, Brax's train-loop epoch: evaluation offloaded, "
+                        f"quotas {r.get('quotas')}",
+                        f"{r['baseline_s']:.2f} s/epoch",
+                        f"{r['offload_quota_s']:.2f} s/epoch (no quota {r['offload_s']:.2f})",
+                        f"{r['speedup_quota']:.2f}x",
+                    ]
+                )
+        sources.append(os.path.relpath(groups_path, os.path.dirname(README)))
+        when = when or (doc.get("machine") or {}, doc.get("machine", {}).get("date"))
+    if not body:
+        return None
+    machine, date = when
+    table = common.markdown_table(["workload", "baseline", "rose-jax", "speedup"], body)
+    return (
+        "Several processes on one GPU (`python -m benchmarks.experiments.sweep`, "
+        f"`python -m benchmarks.experiments.env_groups --mps-client`): {date} on "
+        f"{machine.get('gpu') or machine.get('platform', '?')}; jax {machine.get('jax', '?')}. Sweep rows: "
+        "aggregate env-steps/s (compilation excluded) vs the same runs one after another. Generated from "
+        + ", ".join(f"`{p}`" for p in sources)
+        + f".\n\n{table}\n"
+    )
+
+
 def readme_block(suite: str = "auto", root: str | None = None) -> str:
     """The README block for ``suite``.
 
@@ -584,7 +649,7 @@ def readme_block(suite: str = "auto", root: str | None = None) -> str:
     blocks = [b for b in (main, _suite_headline("epoch", root)) if b]
     results_root = None if root is None else os.path.dirname(root)
     blocks += [b for b in (experiment_headline(n, t, results_root) for n, t in EXPERIMENTS) if b]
-    blocks += [b for b in (parity_headline(results_root),) if b]
+    blocks += [b for b in (multiprocess_headline(results_root), parity_headline(results_root)) if b]
     if blocks:
         return "\n".join(blocks)
     return (

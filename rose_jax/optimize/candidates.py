@@ -30,6 +30,14 @@ from rose_jax.program import Program
 # copies its predicate to the host every iteration (~10 us with the launch gaps around it);
 # on CPU it is a branch and a few buffer assignments. A model, not a measurement.
 LOOP_OVERHEAD_S = {"gpu": 10e-6, "cpu": 1e-6}
+# Largest while-loop bound the search turns into a masked scan (bound_while_loops' own default,
+# loops.MAX_BOUND, is wider for direct use). A masked scan runs its body ``bound`` times where a
+# loop with a tolerance exit may stop after a few: on the H200 (benchmarks/results/loops/,
+# 2026-12-04) the MJX swimmer's solver loop (bound 100, MuJoCo's default iterations) ran 0.036x as
+# a masked scan and took ~80 s per variant to compile and time, while bound 4 (hopper, walker2d,
+# halfcheetah) ran 1.01-1.05x and bound 8 (humanoidstandup) 0.96x. Above this bound the candidate
+# is refused with the reason, without compiling it.
+SEARCH_MAX_BOUND = 16
 # Assumed idle SM share of a phase when no profiler window says otherwise.
 ASSUMED_IDLE_SHARE = 0.5
 # top-level components that produce only metrics by convention (candidates for offload_component)
@@ -266,8 +274,9 @@ def bounded_loop_candidates(
     tree, baseline_s: float, by_path: dict[str, float], platform: str
 ) -> list[Candidate]:
     """:func:`rose_jax.optimize.loops.loop_candidates` (while loops with a static bound as masked
-    scans) with predicted gains; where the tree holds while loops but none has a bound, the
-    ``"where"`` variant is still returned, so the search logs why it is refused.
+    scans) with predicted gains; where the tree holds while loops but none has a bound (or every
+    bound exceeds :data:`SEARCH_MAX_BOUND`), the ``"where"`` variant is still returned, so the search
+    logs why it is refused.
 
     Model: each iteration of a while loop on a GPU waits for its predicate on the host
     (:data:`LOOP_OVERHEAD_S`); a masked scan of ``bound`` steps saves that wait per iteration run
@@ -276,7 +285,9 @@ def bounded_loop_candidates(
     whiles = [n for n in tree.walk() if n.kind == "while"]
     if not whiles:
         return []
-    made = loops.loop_candidates(tree) or [loops.bound_while_loops("where")]
+    made = loops.loop_candidates(tree, max_bound=SEARCH_MAX_BOUND) or [
+        loops.bound_while_loops("where", max_bound=SEARCH_MAX_BOUND)
+    ]
     overhead = LOOP_OVERHEAD_S.get(platform, LOOP_OVERHEAD_S["gpu"])
     trips = sum((n.bound or n.trip_count or 0) * outer_trips(tree, n) for n in whiles)
     by_idle = [v for v in (_idle_for(n, by_path) for n in whiles) if v is not None]
