@@ -512,3 +512,30 @@ def test_combine_keeps_each_rows_command_and_never_replaces_a_measurement_by_a_s
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(SystemExit, match="not a loops results.json"):
         B.combine([str(tmp_path / "bad.json")])
+
+
+def test_loops_experiment_refuses_masked_scans_above_max_bound_without_compiling(monkeypatch):
+    """loops.run_row: a masked-scan variant whose only while loop is above --max-bound is recorded as
+    refused with the bound in its reason (not compiled or timed); the options-only variant still runs
+    and the row's plan and markdown cell say so. Stand-in: a synthetic bound-100 solver loop replaces
+    the MJX env (build_case), everything after it is the experiment's code."""
+    import argparse
+
+    from benchmarks.experiments import loops as B
+
+    def solver(x):
+        return jax.lax.while_loop(
+            lambda c: (c[0] < 100) & (c[1].sum() > 0.5), lambda c: (c[0] + 1, c[1] * 0.9), (0, x)
+        )[1]
+
+    case = B.Case(fn=solver, args=(jnp.ones(2),), env_steps=2, chain=None, loops=[])
+    monkeypatch.setattr(B, "build_case", lambda workload, args: case)
+    args = argparse.Namespace(variants=["where", "options_concurrent"], max_bound=16, smoke=True, repeats=1, min_gain=0.02)
+    row = B.run_row("physics/mjx_swimmer", args)
+    where = row["variants"]["where"]
+    assert "speedup" not in where and "bound 100 exceeds max_bound=16" in where["not_run"]
+    assert row["variants"]["options_concurrent"]["equal"] is True
+    assert row["plan"] in ("none", "options_concurrent") and row["equal"] is True
+    assert B._cell(where) == "refused (bound)"
+    args.max_bound = 128
+    assert "speedup" in B.run_row("physics/mjx_swimmer", args)["variants"]["where"]

@@ -424,6 +424,11 @@ def test_resident_ppo_in_real_workers_equal_and_env_state_stays(ppo16):
         assert [r["sent_bytes"] for r in iters] == [2 * rollout_reads] * 3
         assert [r["received_bytes"] for r in iters] == [learn_reads] * 3
         assert per_worker_in == {"group0": rollout_reads, "group1": rollout_reads}  # what really moved
+        # where an iteration's time goes: the wait for the learn's outputs, the round trip, and in
+        # the slowest worker its input decoding, function and output encoding (each inside the round trip)
+        for r in iters:
+            assert r["input_wait_s"] >= 0 and r["wall_s"] >= r["workers_s"] + r["input_wait_s"]
+            assert 0 < r["worker_decode_s"] + r["worker_run_s"] + r["worker_encode_s"] <= r["workers_s"]
         assert env_bytes > 0 and rollout_reads < pc.stats()["state_bytes"]
 
         out = _run(step, moved, 3)

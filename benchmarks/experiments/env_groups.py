@@ -152,6 +152,9 @@ def groups_row(args, label: str) -> dict:
     collect_s = _median([r["wall_s"] for r in records])
     workers_s = _median([r["workers_s"] for r in records])
     run_s = _median([r.get("worker_run_s") for r in records])
+    wait_s = _median([r.get("input_wait_s") for r in records]) or 0.0
+    decode_s = _median([r.get("worker_decode_s") for r in records])
+    encode_s = _median([r.get("worker_encode_s") for r in records])
     row = {
         "name": name,
         "kind": "groups",
@@ -167,9 +170,16 @@ def groups_row(args, label: str) -> dict:
         "collect_ms": collect_s * 1e3,
         "workers_round_trip_ms": workers_s * 1e3,
         "worker_rollout_ms": run_s * 1e3 if run_s is not None else None,
-        "driver_overhead_ms": (collect_s - workers_s) * 1e3,
+        # the collect waits for the previous learn's parameters (dispatched asynchronously) before
+        # sending them: that wait is the learn's device time, not the driver's or the exchange's
+        "input_wait_ms": wait_s * 1e3,
+        "driver_before_ms": _median([r.get("driver_before_s") for r in records]) * 1e3,
+        "driver_after_ms": _median([r.get("driver_after_s") for r in records]) * 1e3,
+        "driver_overhead_ms": (collect_s - workers_s - wait_s) * 1e3,
         "exchange_overhead_ms": (workers_s - run_s) * 1e3 if run_s is not None else None,
-        "learn_ms": (tp.median - collect_s) * 1e3,
+        "worker_decode_ms": decode_s * 1e3 if decode_s is not None else None,
+        "worker_encode_ms": encode_s * 1e3 if encode_s is not None else None,
+        "learn_ms": (tp.median - collect_s + wait_s) * 1e3,
         "driver_compiles_after_first": sum(driver_after[k] - driver_events[k] for k in driver_events),
         "worker_compiles_after_first": sum(
             worker_after[w][k] - worker_events[w][k] for w in worker_events for k in worker_events[w]
@@ -198,8 +208,10 @@ def groups_row(args, label: str) -> dict:
     }
     log(
         f"{name}: fused {row['fused_ms']:.1f} / processes {row['processes_ms']:.1f} ms/iter "
-        f"({row['speedup']:.3f}x); driver {row['driver_overhead_ms']:.2f} ms, exchange "
-        f"{fmt(row['exchange_overhead_ms'], '.2f')} ms, rollout {fmt(row['worker_rollout_ms'])} ms, learn "
+        f"({row['speedup']:.3f}x); driver {row['driver_overhead_ms']:.2f} ms (before sending "
+        f"{row['driver_before_ms']:.2f}, merging {row['driver_after_ms']:.2f}), exchange "
+        f"{fmt(row['exchange_overhead_ms'], '.2f')} ms (worker decode {fmt(row['worker_decode_ms'], '.2f')}, "
+        f"encode {fmt(row['worker_encode_ms'], '.2f')}), waiting for the learn {row['input_wait_ms']:.2f} ms, rollout {fmt(row['worker_rollout_ms'])} ms, learn "
         f"{row['learn_ms']:.1f} ms; compiles after the first: driver {row['driver_compiles_after_first']}, "
         f"workers {row['worker_compiles_after_first']}; vs fused: equal={cmp.equal} "
         f"(max|d| {cmp.max_abs:.2g}, "
@@ -638,7 +650,9 @@ def write_results(rows: list[dict], args, out_dir: str, old_rows: list[dict] | N
     notes = (
         "Env groups: the same PPO iteration fused (one jitted program) and with its rollout in "
         f"{args.groups} worker processes (env state resident), timed in turns; driver = collect wall time "
-        "outside the workers' round trip, exchange = round trip outside the rollouts. Offload: Brax's "
+        "outside the workers' round trip and the wait for the learn's parameters (rows measured before "
+        "2026-12-04 09:00 count that wait in the exchange, and not in the learn), exchange = round trip "
+        "outside the rollouts. Offload: Brax's "
         "train loop epoch (training, then an evaluation) with the evaluation in a worker, with and "
         "without the SM quota the slack-aware search chose (branches timed alone at the grid's quotas)."
     )

@@ -235,11 +235,24 @@ def run_row(workload: str, args) -> dict:
     from rose_jax.optimize.base import EXACT
 
     chosen_variants = [(n, kw, o) for n, kw, o in VARIANTS if n in args.variants]
+    # masked-scan variants whose loops are all above --max-bound are not compiled (the search's own
+    # limit: candidates.SEARCH_MAX_BOUND); their reason is kept
+    tree = None
+    if any(kw is not None for _, kw, _ in chosen_variants):
+        from rose_jax import trace as rtrace
+
+        tree = rtrace.trace(case.fn, *case.args)
     # each variant's (function, tolerance, XLA options); an options-only variant is the original
     # program compiled differently: exact
-    built = {}
+    built, refused = {}, {}
     for name, kw, option_set in chosen_variants:
-        t = L.bound_while_loops(**kw) if kw is not None else None
+        t = L.bound_while_loops(**kw, max_bound=args.max_bound) if kw is not None else None
+        if t is not None:
+            legal, why = t.legal(tree)
+            if not legal:
+                refused[name] = {"not_run": why, "options": option_set or "default"}
+                log(f"  {workload} {name}: not run ({why})")
+                continue
         built[name] = (
             t.apply(case.fn) if t else case.fn,
             t.tolerance if t else EXACT,
@@ -260,7 +273,7 @@ def run_row(workload: str, args) -> dict:
     repeatable, _, _ = compare(again, compiled["original"][0](*case.args), 0.0)
     base_s, base_times = time_calls(compiled["original"][0], case.args, case.chain, args.repeats)
     base_rate = case.env_steps / base_s
-    variants: dict[str, dict] = {}
+    variants: dict[str, dict] = dict(refused)
     for name, (_, tolerance, _, option_set) in built.items():
         c, compile_s = compiled[name]
         out = checked[name][0](*case.args)
@@ -284,7 +297,8 @@ def run_row(workload: str, args) -> dict:
     ok = [
         (v["speedup"], n)
         for n, v in variants.items()
-        if v["speedup"] > 1.0 + args.min_gain
+        if "speedup" in v
+        and v["speedup"] > 1.0 + args.min_gain
         and (v["equal"] if v["tolerance"]["rtol"] == 0 else v["within_tolerance"])
     ]
     plan = max(ok)[1] if ok else "none"
@@ -295,7 +309,7 @@ def run_row(workload: str, args) -> dict:
         "baseline_env_steps_per_s": base_rate,
         "rose_env_steps_per_s": chosen["env_steps_per_s"] if chosen else base_rate,
         "speedup": chosen["speedup"] if chosen else 1.0,
-        "equal": chosen["equal"] if chosen else next(iter(variants.values()))["equal"],
+        "equal": chosen["equal"] if chosen else next((v["equal"] for v in variants.values() if "equal" in v), None),
         "plan": plan,
         "variants": variants,
         "baseline_compile_s": compiled["original"][1],
@@ -311,6 +325,8 @@ def run_row(workload: str, args) -> dict:
 def _cell(variant: dict | None) -> str:
     if variant is None:
         return "not run"
+    if "not_run" in variant:
+        return "refused (bound)" if "max_bound" in variant["not_run"] else "refused"
     return f"{variant['speedup']:.3f}x{'' if variant['equal'] else ' (≠)'}"
 
 
@@ -390,10 +406,10 @@ def plot(result: dict, path: str) -> None:
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
-            ys = [r["variants"][name]["speedup"] if name in r["variants"] else 0.0 for r in rows]
+            ys = [r["variants"].get(name, {}).get("speedup", 0.0) for r in rows]
             bars = ax.bar(xs, ys, width, label=name)
             for b, r in zip(bars, rows, strict=True):
-                if name in r["variants"] and not r["variants"][name]["equal"]:
+                if r["variants"].get(name, {}).get("equal") is False:
                     b.set_hatch("//")
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([r["workload"] for r in rows], rotation=30, ha="right", fontsize=8)
@@ -430,6 +446,13 @@ def parse(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--min-gain", type=float, default=0.02, help="a plan must be this much faster")
     p.add_argument(
+        "--max-bound",
+        type=int,
+        default=None,
+        help="masked-scan variants only for while loops with at most this bound (default: the "
+        "search's candidates.SEARCH_MAX_BOUND); larger ones are reported as refused, not compiled",
+    )
+    p.add_argument(
         "--budget-s", type=float, default=400.0, help="start no row that would end after this (longest row)"
     )
     p.add_argument(
@@ -461,6 +484,10 @@ def parse(argv=None):
     )
     common.add_algo_args(p)
     args = p.parse_args(argv)
+    if args.max_bound is None:
+        from rose_jax.optimize.candidates import SEARCH_MAX_BOUND
+
+        args.max_bound = SEARCH_MAX_BOUND
     unknown = sorted(set(args.envs) - set(ENVS))
     if unknown:
         p.error(f"unknown env(s) {', '.join(unknown)}; choose from {', '.join(ENVS)}")
@@ -550,6 +577,7 @@ def main(argv=None) -> int:
             "eval_length": args.eval_length,
             "repeats": args.repeats,
             "min_gain": args.min_gain,
+            "max_bound": args.max_bound,
             "ppo_unroll": args.ppo_unroll,
             "ppo_minibatches": args.ppo_minibatches,
             "ppo_epochs": args.ppo_epochs,
