@@ -608,13 +608,13 @@ def test_readme_block_lists_experiment_results(tmp_path):
     (tmp_path / "brax_parity").mkdir()
     (tmp_path / "brax_parity" / "results.json").write_text(json.dumps({
         "machine": {"gpu": "GPU X", "jax": "0.11.2", "date": "2026-01-01"},
-        "summary": [{"algo": "ppo", "env": "ant", "runs": "2/1", "brax_return": 1500.4, "rose_jax_return": 2300.0,
+        "summary": [{"algo": "ppo", "env": "ant", "num_timesteps": 50_000_000, "runs": "2/1", "brax_return": 1500.4, "rose_jax_return": 2300.0,
                      "brax_s_to_brax_final": 140.0, "rose_jax_s_to_brax_final": None}],
     }))
     block = report.readme_block("auto", str(tmp_path / "suite"))
     assert "| sac-ant-128 | 100 (Brax) | 150 | 1.50x | True | options(concurrent) |" in block
     assert "ppo-ant-2048" not in block  # a skipped row has no numbers to show
-    assert "| ppo ant | 2/1 | 1500 | 2300 | 140 | - |" in block
+    assert "| ppo ant | 50,000,000 | 2/1 | 1500 | 2300 | 140 | - |" in block
     assert "loops" not in block.lower().split("overlap")[0]  # no results folder, no table
 
 

@@ -189,13 +189,21 @@ def time_to_return(curve: list[list[float]], target: float | None) -> float | No
 
 
 def summarize(runs: list[dict]) -> list[dict]:
-    """Per algo, over seeds: both runners' final returns (each seed's, their mean and spread),
+    """Per algo and run length (``num_timesteps``), over seeds: both runners' final returns (each seed's, their mean and spread),
     whether rose-jax's mean lies within Brax's seed spread or above it, and each runner's median
     time to the mean of Brax's final returns."""
     out = []
-    for algo in ("ppo", "sac"):
+    lengths = sorted({(r["algo"], r["config"].get("num_timesteps")) for r in runs}, key=lambda k: (k[0], k[1] or 0))
+    for algo, length in lengths:
         by = {
-            runner: [r for r in runs if r["algo"] == algo and r["runner"] == runner and not r.get("error")]
+            runner: [
+                r
+                for r in runs
+                if r["algo"] == algo
+                and r["config"].get("num_timesteps") == length
+                and r["runner"] == runner
+                and not r.get("error")
+            ]
             for runner in ("brax", "rose-jax")
         }
         if not by["brax"] or not by["rose-jax"]:
@@ -215,6 +223,7 @@ def summarize(runs: list[dict]) -> list[dict]:
             {
                 "algo": algo,
                 "env": by["brax"][0]["env"],
+                "num_timesteps": length,
                 "runs": f"{len(finals['brax'])}/{len(finals['rose-jax'])}",
                 "brax_seeds": sorted({r["config"]["seed"] for r in by["brax"]}),
                 "brax_returns": finals["brax"],
@@ -258,11 +267,34 @@ def plot(runs: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def _commands(runs: list[dict]) -> list[str]:
+    """One line per distinct command of ``runs`` (date, command, which runs)."""
+    by: dict[tuple, list[str]] = {}
+    for r in runs:
+        key = (r.get("date") or "", r.get("command") or "?")
+        by.setdefault(key, []).append(f"{r['runner']} {r['algo']} seed {r['config'].get('seed')}")
+    return [f"- {d}: `{c}`: {', '.join(rs)}" for (d, c), rs in sorted(by.items())]
+
+
+def merge_runs(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` runs (an earlier results.json, ``--merge``) with ``new`` ones: a new run replaces the
+    old run of the same runner, algo, seed and length; the others are kept, old ones first."""
+    def key(r):
+        return (r["runner"], r["algo"], r["config"].get("seed"), r["config"].get("num_timesteps"))
+
+    fresh = {key(r) for r in new}
+    return [r for r in old if key(r) not in fresh] + new
+
+
 def markdown(runs: list[dict], summary: list[dict], info: dict, args) -> str:
     lines = [
         "# Brax's published configurations: Brax's trainers vs rose-jax",
         "",
-        f"Command: `{info.get('command', ' '.join(sys.argv))}`  ",
+        *(
+            [f"Command: `{info.get('command', ' '.join(sys.argv))}`  "]
+            if len({r.get("command") for r in runs} - {None}) <= 1
+            else ["Commands (each run's own, oldest first):", "", *_commands(runs), ""]
+        ),
         f"Machine: {info.get('gpu') or info.get('platform')}; jax {info.get('jax', '?')}, "
         f"brax {info.get('brax', '?')}; {info.get('date', '')}",
         "",
@@ -338,6 +370,23 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="mjx", help="Brax physics backend of both runners' envs")
     p.add_argument("--algos", default="ppo,sac", help="comma-separated subset of ppo,sac")
     p.add_argument("--seeds", type=int, default=1, help="seeds per runner (seed, seed+1, ...)")
+    p.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="offset of the first seed from the published one (a long run split over calls)",
+    )
+    p.add_argument(
+        "--runners",
+        default="brax,rose-jax",
+        help="comma-separated subset of brax,rose-jax (a long run split over calls)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the runs of an existing results.json in --out (a rerun of the same runner, algo, "
+        "seed and length replaces its old record)",
+    )
     p.add_argument("--sac-seeds", type=int, default=None, help="seeds per runner for SAC (default --seeds)")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run on a toy Brax env (plumbing only)")
     p.add_argument("--out", default=None, help=f"output directory (default {OUT_DIR}, smoke: <it>_smoke)")
@@ -372,14 +421,30 @@ def main(argv=None) -> int:
             plans.append(("sac", "hopper", base))
         else:
             p.error(f"unknown algo {algo!r} in --algos (use ppo, sac)")
+    runners = [r.strip() for r in args.runners.split(",") if r.strip()]
+    bad = sorted(set(runners) - {"brax", "rose-jax"})
+    if bad or not runners:
+        p.error(f"unknown runner(s) {', '.join(bad) or '(none)'} in --runners (use brax, rose-jax)")
+    old: list[dict] = []
+    old_path = os.path.join(out, "results.json")
+    if args.merge and os.path.exists(old_path):
+        import json
+
+        with open(old_path) as f:
+            prev = json.load(f)
+        stamp = {"command": prev.get("machine", {}).get("command"), "date": prev.get("machine", {}).get("date")}
+        old = [{**stamp, **r} for r in prev.get("runs", [])]
     runs: list[dict] = []
     for algo, env_name, base in plans:
         for k in range(args.sac_seeds if algo == "sac" and args.sac_seeds is not None else args.seeds):
-            config = dict(base, seed=base["seed"] + k)
-            for runner in ("brax", "rose-jax"):
+            config = dict(base, seed=base["seed"] + args.first_seed + k)
+            for runner in runners:
                 label = "smoke" if args.smoke else env_name
-                runs.append(run_one(runner, algo, label, config, args))
-                write(out, runs, info, args)  # after every run: a later failure keeps what is done
+                row = run_one(runner, algo, label, config, args)
+                runs.append({"command": info.get("command"), "date": info.get("date"), **row})
+                # after every run: a later failure keeps what is done
+                write(out, merge_runs(old, runs), info, args)
+    new_runs, runs = runs, merge_runs(old, runs)
     summary = write(out, runs, info, args)
     print()
     print(
@@ -405,7 +470,7 @@ def main(argv=None) -> int:
             f"{s['algo']} {s['env']}: to Brax's final return {common.fmt(s['brax_return'])}: "
             f"Brax {brax_s} s, rose-jax {ours_s} s"
         )
-    return 0 if all("error" not in r for r in runs) else 1
+    return 0 if all("error" not in r for r in new_runs) else 1
 
 
 def write(out: str, runs: list[dict], info: dict, args) -> list[dict]:

@@ -544,6 +544,7 @@ def parity_headline(root: str | None = None) -> str | None:
     body = [
         [
             f"{s['algo']} {s['env']}",
+            "—" if s.get("num_timesteps") is None else f"{s['num_timesteps']:,}",
             s.get("runs", "1/1"),
             common.fmt(s.get("brax_return"), ".0f"),
             common.fmt(s.get("rose_jax_return"), ".0f"),
@@ -553,7 +554,7 @@ def parity_headline(root: str | None = None) -> str | None:
         for s in summary
     ]
     table = common.markdown_table(
-        ["Brax config", "runs (Brax/rose-jax)", "Brax eval return", "rose-jax eval return", "Brax s to it", "rose-jax s to it"],
+        ["Brax config", "num_timesteps", "runs (Brax/rose-jax)", "Brax eval return", "rose-jax eval return", "Brax s to it", "rose-jax s to it"],
         body,
     )
     source = os.path.relpath(path, os.path.dirname(README))
