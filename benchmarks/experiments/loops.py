@@ -165,26 +165,36 @@ def build_case(workload: str, args) -> Case:
 
 
 def compile_all(
-    fns: dict[str, Callable], args: tuple, options: dict | None, per_fn: dict[str, dict] | None = None
-) -> dict[str, tuple[Any, float]]:
-    """``{name: (compiled, seconds)}``: traced and lowered here, compiled in parallel threads (XLA
-    compiles release the GIL). ``per_fn[name]``: XLA options of that function on top of ``options``."""
+    fns: dict[str, Callable],
+    args: tuple,
+    options: dict | None,
+    per_fn: dict[str, dict] | None = None,
+    option_sets: tuple[dict | None, ...] | None = None,
+) -> dict[str, tuple[Any, float]] | list[dict[str, tuple[Any, float]]]:
+    """``{name: (compiled, seconds)}``: traced and lowered once here, compiled in parallel threads
+    (XLA compiles release the GIL). ``per_fn[name]``: XLA options of that function on top of
+    ``options``. ``option_sets``: compile every function under each of these (instead of
+    ``options``) in the same parallel batch and return one dict per set (the timed programs and their
+    deterministic twins compile side by side instead of one batch after the other)."""
     import jax
 
     lowered = {}
     for name, fn in fns.items():
         t0 = time.perf_counter()
         lowered[name] = (jax.jit(fn).lower(*args), time.perf_counter() - t0)
+    sets = option_sets if option_sets is not None else (options,)
 
     def compile_one(item):
-        name, (low, trace_s) = item
+        k, (name, (low, trace_s)) = item
         t0 = time.perf_counter()
-        opts = {**(options or {}), **((per_fn or {}).get(name) or {})} or None
-        return name, low.compile(compiler_options=opts), trace_s + time.perf_counter() - t0
+        opts = {**(sets[k] or {}), **((per_fn or {}).get(name) or {})} or None
+        return k, name, low.compile(compiler_options=opts), trace_s + time.perf_counter() - t0
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(lowered))) as pool:
-        done = list(pool.map(compile_one, lowered.items()))
-    return {name: (c, s) for name, c, s in done}
+    jobs = [(k, item) for k in range(len(sets)) for item in lowered.items()]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        done = list(pool.map(compile_one, jobs))
+    out = [{name: (c, s) for k2, name, c, s in done if k2 == k} for k in range(len(sets))]
+    return out if option_sets is not None else out[0]
 
 
 def time_calls(compiled, args: tuple, chain, repeats: int) -> tuple[float, list[float]]:
@@ -262,11 +272,13 @@ def run_row(workload: str, args) -> dict:
     fns = {"original": case.fn, **{name: b[0] for name, b in built.items()}}
     per_fn = {name: b[2] for name, b in built.items()}
     options = SMOKE_COMPILER_OPTIONS if args.smoke else None
-    compiled = compile_all(fns, case.args, options, per_fn)
     deterministic = jax.default_backend() == "gpu"
     # equality programs: the same functions (and options) under deterministic ops (GPU), else the
-    # timed ones
-    checked = compile_all(fns, case.args, DETERMINISTIC, per_fn) if deterministic else compiled
+    # timed ones; both compiled in one parallel batch
+    if deterministic:
+        compiled, checked = compile_all(fns, case.args, None, per_fn, option_sets=(options, DETERMINISTIC))
+    else:
+        compiled = checked = compile_all(fns, case.args, options, per_fn)
     ref = checked["original"][0](*case.args)
     jax.block_until_ready(ref)
     again = compiled["original"][0](*case.args)
