@@ -56,8 +56,10 @@ KINDS = ("physics", "ppo_iteration", "sac_eval", "ppo_eval")
 # (concurrent_no_loops), so a bounded scan (a fixed trip count, capturable without conditionals)
 # under CONCURRENT command buffers is measured beside the options alone: the plan then says how much
 # of a gain is the loop rewrite and how much the compiler options. Measured 2026-12-04 (results/loops):
-# PPO iterations of hopper / walker2d 1.34x / 1.27x with concurrent_no_loops alone, the masked scan alone
-# 1.04-1.05x (1.04-1.06x unrolled) and under concurrent 1.02-1.04x; "where+no_loops" measures the two together.
+# concurrent_no_loops alone: PPO iterations of hopper / walker2d / halfcheetah 1.34x / 1.27x / 1.26x,
+# physics 1.11-1.30x, the 128-env evaluations 1.20-1.24x; the masked scan alone 1.01-1.05x at bound 4
+# (1.04-1.06x unrolled), 0.96x at bound 8 (humanoidstandup), 0.036x at bound 100 (swimmer) and
+# 0.50-0.69x on the evaluations; "where+no_loops" (both together) 0.47-1.17x: below the options alone.
 VARIANTS = (
     ("where", {"variant": "where"}, None),
     ("cond", {"variant": "cond"}, None),
