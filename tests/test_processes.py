@@ -98,3 +98,24 @@ def test_worker_entry_points_refuse_to_be_traced(entry):
         fn = functools.partial(fn, layout=None)
     with pytest.raises(TypeError, match="call it with jit=False"):
         jax.jit(fn)(*args)
+
+
+def test_commit_keeps_placed_arrays_and_places_the_others_on_the_default_device():
+    """processes._commit: an array already committed to the default device in its default memory is
+    returned as is (no device_put per leaf per iteration); uncommitted arrays, numpy arrays and a
+    1-device NamedSharding all end up with the one SingleDeviceSharding jit sees every iteration."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    from rose_jax.optimize import processes
+
+    device = jax.devices()[0]
+    placed = jax.device_put(jnp.ones(3), device)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    named = jax.device_put(jnp.ones(4), NamedSharding(mesh, PartitionSpec("data")))
+    out = processes._commit({"placed": placed, "loose": jnp.ones(2) * 2, "np": np.ones(2), "named": named, "n": 3})
+    assert out["placed"] is placed and out["n"] == 3
+    for k in ("loose", "np", "named"):
+        assert out[k].committed and out[k].sharding == SingleDeviceSharding(device), k

@@ -253,7 +253,9 @@ def plot(runs: list[dict], path: str) -> None:
             pts = [c for c in r["curve"] if c[1] is not None]
             if not pts:
                 continue
-            label = r["runner"]
+            lengths = {x["config"].get("num_timesteps") for x in runs if x["algo"] == algo}
+            steps = r["config"].get("num_timesteps")
+            label = r["runner"] if len(lengths) == 1 else f"{r['runner']} ({steps:,} steps)"
             axes[i][0].plot([c[0] for c in pts], [c[1] for c in pts], marker="o", label=label)
             axes[i][1].plot([c[2] for c in pts], [c[1] for c in pts], marker="o", label=label)
         env = next(r["env"] for r in runs if r["algo"] == algo)
@@ -278,10 +280,13 @@ def _commands(runs: list[dict]) -> list[str]:
 
 def merge_runs(old: list[dict], new: list[dict]) -> list[dict]:
     """``old`` runs (an earlier results.json, ``--merge``) with ``new`` ones: a new run replaces the
-    old run of the same runner, algo, seed and length; the others are kept, old ones first."""
+    old run of the same runner, algo, seed and length, unless the new one failed and the old one
+    did not (a failure never replaces a measurement); the others are kept, old ones first."""
     def key(r):
         return (r["runner"], r["algo"], r["config"].get("seed"), r["config"].get("num_timesteps"))
 
+    ok_old = {key(r) for r in old if not r.get("error")}
+    new = [r for r in new if not (r.get("error") and key(r) in ok_old)]
     fresh = {key(r) for r in new}
     return [r for r in old if key(r) not in fresh] + new
 
@@ -326,12 +331,14 @@ def markdown(runs: list[dict], summary: list[dict], info: dict, args) -> str:
             "returns (seconds since `train()` started; '-' = not reached):",
             "",
             common.markdown_table(
-                ["algo", "env", "runs (Brax/rose-jax)", "Brax final (mean; each)", "rose-jax final (mean; each)",
+                ["algo", "env", "num_timesteps", "runs (Brax/rose-jax)", "Brax final (mean; each)",
+                 "rose-jax final (mean; each)",
                  "within Brax's spread or above", "Brax s", "rose-jax s"],
                 [
                     [
                         s["algo"],
                         s["env"],
+                        common.fmt(s.get("num_timesteps"), ","),
                         s["runs"],
                         f"{common.fmt(s['brax_return'])}; {', '.join(common.fmt(x) for x in s['brax_returns'])}",
                         f"{common.fmt(s['rose_jax_return'])}; "

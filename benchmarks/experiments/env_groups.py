@@ -54,7 +54,7 @@ SMOKE_POLICIES = {"4x32": (8,), "3x1024": (32, 32)}
 MB = 1 << 20
 # seconds a row takes on the H200 (compiles included, from a cold compilation cache): what the
 # budget check adds to the elapsed time before starting a row
-ESTIMATE_S = {"groups": 70.0, "exchange": 15.0, "offload": 200.0, "search": 70.0}
+ESTIMATE_S = {"groups": 80.0, "exchange": 15.0, "offload": 240.0, "search": 70.0}
 
 
 # ----------------------------------------------------------------------------------- workloads
@@ -79,6 +79,10 @@ def ppo_setup(args, num_envs: int, policy: tuple[int, ...]):
     program = ppo.program(config, env, env_name=env_name, env_kwargs=env_kw)
     state = ppo.init(config, env, jax.random.PRNGKey(args.seed))
     return ppo, env, config, program, state
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
 
 
 def _median(xs) -> float | None:
@@ -143,7 +147,11 @@ def groups_row(args, label: str) -> dict:
         driver_after = process_worker.compile_events()
         worker_after = {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names}
         st = pc.stats()
-        det = deterministic_check(args, program, grouped, state)
+        try:  # a failure here must not lose the row measured above
+            det = deterministic_check(args, program, grouped, state)
+        except Exception as e:  # noqa: BLE001 - reported in the row
+            log(f"{name}: deterministic-ops check FAILED: {type(e).__name__}: {e}")
+            det = {"deterministic_options": None, "det_error": f"{type(e).__name__}: {str(e)[:300]}"}
     finally:
         step.close()
     tol = t.tolerance
@@ -173,12 +181,12 @@ def groups_row(args, label: str) -> dict:
         # the collect waits for the previous learn's parameters (dispatched asynchronously) before
         # sending them: that wait is the learn's device time, not the driver's or the exchange's
         "input_wait_ms": wait_s * 1e3,
-        "driver_before_ms": _median([r.get("driver_before_s") for r in records]) * 1e3,
-        "driver_after_ms": _median([r.get("driver_after_s") for r in records]) * 1e3,
+        "driver_before_ms": _ms(_median([r.get("driver_before_s") for r in records])),
+        "driver_after_ms": _ms(_median([r.get("driver_after_s") for r in records])),
         "driver_overhead_ms": (collect_s - workers_s - wait_s) * 1e3,
         "exchange_overhead_ms": (workers_s - run_s) * 1e3 if run_s is not None else None,
-        "worker_decode_ms": decode_s * 1e3 if decode_s is not None else None,
-        "worker_encode_ms": encode_s * 1e3 if encode_s is not None else None,
+        "worker_decode_ms": _ms(decode_s),
+        "worker_encode_ms": _ms(encode_s),
         "learn_ms": (tp.median - collect_s + wait_s) * 1e3,
         "driver_compiles_after_first": sum(driver_after[k] - driver_events[k] for k in driver_events),
         "worker_compiles_after_first": sum(
@@ -209,7 +217,7 @@ def groups_row(args, label: str) -> dict:
     log(
         f"{name}: fused {row['fused_ms']:.1f} / processes {row['processes_ms']:.1f} ms/iter "
         f"({row['speedup']:.3f}x); driver {row['driver_overhead_ms']:.2f} ms (before sending "
-        f"{row['driver_before_ms']:.2f}, merging {row['driver_after_ms']:.2f}), exchange "
+        f"{fmt(row['driver_before_ms'], '.2f')}, merging {fmt(row['driver_after_ms'], '.2f')}), exchange "
         f"{fmt(row['exchange_overhead_ms'], '.2f')} ms (worker decode {fmt(row['worker_decode_ms'], '.2f')}, "
         f"encode {fmt(row['worker_encode_ms'], '.2f')}), waiting for the learn {row['input_wait_ms']:.2f} ms, rollout {fmt(row['worker_rollout_ms'])} ms, learn "
         f"{row['learn_ms']:.1f} ms; compiles after the first: driver {row['driver_compiles_after_first']}, "
@@ -383,7 +391,7 @@ def offload_row(args, num_envs: int) -> dict:
         steps = [search.compile_step(search.apply_plan(fn, p), host=True) for p in (plan_a, plan_b)]
         try:
             (_, tb), (_, ta), (_, tq) = measure.time_alternating(
-                [base_step, *steps], state, 1, args.offload_repeats
+                [base_step, *steps], state, args.offload_epochs, args.offload_repeats
             )
             timings.update(base=tb, none=ta, quota=tq)
             return ta, tq
@@ -411,7 +419,9 @@ def offload_row(args, num_envs: int) -> dict:
     if "none" not in timings:  # no quota step (no MPS): the plan without quotas against the baseline
         step = search.compile_step(search.apply_plan(fn, [O.offload_component("evaluate")]), host=True)
         try:
-            (_, tb), (_, ta) = measure.time_alternating([base_step, step], state, 1, args.offload_repeats)
+            (_, tb), (_, ta) = measure.time_alternating(
+                [base_step, step], state, args.offload_epochs, args.offload_repeats
+            )
             timings.update(base=tb, none=ta)
         finally:
             base.close(step)
@@ -424,6 +434,7 @@ def offload_row(args, num_envs: int) -> dict:
         "env_steps_per_epoch": k * per_iteration,
         "eval_envs": args.eval_envs,
         "eval_length": eval_length,
+        "epochs_per_timed_run": args.offload_epochs,
         "baseline_s": tb.median,
         "offload_s": ta.median,
         "offload_quota_s": tq.median if tq else None,
@@ -500,7 +511,7 @@ def table(rows: list[dict]) -> str:
                             f"{r['det_equal_inline']} ({r['det_envs_differing_inline']}); "
                             f"({r['det_envs_differing_fused']}); {r['det_fused_repeatable']}"
                             if r.get("deterministic_options")
-                            else "not run"
+                            else (f"failed: {r['det_error'][:60]}" if r.get("det_error") else "not run")
                         ),
                     ]
                     for r in g
@@ -691,7 +702,14 @@ def parse_args(argv=None):
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--offload-repeats", type=int, default=2, help="timed epochs per variant (in turns)")
+    p.add_argument("--offload-repeats", type=int, default=2, help="timed runs per variant (in turns)")
+    p.add_argument(
+        "--offload-epochs",
+        type=int,
+        default=3,
+        help="chained epochs per timed run: the offloaded evaluation runs behind the next epoch's "
+        "training, so one epoch per run cannot show an overlap (rows before 2026-12-04 09:30 timed 1)",
+    )
     p.add_argument("--round-trips", type=int, default=20)
     p.add_argument("--epoch-env-steps", type=int, default=500_000)
     p.add_argument("--eval-envs", type=int, default=128)

@@ -59,7 +59,7 @@ KINDS = ("physics", "ppo_iteration", "sac_eval", "ppo_eval")
 # concurrent_no_loops alone: PPO iterations of hopper / walker2d / halfcheetah 1.34x / 1.27x / 1.26x,
 # physics 1.11-1.30x, the 128-env evaluations 1.20-1.24x; the masked scan alone 1.01-1.05x at bound 4
 # (1.04-1.06x unrolled), 0.96x at bound 8 (humanoidstandup), 0.036x at bound 100 (swimmer) and
-# 0.50-0.69x on the evaluations; "where+no_loops" (both together) 0.47-1.17x: below the options alone.
+# 0.50-0.69x on the evaluations; "where+no_loops" (both together) 0.04-1.17x: below the options alone.
 VARIANTS = (
     ("where", {"variant": "where"}, None),
     ("cond", {"variant": "cond"}, None),
@@ -162,7 +162,8 @@ def build_case(workload: str, args) -> Case:
         steps, chain = args.eval_envs * args.eval_length, None
     else:
         raise ValueError(f"unknown workload kind {kind!r}; kinds: {', '.join(KINDS)}")
-    loops = [p.reason for p in L.describe_loops(fn, *call_args)]
+    # described with the bound the variants use (a loop above it is reported as left alone)
+    loops = [p.reason for p in L.describe_loops(fn, *call_args, max_bound=getattr(args, "max_bound", None) or L.MAX_BOUND)]
     return Case(fn, call_args, steps, chain, loops)
 
 
@@ -520,7 +521,10 @@ def _measured(row: dict) -> bool:
 def stamp(rows: list[dict], result: dict) -> list[dict]:
     """Rows with the command and date they were measured by (rows that already carry theirs keep
     them): merged and combined files stay traceable row by row."""
-    return [{"command": result.get("command"), "date": result.get("date"), **r} for r in rows]
+    return [
+        {"command": result.get("command"), "date": result.get("date"), "sizes": result.get("sizes"), **r}
+        for r in rows
+    ]
 
 
 def combine(paths: list[str], envs: tuple[str, ...] = ENVS) -> dict:
@@ -557,7 +561,7 @@ def combine(paths: list[str], envs: tuple[str, ...] = ENVS) -> dict:
     return {
         **last,
         "command": " ; ".join(commands),
-        "combined_from": [os.path.abspath(p) for p in paths],
+        "combined_from": [os.path.basename(os.path.dirname(os.path.abspath(p))) + "/" + os.path.basename(p) for p in paths],
         "merged_from_earlier_runs": [],
         "rows": rows,
     }
@@ -604,7 +608,14 @@ def main(argv=None) -> int:
     if args.merge and os.path.exists(old_path):
         with open(old_path) as f:
             old = json.load(f)
-            kept = [r for r in stamp(old.get("rows", []), old) if r["workload"] not in workloads]
+        # rows the old file only carried over from an earlier run (no command of their own) stay
+        # unstamped, as combine() keeps them
+        carried = set(old.get("merged_from_earlier_runs") or ())
+        kept = [
+            r if (r["workload"] in carried and "command" not in r) else stamp([r], old)[0]
+            for r in old.get("rows", [])
+            if r["workload"] not in workloads
+        ]
         result["merged_from_earlier_runs"] = [r["workload"] for r in kept]
     result["versions"] = {
         k: result["machine"].get(k) for k in ("jax", *common.PACKAGES) if result["machine"].get(k)

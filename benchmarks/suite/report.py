@@ -587,7 +587,12 @@ def multiprocess_headline(root: str | None = None) -> str | None:
         ):
             if s.get(f"{key}_rate") is not None:
                 body.append(
-                    [f"{what}: {label}", _fmt_rate(seq), _fmt_rate(s[f"{key}_rate"]), f"{s[f'{key}_speedup']:.2f}x"]
+                    [
+                        f"{what}: {label}",
+                        _fmt_rate(seq),
+                        _fmt_rate(s[f"{key}_rate"]),
+                        "—" if s.get(f"{key}_speedup") is None else f"{s[f'{key}_speedup']:.2f}x",
+                    ]
                 )
         sources.append(os.path.relpath(sweep_path, os.path.dirname(README)))
         when = (doc.get("machine") or {}, doc.get("machine", {}).get("date"))
@@ -610,7 +615,12 @@ def multiprocess_headline(root: str | None = None) -> str | None:
                 body.append(
                     [
                         f"PPO ant {r['num_envs']} envs, Brax's train-loop epoch: evaluation offloaded, "
-                        f"quotas {r.get('quotas')}",
+                        f"quotas {r.get('quotas')}"
+                        + (
+                            ""
+                            if (r.get("epochs_per_timed_run") or 1) > 1
+                            else " (one epoch per timed run: no overlap with a next epoch possible)"
+                        ),
                         f"{r['baseline_s']:.2f} s/epoch",
                         f"{r['offload_quota_s']:.2f} s/epoch (no quota {r['offload_s']:.2f})",
                         f"{r['speedup_quota']:.2f}x",

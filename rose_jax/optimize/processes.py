@@ -391,14 +391,14 @@ class RuntimeExecutor:
         return self.worker_stats().get("run_s")
 
     def worker_stats(self) -> dict:
-        """The last call's ``run_s`` / ``decode_s`` / ``encode_s``, each the slowest group's (keys
-        without a value left out)."""
-        out = {}
-        for key in ("run_s", "decode_s", "encode_s"):
-            xs = [s[key] for s in self._last_stats if s.get(key) is not None]
-            if xs:
-                out[key] = max(xs)
-        return out
+        """The last call's ``run_s`` / ``decode_s`` / ``encode_s`` of its slowest group (the one
+        whose three took longest together; keys without a value left out)."""
+        keys = ("run_s", "decode_s", "encode_s")
+        stats = [s for s in self._last_stats if any(s.get(k) is not None for k in keys)]
+        if not stats:
+            return {}
+        slowest = max(stats, key=lambda s: sum(s.get(k) or 0.0 for k in keys))
+        return {k: slowest[k] for k in keys if slowest.get(k) is not None}
 
     # the worker functions build their program eagerly and jit the rollout themselves (jit=False)
     def run_groups(self, spec, states, groups, options=()):
@@ -531,7 +531,8 @@ class ProcessCollect(HostStep):
             self._lost()  # some workers may have stepped their envs, others not
             raise
         t2 = time.perf_counter()
-        changed, used = _commit(fns["merge"](outs))
+        # waited for: the merge's device time is the driver's (the learn reads its outputs next)
+        changed, used = jax.block_until_ready(_commit(fns["merge"](outs)))
         for i, x in zip(plan.layout.changed, changed, strict=True):
             leaves[i] = x
         used_at = dict(zip(plan.layout.data_used, used, strict=True))
@@ -624,7 +625,7 @@ class ProcessCollect(HostStep):
         total_bytes (their sum), wall_s (the whole call), input_wait_s (waiting for the sent inputs,
         e.g. the previous iteration's learn still running on the device), driver_before_s /
         driver_after_s (the driver's own work before sending (an upload included) and after the
-        outputs came back: merging them into the state), workers_s (the groups' round trip), worker_run_s / worker_decode_s / worker_encode_s (the slowest group's function,
+        outputs came back: merging them into the state, waited for), workers_s (the groups' round trip), worker_run_s / worker_decode_s / worker_encode_s (the slowest group's function,
         input decoding and output encoding inside its worker; None in process)}``;
         summing ``total_bytes`` over records counts every byte once. ``last_iteration``: the newest
         "iteration" record; ``counts``: calls per kind (uploads inside iterations included).
@@ -757,16 +758,25 @@ class ProcessCollect(HostStep):
 
     def _call_full(self, state, t0: float, why: str, options: tuple = ()):
         """Whole states both ways (the resident plan is off: ``why``)."""
-        states = self._split(_commit(state))
+        t_wait = time.perf_counter()
+        states = self._split(_commit(jax.block_until_ready(state)))
         t1 = time.perf_counter()
         outs = self.executor.run_groups(self.program.spec, states, self.groups, options)
         t2 = time.perf_counter()
-        result = _commit(self._merge(outs))
+        result = jax.block_until_ready(_commit(self._merge(outs)))
+        t_after = time.perf_counter()
+        worker = getattr(self.executor, "worker_stats", lambda: {})()
         self._record(
             "iteration",
             sent_bytes=sum(_tree_bytes(s) for s in states),
             received_bytes=sum(_tree_bytes(o) for o in outs),
             wall_s=time.perf_counter() - t0,
+            input_wait_s=t1 - t_wait,
+            driver_before_s=t_wait - t0,
+            driver_after_s=t_after - t2,
+            worker_run_s=worker.get("run_s"),
+            worker_decode_s=worker.get("decode_s"),
+            worker_encode_s=worker.get("encode_s"),
             workers_s=t2 - t1,
             mode="full",
             reason=why,
@@ -836,12 +846,14 @@ def _commit(tree):
     same way every iteration: the user's first state is typically uncommitted, later states and
     the workers' outputs (CUDA IPC) are committed, and jit compiles once per placement."""
     device = jax.devices()[0]
-    placed = {device}
+    target = jax.sharding.SingleDeviceSharding(device)
 
     def commit(x):
-        # an array already committed to the device is returned as is: jax.device_put costs ~18 us a
-        # leaf even then, ~4 ms per iteration over a PPO state's ~220 leaves (measured on a CPU)
-        if isinstance(x, jax.Array) and x.committed and x.sharding.device_set == placed:
+        # an array already committed with exactly this placement (one device, its default memory;
+        # not e.g. a 1-device NamedSharding or pinned host memory, which jit keys apart) is returned
+        # as is: jax.device_put costs ~18 us a leaf even then, ~4 ms per iteration over a PPO
+        # state's ~220 leaves (measured on a CPU)
+        if isinstance(x, jax.Array) and x.committed and x.sharding == target:
             return x
         return jax.device_put(x, device) if isinstance(x, (jax.Array, np.ndarray)) else x
 
