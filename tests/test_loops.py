@@ -401,6 +401,26 @@ def test_mjx_env_steps_equal_bitwise(env_name, variants):
 
 
 @pytest.mark.slow
+def test_benchmark_times_brax_ppo_train_beside_the_ppo_iteration(tmp_path):
+    """loops --brax on: Brax's own ppo.train runs on the same MJX env with the row's PPO
+    hyperparameters (real Brax, tiny sizes, CPU with XLA's fast compile flags) and its steady rate
+    and the ratios land in the row and in results.md."""
+    pytest.importorskip("brax")
+    cmd = [sys.executable, "-m", "benchmarks.experiments.loops", "--smoke", "--out", str(tmp_path),
+           "--only", "ppo_iteration/hopper", "--variants", "options_concurrent", "--brax", "on",
+           "--brax-iterations", "1"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert row["error"] is None and "brax_error" not in row, row.get("brax_error")
+    assert row["brax_env_steps_per_s"] > 0 and len(row["brax_sps_per_epoch"]) == 4
+    assert row["baseline_vs_brax"] == pytest.approx(row["baseline_env_steps_per_s"] / row["brax_env_steps_per_s"])
+    assert "Brax's own `ppo.train`" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow
 def test_benchmark_smoke_mode_writes_results(tmp_path):
     pytest.importorskip("brax")
     cmd = [
@@ -539,3 +559,63 @@ def test_loops_experiment_refuses_masked_scans_above_max_bound_without_compiling
     assert B._cell(where) == "refused (bound)"
     args.max_bound = 128
     assert "speedup" in B.run_row("physics/mjx_swimmer", args)["variants"]["where"]
+
+
+def test_a_failing_brax_baseline_is_reported_and_the_row_kept(monkeypatch):
+    """loops.run_row with --brax: Brax's trainer raising leaves the row measured, with brax_error.
+    Stand-ins: a synthetic bounded loop replaces the MJX env (build_case) and a raising function
+    replaces baselines.brax_ppo_train (the real call is tested above, in the slow smoke test)."""
+    import argparse
+
+    from benchmarks.experiments import loops as B
+    from benchmarks.suite import baselines
+
+    def solver(x):
+        return jax.lax.while_loop(lambda c: (c[0] < 4) & (c[1].sum() > 0.5), lambda c: (c[0] + 1, c[1] * 0.9), (0, x))[1]
+
+    monkeypatch.setattr(B, "build_case", lambda w, a: B.Case(fn=solver, args=(jnp.ones(2),), env_steps=2, chain=None, loops=[]))
+
+    def boom(*a, **k):
+        raise RuntimeError("brax exploded")
+
+    monkeypatch.setattr(baselines, "brax_ppo_train", boom)
+    args = argparse.Namespace(variants=["options_concurrent"], max_bound=16, smoke=True, repeats=1, min_gain=0.02,
+                              brax=True, brax_iterations=1, num_envs=2, ppo_unroll=2, ppo_minibatches=1,
+                              ppo_epochs=1, seed=0)
+    row = B.run_row("ppo_iteration/hopper", args)
+    assert row["brax_error"] == "RuntimeError: brax exploded" and row["baseline_env_steps_per_s"] > 0
+    assert "failed: RuntimeError: brax exploded" in B.markdown(
+        {"rows": [row], "machine": {}, "command": "c", "sizes": {"min_gain": 0.02}}
+    )
+    assert "brax_error" not in B.run_row("physics/hopper", args)  # no Brax trainer for physics rows
+
+
+def test_brax_only_adds_the_baseline_to_measured_rows_with_their_own_sizes(tmp_path, monkeypatch):
+    """loops --brax-only: Brax's trainer runs for the measured ppo_iteration rows of Brax envs in the
+    existing file, with the sizes each row was measured with; the other rows are untouched.
+    Stand-in: brax_baseline records its arguments instead of running Brax (the real call is in the
+    slow smoke test above)."""
+    from benchmarks.experiments import loops as B
+
+    seen = []
+
+    def fake(env_name, args):
+        seen.append((env_name, args.num_envs, args.ppo_unroll))
+        return {"brax_env_steps_per_s": 50.0, "brax_sps_per_epoch": [1.0, 2.0, 50.0, 50.0], "brax_s": 1.0}
+
+    monkeypatch.setattr(B, "brax_baseline", fake)
+    row = {"workload": "ppo_iteration/hopper", "error": None, "baseline_env_steps_per_s": 100.0,
+           "rose_env_steps_per_s": 130.0, "speedup": 1.3, "equal": True, "plan": "options_no_loops",
+           "variants": {}, "sizes": {"num_envs": 2048, "ppo_unroll": 10, "ppo_minibatches": 16, "ppo_epochs": 4}}
+    rows = [row, {"workload": "ppo_iteration/mjx_swimmer", "skipped": "budget", "error": None},
+            {**row, "workload": "physics/hopper"}]
+    (tmp_path / "results.json").write_text(json.dumps({"experiment": "loops", "machine": {}, "command": "c",
+                                                       "sizes": {"min_gain": 0.02}, "rows": rows}))
+    assert B.main(["--brax-only", "--out", str(tmp_path), "--compile-cache", ""]) == 0
+    out = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert seen == [("hopper", 2048, 10)]
+    assert out[0]["rose_vs_brax"] == pytest.approx(2.6) and out[0]["baseline_vs_brax"] == pytest.approx(2.0)
+    assert out[0]["brax_command"].endswith("--brax-only --out " + str(tmp_path) + " --compile-cache ")
+    assert out[1:] == rows[1:]
+    with pytest.raises(SystemExit, match="no .* to add Brax's baseline"):
+        B.main(["--brax-only", "--out", str(tmp_path / "empty"), "--compile-cache", ""])

@@ -21,9 +21,9 @@ original's (on the GPU both compiled with ``xla_gpu_deterministic_ops``: MJX's s
 atomics, so the original alone is not bitwise repeatable there; ``baseline_repeatable`` records
 whether it was). The plan is the fastest variant that is faster than the original by more than
 ``--min-gain`` and equal (bitwise for the exact variants, within its declared tolerance for the
-unrolled one), else ``"none"``: kept only where faster, as every plan. Brax's own trainer is not
-timed here (its PPO runs the same physics, while loop included; the suite's Brax rows time it for
-ant): see results.md.
+unrolled one), else ``"none"``: kept only where faster, as every plan. On the ``ppo_iteration``
+rows of Brax envs, Brax's own ``ppo.train`` with the same hyperparameters is timed too (``--brax``,
+on by default off ``--smoke``): its steady ``training/sps`` beside the original and the plan.
 
 Rows that fail are reported with their error; a row that would not end within ``--budget-s``
 (judged by the longest row so far) is skipped with that reason. Files are written after every row
@@ -237,6 +237,41 @@ def compare(a, b, rtol: float) -> tuple[bool, float, bool]:
     return equal, worst, within
 
 
+# Brax's ppo.train compiles its training epoch twice (its first two progress reports): the epochs
+# after those are its steady rate
+BRAX_EPOCHS, BRAX_WARMUP_EPOCHS = 4, 2
+
+
+def brax_baseline(env_name: str, args) -> dict:
+    """Brax's own ``ppo.train`` on Brax's ``env_name`` (MJX backend) with this row's PPO
+    hyperparameters (:func:`benchmarks.suite.baselines.brax_ppo_train`: one Brax training step = one
+    of our iterations), ``--brax-iterations`` training steps per epoch, no evaluation: its steady
+    ``training/sps``. It runs the same physics (the solver's while loop included). A failure is
+    returned as ``brax_error``, never raised (the row keeps its measurements)."""
+    from types import SimpleNamespace
+
+    from benchmarks.suite import baselines
+
+    config = common.algo_config("ppo", args.num_envs, args)
+    workload = SimpleNamespace(
+        brax_env=env_name,
+        backend="mjx",
+        iterations_per_block=args.brax_iterations,
+        eval_envs=1,  # no evaluation runs (evaluate=False)
+        episode_length=1000,  # make_env's default, as the rows' envs
+        seed=args.seed,
+    )
+    t0 = time.perf_counter()
+    try:
+        run = baselines.brax_ppo_train(workload, config, epochs=BRAX_EPOCHS)
+    except Exception as e:  # noqa: BLE001 - the baseline is reported as failed, the row stays
+        log(f"  brax ppo.train on {env_name}: FAILED: {type(e).__name__}: {e}")
+        return {"brax_error": f"{type(e).__name__}: {str(e)[:300]}", "brax_s": time.perf_counter() - t0}
+    steady = statistics.median(run.sps[BRAX_WARMUP_EPOCHS:])
+    log(f"  brax ppo.train on {env_name}: {steady:,.0f} env steps/s (epochs: {[round(x) for x in run.sps]})")
+    return {"brax_env_steps_per_s": steady, "brax_sps_per_epoch": list(run.sps), "brax_s": run.total_s}
+
+
 def run_row(workload: str, args) -> dict:
     import jax
 
@@ -318,6 +353,14 @@ def run_row(workload: str, args) -> dict:
     ]
     plan = max(ok)[1] if ok else "none"
     chosen = variants[plan] if plan != "none" else None
+    kind, env_name = workload.split("/")
+    brax = {}
+    if getattr(args, "brax", False) and kind == "ppo_iteration" and not env_name.startswith("mjx_"):
+        brax = brax_baseline(env_name, args)
+        if brax.get("brax_env_steps_per_s"):
+            rose = chosen["env_steps_per_s"] if chosen else base_rate
+            brax["rose_vs_brax"] = rose / brax["brax_env_steps_per_s"]
+            brax["baseline_vs_brax"] = base_rate / brax["brax_env_steps_per_s"]
     return {
         "workload": workload,
         "env_steps_per_call": case.env_steps,
@@ -332,6 +375,7 @@ def run_row(workload: str, args) -> dict:
         "loops": case.loops,
         "equality_ops": "xla_gpu_deterministic_ops" if deterministic else "default",
         "baseline_repeatable": repeatable,
+        **brax,
         "row_s": time.perf_counter() - t0,
         "error": None,
     }
@@ -385,6 +429,24 @@ def markdown(result: dict) -> str:
             + " | ".join(_cell(v.get(name)) for name in TABLE_VARIANTS)
             + " |"
         )
+    braxed = [r for r in rows if r.get("brax_env_steps_per_s") or r.get("brax_error")]
+    if braxed:
+        lines += [
+            "",
+            "Brax's own `ppo.train` on the same env (MJX backend) and PPO hyperparameters, steady "
+            "`training/sps` (its epochs after the two that compile), against this row's original and plan:",
+            "",
+            "| workload | Brax train env steps/s | original / Brax | plan / Brax |",
+            "|---|---:|---:|---:|",
+        ]
+        for r in braxed:
+            if r.get("brax_error"):
+                lines.append(f"| {r['workload']} | failed: {r['brax_error'][:80]} | | |")
+            else:
+                lines.append(
+                    f"| {r['workload']} | {r['brax_env_steps_per_s']:,.0f} | {r['baseline_vs_brax']:.3f}x | "
+                    f"{r['rose_vs_brax']:.3f}x |"
+                )
     commands: dict[str, list[str]] = {}
     for r in rows:
         if r.get("command"):
@@ -401,8 +463,14 @@ def markdown(result: dict) -> str:
             lines.append(f"- {env}: " + "; ".join(r["loops"]))
     lines += [
         "",
-        "Brax's own trainer is not timed here: its PPO/SAC run the same MJX physics (the "
-        "same while loop); the suite's Brax rows (benchmarks/suite) time it for ant.",
+        (
+            "Brax's own trainer is timed on the ppo_iteration rows of Brax envs (the table above; "
+            "`--brax`); physics and evaluation rows have no Brax trainer to compare with."
+            if braxed
+            else "Brax's own trainer is not timed in these rows (`--brax off`, or no ppo_iteration row "
+            "of a Brax env): its PPO/SAC run the same MJX physics (the same while loop); the suite's "
+            "Brax rows (benchmarks/suite) time it for ant."
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -415,9 +483,10 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in result["rows"] if not r.get("error") and not r.get("skipped")]
+    names = [name for name in TABLE_VARIANTS if any(name in r.get("variants", {}) for r in rows)]
+    rows = rows if names else []
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.0))
     if rows:
-        names = [name for name in TABLE_VARIANTS if any(name in r["variants"] for r in rows)]
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
@@ -461,6 +530,19 @@ def parse(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--min-gain", type=float, default=0.02, help="a plan must be this much faster")
     p.add_argument(
+        "--brax",
+        choices=["on", "off"],
+        default=None,
+        help="time Brax's own ppo.train on the ppo_iteration rows of Brax envs (default: on, off with --smoke)",
+    )
+    p.add_argument("--brax-iterations", type=int, default=10, help="Brax training steps per timed epoch")
+    p.add_argument(
+        "--brax-only",
+        action="store_true",
+        help="measure only Brax's ppo.train for the selected ppo_iteration rows already in --out's "
+        "results.json and add it to them (the rows' own measurements and commands stay)",
+    )
+    p.add_argument(
         "--max-bound",
         type=int,
         default=None,
@@ -499,6 +581,7 @@ def parse(argv=None):
     )
     common.add_algo_args(p)
     args = p.parse_args(argv)
+    args.brax = (not args.smoke) if args.brax is None else args.brax == "on"
     if args.max_bound is None:
         from rose_jax.optimize.candidates import SEARCH_MAX_BOUND
 
@@ -567,6 +650,46 @@ def combine(paths: list[str], envs: tuple[str, ...] = ENVS) -> dict:
     }
 
 
+def brax_only(workloads: list[str], args, out: str, argv) -> int:
+    """``--brax-only``: Brax's ``ppo.train`` for the measured ``ppo_iteration`` rows of Brax envs
+    among ``workloads`` in ``out``'s results.json, added to those rows (with the command and date of
+    this measurement); everything else in the file is kept."""
+    path = os.path.join(out, "results.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"--brax-only: no {path} to add Brax's baseline to (run the rows first)")
+    with open(path) as f:
+        result = json.load(f)
+    command = " ".join(["python -m benchmarks.experiments.loops", *(argv if argv is not None else sys.argv[1:])])
+    date = common.machine_info().get("date")
+    todo = [
+        r
+        for r in result.get("rows", [])
+        if r["workload"] in workloads
+        and r["workload"].startswith("ppo_iteration/")
+        and not r["workload"].split("/")[1].startswith("mjx_")
+        and _measured(r)
+    ]
+    if not todo:
+        raise SystemExit("--brax-only: none of the selected rows is a measured ppo_iteration row of a Brax env")
+    for r in todo:
+        env_name = r["workload"].split("/")[1]
+        if elapsed() > args.budget_s:
+            log(f"{r['workload']}: Brax baseline skipped (time budget {args.budget_s:.0f}s)")
+            continue
+        # the sizes the row was measured with (stamped per row; else the file's), not this call's
+        sizes = r.get("sizes") or result.get("sizes") or {}
+        same = {k: sizes[k] for k in ("num_envs", "ppo_unroll", "ppo_minibatches", "ppo_epochs") if k in sizes}
+        log(f"{r['workload']}: Brax's ppo.train with the row's sizes {same}")
+        brax = brax_baseline(env_name, argparse.Namespace(**{**vars(args), **same}))
+        if brax.get("brax_env_steps_per_s"):
+            brax["rose_vs_brax"] = r["rose_env_steps_per_s"] / brax["brax_env_steps_per_s"]
+            brax["baseline_vs_brax"] = r["baseline_env_steps_per_s"] / brax["brax_env_steps_per_s"]
+        r.update(brax, brax_command=command, brax_date=date)
+        write(result, out)
+    print(markdown(result))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     out = args.out or (tempfile.mkdtemp(prefix="loops_smoke_") if args.smoke else DEFAULT_OUT)
@@ -582,6 +705,8 @@ def main(argv=None) -> int:
     workloads = workload_order(tuple(args.envs))
     if args.only:
         workloads = [w for w in workloads if any(w.startswith(o) for o in args.only)]
+    if args.brax_only:
+        return brax_only(workloads, args, out, argv)
     result = {
         "experiment": "loops",
         "command": " ".join(
@@ -596,6 +721,8 @@ def main(argv=None) -> int:
             "repeats": args.repeats,
             "min_gain": args.min_gain,
             "max_bound": args.max_bound,
+            "brax": args.brax,
+            "brax_iterations": args.brax_iterations,
             "ppo_unroll": args.ppo_unroll,
             "ppo_minibatches": args.ppo_minibatches,
             "ppo_epochs": args.ppo_epochs,
