@@ -101,3 +101,9 @@ def test_merge_keeps_measured_rows_and_takes_this_runs_measurements():
         ("offload_8192", "run 2"),
     ]
     assert "skipped" not in merged[0] and "skipped" not in merged[2]
+
+
+def test_offload_estimate_grows_with_the_envs():
+    assert E.estimate_s("offload_2048", "offload") == E.ESTIMATE_S["offload"]
+    assert E.estimate_s("offload_8192", "offload") == E.ESTIMATE_S["offload"] + 3 * E.OFFLOAD_S_PER_2048_ENVS
+    assert E.estimate_s("groups_4x32", "groups") == E.ESTIMATE_S["groups"]

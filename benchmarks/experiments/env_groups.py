@@ -55,6 +55,17 @@ MB = 1 << 20
 # seconds a row takes on the H200 (compiles included, from a cold compilation cache): what the
 # budget check adds to the elapsed time before starting a row
 ESTIMATE_S = {"groups": 80.0, "exchange": 15.0, "offload": 240.0, "search": 70.0}
+# An offload row's estimate grows with its envs: the H200's 2048-env row took 208 s (184 s of it the
+# quota search's probes) with one epoch per timed run; the timed epochs scale with the envs.
+OFFLOAD_S_PER_2048_ENVS = 40.0
+
+
+def estimate_s(name: str, kind: str) -> float:
+    """Seconds the budget check expects row ``name`` of ``kind`` to take on the H200."""
+    if kind == "offload":
+        n = int(name.rsplit("_", 1)[1])
+        return ESTIMATE_S["offload"] + OFFLOAD_S_PER_2048_ENVS * (n / 2048 - 1)
+    return ESTIMATE_S[kind]
 
 
 # ----------------------------------------------------------------------------------- workloads
@@ -792,7 +803,7 @@ def main(argv=None) -> list[dict]:
     text = ""
     for name, kind, run in plan_rows(args):
         spent = time.perf_counter() - start
-        estimate = 0.0 if args.smoke else ESTIMATE_S[kind]
+        estimate = 0.0 if args.smoke else estimate_s(name, kind)
         if spent + estimate > args.budget_s:
             log(f"{name}: skipped (budget: {spent:.0f}s spent + ~{estimate:.0f}s > {args.budget_s:.0f}s)")
             rows.append(
