@@ -604,6 +604,11 @@ def test_brax_only_adds_the_baseline_to_measured_rows_with_their_own_sizes(tmp_p
         return {"brax_env_steps_per_s": 50.0, "brax_sps_per_epoch": [1.0, 2.0, 50.0, 50.0], "brax_s": 1.0}
 
     monkeypatch.setattr(B, "brax_baseline", fake)
+    # a process that has run for longer than --budget-s already (as in a full test session): the
+    # budget counts from the call
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "T0", common.T0 - 10_000.0)
     row = {"workload": "ppo_iteration/hopper", "error": None, "baseline_env_steps_per_s": 100.0,
            "rose_env_steps_per_s": 130.0, "speedup": 1.3, "equal": True, "plan": "options_no_loops",
            "variants": {}, "sizes": {"num_envs": 2048, "ppo_unroll": 10, "ppo_minibatches": 16, "ppo_epochs": 4}}

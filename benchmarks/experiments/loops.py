@@ -671,9 +671,10 @@ def brax_only(workloads: list[str], args, out: str, argv) -> int:
     ]
     if not todo:
         raise SystemExit("--brax-only: none of the selected rows is a measured ppo_iteration row of a Brax env")
+    start = elapsed()  # this call's budget (elapsed() counts from the process's start)
     for r in todo:
         env_name = r["workload"].split("/")[1]
-        if elapsed() > args.budget_s:
+        if elapsed() - start > args.budget_s:
             log(f"{r['workload']}: Brax baseline skipped (time budget {args.budget_s:.0f}s)")
             continue
         # the sizes the row was measured with (stamped per row; else the file's), not this call's
