@@ -27,6 +27,39 @@ PACKAGES = ("jaxlib", "flax", "optax", "brax", "mujoco", "mujoco_mjx", "numpy", 
 T0 = time.perf_counter()  # this process's start, near enough: benchmarks.common is imported first
 
 
+def merge_records(
+    old: Sequence[dict], new: Sequence[dict], key: Callable[[dict], Any], measured: Callable[[dict], bool]
+) -> list[dict]:
+    """An earlier run's records (``--merge``) updated by this run's: a new record replaces the old
+    one with its ``key`` unless the new one was not ``measured`` (skipped, failed) and the old one
+    was: a skip or a failure never replaces a measurement. Old records keep their order; records
+    with new keys follow in theirs."""
+    fresh: dict[Any, dict] = {}
+    for r in new:
+        fresh[key(r)] = r
+    out = []
+    for r in old:
+        n = fresh.get(key(r))
+        out.append(n if n is not None and (measured(n) or not measured(r)) else r)
+    seen = {key(r) for r in old}
+    return out + [r for r in new if key(r) not in seen]
+
+
+def previous_records(path: str, field: str) -> list[dict]:
+    """The records under ``field`` of an earlier results file written with :func:`machine_info` as
+    its ``"machine"`` (``[]`` if there is none), each stamped with the command and date of that run
+    unless it carries its own (records merged before keep the run that measured them)."""
+    if not os.path.exists(path):
+        return []
+    import json
+
+    with open(path) as f:
+        doc = json.load(f)
+    machine = doc.get("machine") or {}
+    stamp = {"command": machine.get("command"), "date": machine.get("date")}
+    return [{**stamp, **r} for r in doc.get(field, [])]
+
+
 def elapsed() -> float:
     """Seconds since this process started (:data:`T0`)."""
     return time.perf_counter() - T0

@@ -608,7 +608,8 @@ def test_readme_block_lists_experiment_results(tmp_path):
     (tmp_path / "brax_parity").mkdir()
     (tmp_path / "brax_parity" / "results.json").write_text(json.dumps({
         "machine": {"gpu": "GPU X", "jax": "0.11.2", "date": "2026-01-01"},
-        "summary": [{"algo": "ppo", "env": "ant", "num_timesteps": 50_000_000, "runs": "2/1", "brax_return": 1500.4, "rose_jax_return": 2300.0,
+        "summary": [{"algo": "ppo", "env": "ant", "num_timesteps": 50_000_000, "runs": "2/1",
+                     "brax_return": 1500.4, "rose_jax_return": 2300.0,
                      "brax_s_to_brax_final": 140.0, "rose_jax_s_to_brax_final": None}],
     }))
     block = report.readme_block("auto", str(tmp_path / "suite"))

@@ -41,8 +41,21 @@ def test_brax_parity_smoke(tmp_path):
 
     # a long run split over device calls: one runner, a later seed, merged into the same files
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.experiments.brax_parity", "--smoke", "--out", str(out),
-         "--algos", "ppo", "--runners", "rose-jax", "--first-seed", "1", "--merge"],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.experiments.brax_parity",
+            "--smoke",
+            "--out",
+            str(out),
+            "--algos",
+            "ppo",
+            "--runners",
+            "rose-jax",
+            "--first-seed",
+            "1",
+            "--merge",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -52,8 +65,11 @@ def test_brax_parity_smoke(tmp_path):
     merged = json.loads((out / "results.json").read_text())["runs"]
     seed = runs[1]["config"]["seed"]
     assert [(r["runner"], r["algo"], r["config"]["seed"]) for r in merged] == [
-        ("brax", "ppo", seed), ("rose-jax", "ppo", seed), ("brax", "sac", runs[2]["config"]["seed"]),
-        ("rose-jax", "sac", runs[3]["config"]["seed"]), ("rose-jax", "ppo", seed + 1),
+        ("brax", "ppo", seed),
+        ("rose-jax", "ppo", seed),
+        ("brax", "sac", runs[2]["config"]["seed"]),
+        ("rose-jax", "sac", runs[3]["config"]["seed"]),
+        ("rose-jax", "ppo", seed + 1),
     ]
     assert "--runners rose-jax" in merged[-1]["command"] and "--merge" not in merged[0]["command"]
     assert "Commands (each run's own, oldest first):" in (out / "results.md").read_text()
@@ -63,17 +79,27 @@ def test_merge_replaces_the_same_run_and_summary_keeps_lengths_apart():
     from benchmarks.experiments import brax_parity as P
 
     def run(runner, seed, steps, ret):
-        return {"runner": runner, "algo": "ppo", "env": "ant", "config": {"seed": seed, "num_timesteps": steps},
-                "eval_return": ret, "curve": [[steps, ret, 10.0]]}
+        return {
+            "runner": runner,
+            "algo": "ppo",
+            "env": "ant",
+            "config": {"seed": seed, "num_timesteps": steps},
+            "eval_return": ret,
+            "curve": [[steps, ret, 10.0]],
+        }
 
     old = [run("brax", 1, 10, 470.0), run("rose-jax", 1, 10, 456.0), run("brax", 1, 50, 1.0)]
     new = [run("brax", 1, 50, 2000.0), run("rose-jax", 1, 50, 2100.0)]
     merged = P.merge_runs(old, new)
     assert [(r["runner"], r["config"]["num_timesteps"], r["eval_return"]) for r in merged] == [
-        ("brax", 10, 470.0), ("rose-jax", 10, 456.0), ("brax", 50, 2000.0), ("rose-jax", 50, 2100.0)
+        ("brax", 10, 470.0),
+        ("rose-jax", 10, 456.0),
+        ("brax", 50, 2000.0),
+        ("rose-jax", 50, 2100.0),
     ]
     summary = P.summarize(merged)
     assert [(s["num_timesteps"], s["brax_return"], s["rose_jax_return"]) for s in summary] == [
-        (10, 470.0, 456.0), (50, 2000.0, 2100.0)
+        (10, 470.0, 456.0),
+        (50, 2000.0, 2100.0),
     ]
     assert [s["within_brax_spread_or_above"] for s in summary] == [False, True]

@@ -406,17 +406,35 @@ def test_benchmark_times_brax_ppo_train_beside_the_ppo_iteration(tmp_path):
     hyperparameters (real Brax, tiny sizes, CPU with XLA's fast compile flags) and its steady rate
     and the ratios land in the row and in results.md."""
     pytest.importorskip("brax")
-    cmd = [sys.executable, "-m", "benchmarks.experiments.loops", "--smoke", "--out", str(tmp_path),
-           "--only", "ppo_iteration/hopper", "--variants", "options_concurrent", "--brax", "on",
-           "--brax-iterations", "1"]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.experiments.loops",
+        "--smoke",
+        "--out",
+        str(tmp_path),
+        "--only",
+        "ppo_iteration/hopper",
+        "--variants",
+        "options_concurrent",
+        "--brax",
+        "on",
+        "--brax-iterations",
+        "1",
+    ]
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    }
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert row["error"] is None and "brax_error" not in row, row.get("brax_error")
     assert row["brax_env_steps_per_s"] > 0 and len(row["brax_sps_per_epoch"]) == 4
-    assert row["baseline_vs_brax"] == pytest.approx(row["baseline_env_steps_per_s"] / row["brax_env_steps_per_s"])
+    assert row["baseline_vs_brax"] == pytest.approx(
+        row["baseline_env_steps_per_s"] / row["brax_env_steps_per_s"]
+    )
     assert "Brax's own `ppo.train`" in (tmp_path / "results.md").read_text()
 
 
@@ -511,9 +529,18 @@ def test_combine_keeps_each_rows_command_and_never_replaces_a_measurement_by_a_s
             "command": "run 2",
             "date": "d2",
             "merged_from_earlier_runs": ["ppo_iteration/hopper"],
-            "rows": [row("ppo_iteration/hopper", 1.3), row("physics/walker2d", 1.2), row("ppo_iteration/mjx_swimmer", skipped="budget")],
+            "rows": [
+                row("ppo_iteration/hopper", 1.3),
+                row("physics/walker2d", 1.2),
+                row("ppo_iteration/mjx_swimmer", skipped="budget"),
+            ],
         },
-        {"experiment": "loops", "command": "run 3", "date": "d3", "rows": [row("physics/walker2d", skipped="budget"), row("physics/hopper", 1.1)]},
+        {
+            "experiment": "loops",
+            "command": "run 3",
+            "date": "d3",
+            "rows": [row("physics/walker2d", skipped="budget"), row("physics/hopper", 1.1)],
+        },
     ]
     paths = []
     for i, f in enumerate(files):
@@ -550,7 +577,9 @@ def test_loops_experiment_refuses_masked_scans_above_max_bound_without_compiling
 
     case = B.Case(fn=solver, args=(jnp.ones(2),), env_steps=2, chain=None, loops=[])
     monkeypatch.setattr(B, "build_case", lambda workload, args: case)
-    args = argparse.Namespace(variants=["where", "options_concurrent"], max_bound=16, smoke=True, repeats=1, min_gain=0.02)
+    args = argparse.Namespace(
+        variants=["where", "options_concurrent"], max_bound=16, smoke=True, repeats=1, min_gain=0.02
+    )
     row = B.run_row("physics/mjx_swimmer", args)
     where = row["variants"]["where"]
     assert "speedup" not in where and "bound 100 exceeds max_bound=16" in where["not_run"]
@@ -571,17 +600,34 @@ def test_a_failing_brax_baseline_is_reported_and_the_row_kept(monkeypatch):
     from benchmarks.suite import baselines
 
     def solver(x):
-        return jax.lax.while_loop(lambda c: (c[0] < 4) & (c[1].sum() > 0.5), lambda c: (c[0] + 1, c[1] * 0.9), (0, x))[1]
+        return jax.lax.while_loop(
+            lambda c: (c[0] < 4) & (c[1].sum() > 0.5), lambda c: (c[0] + 1, c[1] * 0.9), (0, x)
+        )[1]
 
-    monkeypatch.setattr(B, "build_case", lambda w, a: B.Case(fn=solver, args=(jnp.ones(2),), env_steps=2, chain=None, loops=[]))
+    monkeypatch.setattr(
+        B,
+        "build_case",
+        lambda w, a: B.Case(fn=solver, args=(jnp.ones(2),), env_steps=2, chain=None, loops=[]),
+    )
 
     def boom(*a, **k):
         raise RuntimeError("brax exploded")
 
     monkeypatch.setattr(baselines, "brax_ppo_train", boom)
-    args = argparse.Namespace(variants=["options_concurrent"], max_bound=16, smoke=True, repeats=1, min_gain=0.02,
-                              brax=True, brax_iterations=1, num_envs=2, ppo_unroll=2, ppo_minibatches=1,
-                              ppo_epochs=1, seed=0)
+    args = argparse.Namespace(
+        variants=["options_concurrent"],
+        max_bound=16,
+        smoke=True,
+        repeats=1,
+        min_gain=0.02,
+        brax=True,
+        brax_iterations=1,
+        num_envs=2,
+        ppo_unroll=2,
+        ppo_minibatches=1,
+        ppo_epochs=1,
+        seed=0,
+    )
     row = B.run_row("ppo_iteration/hopper", args)
     assert row["brax_error"] == "RuntimeError: brax exploded" and row["baseline_env_steps_per_s"] > 0
     assert "failed: RuntimeError: brax exploded" in B.markdown(
@@ -609,13 +655,27 @@ def test_brax_only_adds_the_baseline_to_measured_rows_with_their_own_sizes(tmp_p
     from benchmarks import common
 
     monkeypatch.setattr(common, "T0", common.T0 - 10_000.0)
-    row = {"workload": "ppo_iteration/hopper", "error": None, "baseline_env_steps_per_s": 100.0,
-           "rose_env_steps_per_s": 130.0, "speedup": 1.3, "equal": True, "plan": "options_no_loops",
-           "variants": {}, "sizes": {"num_envs": 2048, "ppo_unroll": 10, "ppo_minibatches": 16, "ppo_epochs": 4}}
-    rows = [row, {"workload": "ppo_iteration/mjx_swimmer", "skipped": "budget", "error": None},
-            {**row, "workload": "physics/hopper"}]
-    (tmp_path / "results.json").write_text(json.dumps({"experiment": "loops", "machine": {}, "command": "c",
-                                                       "sizes": {"min_gain": 0.02}, "rows": rows}))
+    row = {
+        "workload": "ppo_iteration/hopper",
+        "error": None,
+        "baseline_env_steps_per_s": 100.0,
+        "rose_env_steps_per_s": 130.0,
+        "speedup": 1.3,
+        "equal": True,
+        "plan": "options_no_loops",
+        "variants": {},
+        "sizes": {"num_envs": 2048, "ppo_unroll": 10, "ppo_minibatches": 16, "ppo_epochs": 4},
+    }
+    rows = [
+        row,
+        {"workload": "ppo_iteration/mjx_swimmer", "skipped": "budget", "error": None},
+        {**row, "workload": "physics/hopper"},
+    ]
+    (tmp_path / "results.json").write_text(
+        json.dumps(
+            {"experiment": "loops", "machine": {}, "command": "c", "sizes": {"min_gain": 0.02}, "rows": rows}
+        )
+    )
     assert B.main(["--brax-only", "--out", str(tmp_path), "--compile-cache", ""]) == 0
     out = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert seen == [("hopper", 2048, 10)]
@@ -624,3 +684,42 @@ def test_brax_only_adds_the_baseline_to_measured_rows_with_their_own_sizes(tmp_p
     assert out[1:] == rows[1:]
     with pytest.raises(SystemExit, match="no .* to add Brax's baseline"):
         B.main(["--brax-only", "--out", str(tmp_path / "empty"), "--compile-cache", ""])
+
+
+def test_merge_never_replaces_a_measured_row_by_this_runs_skip(tmp_path):
+    """loops --merge: a row this run skips (here: a zero time budget) keeps the earlier run's
+    measurement and its command; the earlier file's other rows stay."""
+    from benchmarks.experiments import loops as B
+
+    measured = {
+        "workload": "physics/hopper",
+        "error": None,
+        "baseline_env_steps_per_s": 1.0,
+        "rose_env_steps_per_s": 1.3,
+        "speedup": 1.3,
+        "equal": True,
+        "plan": "options_no_loops",
+        "variants": {"options_no_loops": {"speedup": 1.3, "equal": True}},
+    }
+    other = {**measured, "workload": "ppo_iteration/hopper"}
+    (tmp_path / "results.json").write_text(
+        json.dumps(
+            {
+                "experiment": "loops",
+                "command": "run 1",
+                "date": "d1",
+                "machine": {},
+                "sizes": {"min_gain": 0.02},
+                "rows": [measured, other],
+            }
+        )
+    )
+    assert (
+        B.main(["--smoke", "--only", "physics/hopper", "--merge", "--budget-s", "0", "--out", str(tmp_path)])
+        == 0
+    )
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["workload"], r["command"], r.get("speedup")) for r in rows] == [
+        ("physics/hopper", "run 1", 1.3),
+        ("ppo_iteration/hopper", "run 1", 1.3),
+    ]

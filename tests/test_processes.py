@@ -115,7 +115,9 @@ def test_commit_keeps_placed_arrays_and_places_the_others_on_the_default_device(
     placed = jax.device_put(jnp.ones(3), device)
     mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
     named = jax.device_put(jnp.ones(4), NamedSharding(mesh, PartitionSpec("data")))
-    out = processes._commit({"placed": placed, "loose": jnp.ones(2) * 2, "np": np.ones(2), "named": named, "n": 3})
+    out = processes._commit(
+        {"placed": placed, "loose": jnp.ones(2) * 2, "np": np.ones(2), "named": named, "n": 3}
+    )
     assert out["placed"] is placed and out["n"] == 3
     for k in ("loose", "np", "named"):
         assert out[k].committed and out[k].sharding == SingleDeviceSharding(device), k

@@ -189,11 +189,13 @@ def time_to_return(curve: list[list[float]], target: float | None) -> float | No
 
 
 def summarize(runs: list[dict]) -> list[dict]:
-    """Per algo and run length (``num_timesteps``), over seeds: both runners' final returns (each seed's, their mean and spread),
-    whether rose-jax's mean lies within Brax's seed spread or above it, and each runner's median
-    time to the mean of Brax's final returns."""
+    """Per algo and run length (``num_timesteps``), over seeds: both runners' final returns (each
+    seed's, their mean and spread), whether rose-jax's mean lies within Brax's seed spread or above
+    it, and each runner's median time to the mean of Brax's final returns."""
     out = []
-    lengths = sorted({(r["algo"], r["config"].get("num_timesteps")) for r in runs}, key=lambda k: (k[0], k[1] or 0))
+    lengths = sorted(
+        {(r["algo"], r["config"].get("num_timesteps")) for r in runs}, key=lambda k: (k[0], k[1] or 0)
+    )
     for algo, length in lengths:
         by = {
             runner: [
@@ -282,13 +284,12 @@ def merge_runs(old: list[dict], new: list[dict]) -> list[dict]:
     """``old`` runs (an earlier results.json, ``--merge``) with ``new`` ones: a new run replaces the
     old run of the same runner, algo, seed and length, unless the new one failed and the old one
     did not (a failure never replaces a measurement); the others are kept, old ones first."""
-    def key(r):
-        return (r["runner"], r["algo"], r["config"].get("seed"), r["config"].get("num_timesteps"))
-
-    ok_old = {key(r) for r in old if not r.get("error")}
-    new = [r for r in new if not (r.get("error") and key(r) in ok_old)]
-    fresh = {key(r) for r in new}
-    return [r for r in old if key(r) not in fresh] + new
+    return common.merge_records(
+        old,
+        new,
+        key=lambda r: (r["runner"], r["algo"], r["config"].get("seed"), r["config"].get("num_timesteps")),
+        measured=lambda r: not r.get("error"),
+    )
 
 
 def markdown(runs: list[dict], summary: list[dict], info: dict, args) -> str:
@@ -432,15 +433,7 @@ def main(argv=None) -> int:
     bad = sorted(set(runners) - {"brax", "rose-jax"})
     if bad or not runners:
         p.error(f"unknown runner(s) {', '.join(bad) or '(none)'} in --runners (use brax, rose-jax)")
-    old: list[dict] = []
-    old_path = os.path.join(out, "results.json")
-    if args.merge and os.path.exists(old_path):
-        import json
-
-        with open(old_path) as f:
-            prev = json.load(f)
-        stamp = {"command": prev.get("machine", {}).get("command"), "date": prev.get("machine", {}).get("date")}
-        old = [{**stamp, **r} for r in prev.get("runs", [])]
+    old = common.previous_records(os.path.join(out, "results.json"), "runs") if args.merge else []
     runs: list[dict] = []
     for algo, env_name, base in plans:
         for k in range(args.sac_seeds if algo == "sac" and args.sac_seeds is not None else args.seeds):

@@ -124,11 +124,27 @@ def envs_differing(a: Any, b: Any, rtol: float) -> int:
     return int(bad.sum()) if bad is not None else 0
 
 
+def inline_iteration(program, groups: int, state, compiler_options: dict | None = None):
+    """One iteration from ``state`` with the workers' functions run in this process, one group after
+    the other (the inline executor): the workers' computation without the exchange, which tells a
+    transport fault from the groups' own divergence. Returns the state with its env part synced."""
+    from rose_jax.optimize import processes, search
+
+    inline = processes.ProcessCollect(program, groups, executor=processes.InlineExecutor())
+    try:
+        step = search.compile_step(
+            program._replace(collect=inline, host=True, groups=groups), compiler_options=compiler_options
+        )
+        return step.sync_state(step(state)[0])
+    finally:
+        inline.close()
+
+
 def groups_row(args, label: str) -> dict:
     import jax
 
     from rose_jax import optimize as O
-    from rose_jax.optimize import measure, process_worker, processes, search
+    from rose_jax.optimize import measure, process_worker, search
 
     policy = (SMOKE_POLICIES if args.smoke else POLICIES)[label]
     _, _, config, program, state = ppo_setup(args, args.num_envs, policy)
@@ -136,10 +152,6 @@ def groups_row(args, label: str) -> dict:
     name = f"groups_{label}"
     fused = jax.jit(program.iteration())
     sequential = jax.jit(O.group_rollout(args.groups, "sequential").apply(program).iteration())
-    # the workers' functions run here, one group after the other: the same computation as in the
-    # workers without the exchange (tells a transport fault from the groups' own divergence)
-    inline = processes.ProcessCollect(program, args.groups, executor=processes.InlineExecutor())
-    inline_step = search.compile_step(program._replace(collect=inline, host=True, groups=args.groups))
     t = O.group_rollout(args.groups, "processes")
     grouped = t.apply(program)
     pc, step = grouped.collect, search.compile_step(grouped)
@@ -147,8 +159,7 @@ def groups_row(args, label: str) -> dict:
         log(f"{name}: fused vs {args.groups} env groups in processes (compiles, workers start)")
         ref_one, _ = fused(state)
         seq_one, _ = sequential(state)
-        inline_one = inline_step.sync_state(inline_step(state)[0])
-        inline.close()
+        inline_one = inline_iteration(program, args.groups, state)
         one = step.sync_state(step(state)[0])  # starts the workers, compiles everywhere
         pool = pc.executor.pool
         worker_events = {w: pool.call(w, process_worker.COMPILE_EVENTS, jit=False) for w in pool.names}
@@ -231,7 +242,8 @@ def groups_row(args, label: str) -> dict:
         f"({row['speedup']:.3f}x); driver {row['driver_overhead_ms']:.2f} ms (before sending "
         f"{fmt(row['driver_before_ms'], '.2f')}, merging {fmt(row['driver_after_ms'], '.2f')}), exchange "
         f"{fmt(row['exchange_overhead_ms'], '.2f')} ms (worker decode {fmt(row['worker_decode_ms'], '.2f')}, "
-        f"encode {fmt(row['worker_encode_ms'], '.2f')}), waiting for the learn {row['input_wait_ms']:.2f} ms, rollout {fmt(row['worker_rollout_ms'])} ms, learn "
+        f"encode {fmt(row['worker_encode_ms'], '.2f')}), waiting for the learn "
+        f"{row['input_wait_ms']:.2f} ms, rollout {fmt(row['worker_rollout_ms'])} ms, learn "
         f"{row['learn_ms']:.1f} ms; compiles after the first: driver {row['driver_compiles_after_first']}, "
         f"workers {row['worker_compiles_after_first']}; vs fused: equal={cmp.equal} "
         f"(max|d| {cmp.max_abs:.2g}, "
@@ -245,7 +257,8 @@ def groups_row(args, label: str) -> dict:
             f"{name}: under {det['deterministic_options']}: processes vs in-process workers "
             f"bitwise={det['det_equal_inline']} ({det['det_envs_differing_inline']} envs differ); vs "
             f"sequential groups {det['det_envs_differing_sequential']}, vs fused "
-            f"{det['det_envs_differing_fused']}, fused vs fused (repeat) {det['det_envs_differing_fused_repeat']}"
+            f"{det['det_envs_differing_fused']}, fused vs fused (repeat) "
+            f"{det['det_envs_differing_fused_repeat']}"
         )
     return row
 
@@ -259,24 +272,19 @@ def deterministic_check(args, program, grouped, state) -> dict:
     import jax
 
     from rose_jax import optimize as O
-    from rose_jax.optimize import measure, processes, search
+    from rose_jax.optimize import measure, search
 
     if args.equality_options == "off":
         return {"deterministic_options": None}
     opts = search.DETERMINISTIC
     fused = jax.jit(program.iteration(), compiler_options=opts)
-    sequential = jax.jit(O.group_rollout(args.groups, "sequential").apply(program).iteration(), compiler_options=opts)
+    sequential = jax.jit(
+        O.group_rollout(args.groups, "sequential").apply(program).iteration(), compiler_options=opts
+    )
     ref = fused(state)[0]
     ref2 = fused(state)[0]
     seq = sequential(state)[0]
-    inline = processes.ProcessCollect(program, args.groups, executor=processes.InlineExecutor())
-    try:
-        inline_step = search.compile_step(
-            program._replace(collect=inline, host=True, groups=args.groups), compiler_options=opts
-        )
-        inline_one = inline_step.sync_state(inline_step(state)[0])
-    finally:
-        inline.close()
+    inline_one = inline_iteration(program, args.groups, state, opts)
     proc_step = search.compile_step(grouped, compiler_options=opts)  # the running workers, recompiled
     proc_one = proc_step.sync_state(proc_step(state)[0])
     cmp_inline = measure.compare_trees(proc_one, inline_one)
@@ -504,7 +512,8 @@ def table(rows: list[dict]) -> str:
                     "learn ms",
                     "recompiles (driver/workers)",
                     "equal (envs differing) vs fused / vs groups / vs in-process workers",
-                    "deterministic ops: vs in-process workers bitwise (envs differing); vs fused; fused repeat",
+                    "deterministic ops: vs in-process workers bitwise (envs differing); vs fused; "
+                    "fused repeat",
                 ],
                 [
                     [
@@ -647,16 +656,11 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def merged_rows(old_rows: list[dict], rows: list[dict]) -> list[dict]:
-    """``old_rows`` (a previous run's, for ``--merge``) updated by this run's ``rows``: a row of this
-    run replaces the old one of its name unless it was skipped or failed and the old one was measured;
-    the old rows' order first, this run's new rows after."""
-    def ok(r):
-        return "skipped" not in r and not r.get("error")
-
-    new = {r["name"]: r for r in rows}
-    out = [new.pop(r["name"]) if r["name"] in new and (ok(new[r["name"]]) or not ok(r)) else r for r in old_rows]
-    names = {r["name"] for r in out}
-    return out + [r for r in rows if r["name"] not in names]
+    """``old_rows`` (a previous run's, for ``--merge``) updated by this run's ``rows`` by name
+    (:func:`benchmarks.common.merge_records`: a skipped or failed row never replaces a measured one)."""
+    return common.merge_records(
+        old_rows, rows, key=lambda r: r["name"], measured=lambda r: "skipped" not in r and not r.get("error")
+    )
 
 
 def write_results(rows: list[dict], args, out_dir: str, old_rows: list[dict] | None = None) -> str:
@@ -791,15 +795,9 @@ def main(argv=None) -> list[dict]:
     os.makedirs(out_dir, exist_ok=True)
     log(f"JAX {jax.__version__} backend={jax.default_backend()} devices={jax.devices()}; output {out_dir}")
     rows: list[dict] = []
-    old_rows = None
-    old_path = os.path.join(out_dir, "env_groups.json")
-    if args.merge and os.path.exists(old_path):
-        import json
-
-        with open(old_path) as f:
-            old = json.load(f)
-        stamp = {"command": old.get("machine", {}).get("command"), "date": old.get("machine", {}).get("date")}
-        old_rows = [{**stamp, **r} for r in old.get("rows", [])]
+    old_rows = (
+        common.previous_records(os.path.join(out_dir, "env_groups.json"), "rows") if args.merge else None
+    )
     start = time.perf_counter()
     text = ""
     for name, kind, run in plan_rows(args):

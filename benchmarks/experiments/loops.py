@@ -163,7 +163,10 @@ def build_case(workload: str, args) -> Case:
     else:
         raise ValueError(f"unknown workload kind {kind!r}; kinds: {', '.join(KINDS)}")
     # described with the bound the variants use (a loop above it is reported as left alone)
-    loops = [p.reason for p in L.describe_loops(fn, *call_args, max_bound=getattr(args, "max_bound", None) or L.MAX_BOUND)]
+    loops = [
+        p.reason
+        for p in L.describe_loops(fn, *call_args, max_bound=getattr(args, "max_bound", None) or L.MAX_BOUND)
+    ]
     return Case(fn, call_args, steps, chain, loops)
 
 
@@ -272,6 +275,18 @@ def brax_baseline(env_name: str, args) -> dict:
     return {"brax_env_steps_per_s": steady, "brax_sps_per_epoch": list(run.sps), "brax_s": run.total_s}
 
 
+def against_brax(brax: dict, baseline_rate: float, rose_rate: float) -> dict:
+    """:func:`brax_baseline`'s fields plus the row's original and plan rates over Brax's (none when
+    Brax's run failed)."""
+    if brax.get("brax_env_steps_per_s"):
+        brax = {
+            **brax,
+            "rose_vs_brax": rose_rate / brax["brax_env_steps_per_s"],
+            "baseline_vs_brax": baseline_rate / brax["brax_env_steps_per_s"],
+        }
+    return brax
+
+
 def run_row(workload: str, args) -> dict:
     import jax
 
@@ -356,18 +371,18 @@ def run_row(workload: str, args) -> dict:
     kind, env_name = workload.split("/")
     brax = {}
     if getattr(args, "brax", False) and kind == "ppo_iteration" and not env_name.startswith("mjx_"):
-        brax = brax_baseline(env_name, args)
-        if brax.get("brax_env_steps_per_s"):
-            rose = chosen["env_steps_per_s"] if chosen else base_rate
-            brax["rose_vs_brax"] = rose / brax["brax_env_steps_per_s"]
-            brax["baseline_vs_brax"] = base_rate / brax["brax_env_steps_per_s"]
+        brax = against_brax(
+            brax_baseline(env_name, args), base_rate, chosen["env_steps_per_s"] if chosen else base_rate
+        )
     return {
         "workload": workload,
         "env_steps_per_call": case.env_steps,
         "baseline_env_steps_per_s": base_rate,
         "rose_env_steps_per_s": chosen["env_steps_per_s"] if chosen else base_rate,
         "speedup": chosen["speedup"] if chosen else 1.0,
-        "equal": chosen["equal"] if chosen else next((v["equal"] for v in variants.values() if "equal" in v), None),
+        "equal": chosen["equal"]
+        if chosen
+        else next((v["equal"] for v in variants.values() if "equal" in v), None),
         "plan": plan,
         "variants": variants,
         "baseline_compile_s": compiled["original"][1],
@@ -533,7 +548,8 @@ def parse(argv=None):
         "--brax",
         choices=["on", "off"],
         default=None,
-        help="time Brax's own ppo.train on the ppo_iteration rows of Brax envs (default: on, off with --smoke)",
+        help="time Brax's own ppo.train on the ppo_iteration rows of Brax envs "
+        "(default: on, off with --smoke)",
     )
     p.add_argument("--brax-iterations", type=int, default=10, help="Brax training steps per timed epoch")
     p.add_argument(
@@ -610,12 +626,31 @@ def stamp(rows: list[dict], result: dict) -> list[dict]:
     ]
 
 
+def file_rows(result: dict) -> tuple[list[dict], set[str]]:
+    """One results.json's rows in its order, each stamped with the file's command and date except
+    those it only carried over from an earlier file with ``--merge`` without a command of their own
+    (files from before per-row commands: that earlier file has their command), and the workloads of
+    those carried rows."""
+    merged = set(result.get("merged_from_earlier_runs") or ())
+    carried = {
+        r["workload"] for r in result.get("rows", []) if r["workload"] in merged and "command" not in r
+    }
+    rows = [r if r["workload"] in carried else stamp([r], result)[0] for r in result.get("rows", [])]
+    return rows, carried
+
+
+def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
+    """:func:`benchmarks.common.merge_records` by workload: a skipped or failed row never replaces a
+    measured one."""
+    return common.merge_records(old, new, key=lambda r: r["workload"], measured=_measured)
+
+
 def combine(paths: list[str], envs: tuple[str, ...] = ENVS) -> dict:
     """One result from several ``results.json`` files of this experiment: per workload the last
     measured row wins (a skipped or failed row only where no file measured it), rows in
     :func:`workload_order`, each stamped with its own command and date (give the files oldest
     first: a row a file only carried over with ``--merge`` keeps the older file's command)."""
-    by_workload: dict[str, dict] = {}
+    rows: list[dict] = []
     last = None
     for path in paths:
         try:
@@ -626,25 +661,22 @@ def combine(paths: list[str], envs: tuple[str, ...] = ENVS) -> dict:
         if result.get("experiment") != "loops":
             raise SystemExit(f"--combine: {path} is not a loops results.json")
         last = result
-        merged = set(result.get("merged_from_earlier_runs") or ())
-        for row in result.get("rows", []):
-            if row["workload"] in merged and "command" not in row:
-                # carried over by --merge from an earlier file, unstamped (files before per-row
-                # commands): that earlier file, given first, has its command; keep it unstamped otherwise
-                by_workload.setdefault(row["workload"], row)
-                continue
-            row = stamp([row], result)[0]
-            old = by_workload.get(row["workload"])
-            if old is None or _measured(row) or not _measured(old):
-                by_workload[row["workload"]] = row
+        new, carried = file_rows(result)
+        # a carried-over row only fills a gap: the earlier file, given first, has it with its command
+        known = {r["workload"] for r in rows}
+        rows = merge_rows(
+            rows, [r for r in new if r["workload"] not in carried or r["workload"] not in known]
+        )
     order = workload_order(envs)
-    rows = sorted(by_workload.values(), key=lambda r: (order.index(r["workload"]) if r["workload"] in order else len(order)))
+    rows = sorted(rows, key=lambda r: order.index(r["workload"]) if r["workload"] in order else len(order))
     dated = sorted((r.get("date") or "", r["command"]) for r in rows if r.get("command"))
     commands = list(dict.fromkeys(c for _, c in dated))  # oldest first
     return {
         **last,
         "command": " ; ".join(commands),
-        "combined_from": [os.path.basename(os.path.dirname(os.path.abspath(p))) + "/" + os.path.basename(p) for p in paths],
+        "combined_from": [
+            os.path.basename(os.path.dirname(os.path.abspath(p))) + "/" + os.path.basename(p) for p in paths
+        ],
         "merged_from_earlier_runs": [],
         "rows": rows,
     }
@@ -659,7 +691,9 @@ def brax_only(workloads: list[str], args, out: str, argv) -> int:
         raise SystemExit(f"--brax-only: no {path} to add Brax's baseline to (run the rows first)")
     with open(path) as f:
         result = json.load(f)
-    command = " ".join(["python -m benchmarks.experiments.loops", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(
+        ["python -m benchmarks.experiments.loops", *(argv if argv is not None else sys.argv[1:])]
+    )
     date = common.machine_info().get("date")
     todo = [
         r
@@ -670,7 +704,9 @@ def brax_only(workloads: list[str], args, out: str, argv) -> int:
         and _measured(r)
     ]
     if not todo:
-        raise SystemExit("--brax-only: none of the selected rows is a measured ppo_iteration row of a Brax env")
+        raise SystemExit(
+            "--brax-only: none of the selected rows is a measured ppo_iteration row of a Brax env"
+        )
     start = elapsed()  # this call's budget (elapsed() counts from the process's start)
     for r in todo:
         env_name = r["workload"].split("/")[1]
@@ -679,12 +715,15 @@ def brax_only(workloads: list[str], args, out: str, argv) -> int:
             continue
         # the sizes the row was measured with (stamped per row; else the file's), not this call's
         sizes = r.get("sizes") or result.get("sizes") or {}
-        same = {k: sizes[k] for k in ("num_envs", "ppo_unroll", "ppo_minibatches", "ppo_epochs") if k in sizes}
+        same = {
+            k: sizes[k] for k in ("num_envs", "ppo_unroll", "ppo_minibatches", "ppo_epochs") if k in sizes
+        }
         log(f"{r['workload']}: Brax's ppo.train with the row's sizes {same}")
-        brax = brax_baseline(env_name, argparse.Namespace(**{**vars(args), **same}))
-        if brax.get("brax_env_steps_per_s"):
-            brax["rose_vs_brax"] = r["rose_env_steps_per_s"] / brax["brax_env_steps_per_s"]
-            brax["baseline_vs_brax"] = r["baseline_env_steps_per_s"] / brax["brax_env_steps_per_s"]
+        brax = against_brax(
+            brax_baseline(env_name, argparse.Namespace(**{**vars(args), **same})),
+            r["baseline_env_steps_per_s"],
+            r["rose_env_steps_per_s"],
+        )
         r.update(brax, brax_command=command, brax_date=date)
         write(result, out)
     print(markdown(result))
@@ -731,20 +770,12 @@ def main(argv=None) -> int:
         },
         "rows": [],
     }
-    kept = []
+    kept = []  # the old file's rows (--merge); this run's rows replace them by merge_rows' rule
     old_path = os.path.join(out, "results.json")
     if args.merge and os.path.exists(old_path):
         with open(old_path) as f:
-            old = json.load(f)
-        # rows the old file only carried over from an earlier run (no command of their own) stay
-        # unstamped, as combine() keeps them
-        carried = set(old.get("merged_from_earlier_runs") or ())
-        kept = [
-            r if (r["workload"] in carried and "command" not in r) else stamp([r], old)[0]
-            for r in old.get("rows", [])
-            if r["workload"] not in workloads
-        ]
-        result["merged_from_earlier_runs"] = [r["workload"] for r in kept]
+            kept, _ = file_rows(json.load(f))
+        result["merged_from_earlier_runs"] = [r["workload"] for r in kept if r["workload"] not in workloads]
     result["versions"] = {
         k: result["machine"].get(k) for k in ("jax", *common.PACKAGES) if result["machine"].get(k)
     }
@@ -765,8 +796,8 @@ def main(argv=None) -> int:
                 log(f"{w}: FAILED: {type(e).__name__}: {e}")
                 result["rows"].append({"workload": w, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         result["total_s"] = elapsed()
-        write({**result, "rows": kept + stamp(result["rows"], result)}, out)
-    result["rows"] = kept + stamp(result["rows"], result)
+        write({**result, "rows": merge_rows(kept, stamp(result["rows"], result))}, out)
+    result["rows"] = merge_rows(kept, stamp(result["rows"], result))
     print(markdown(result))
     print(f"wrote {out}/results.json, results.md, results.png ({elapsed():.0f}s)")
     return 0

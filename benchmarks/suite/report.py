@@ -554,7 +554,15 @@ def parity_headline(root: str | None = None) -> str | None:
         for s in summary
     ]
     table = common.markdown_table(
-        ["Brax config", "num_timesteps", "runs (Brax/rose-jax)", "Brax eval return", "rose-jax eval return", "Brax s to it", "rose-jax s to it"],
+        [
+            "Brax config",
+            "num_timesteps",
+            "runs (Brax/rose-jax)",
+            "Brax eval return",
+            "rose-jax eval return",
+            "Brax s to it",
+            "rose-jax s to it",
+        ],
         body,
     )
     source = os.path.relpath(path, os.path.dirname(README))
@@ -578,7 +586,10 @@ def multiprocess_headline(root: str | None = None) -> str | None:
     if os.path.exists(sweep_path):
         doc = load(sweep_path)
         s, w = doc.get("summary") or {}, doc.get("workload") or {}
-        what = f"{w.get('seeds', '?')} seeds of {w.get('algo', '?').upper()} {w.get('env', '?')} {w.get('config', {}).get('num_envs', '?')} envs"
+        what = (
+            f"{w.get('seeds', '?')} seeds of {w.get('algo', '?').upper()} {w.get('env', '?')} "
+            f"{w.get('config', {}).get('num_envs', '?')} envs"
+        )
         seq = s.get("sequential_rate")
         for label, key in (
             ("vmapped (one program)", "vmapped"),
@@ -605,7 +616,8 @@ def multiprocess_headline(root: str | None = None) -> str | None:
             if r.get("kind") == "groups":
                 body.append(
                     [
-                        f"PPO ant {r['num_envs']} envs, policy {r['policy']}: {r['groups']} env groups in processes",
+                        f"PPO ant {r['num_envs']} envs, policy {r['policy']}: {r['groups']} env groups "
+                        "in processes",
                         f"{r['fused_ms']:.1f} ms/iter (fused)",
                         f"{r['processes_ms']:.1f} ms/iter",
                         f"{r['speedup']:.2f}x",

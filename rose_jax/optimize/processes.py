@@ -386,10 +386,6 @@ class RuntimeExecutor:
         self._last_stats = [pool.last_stats.get(f"group{g}") or {} for g in range(self.groups)]
         return out
 
-    def worker_run_s(self) -> float | None:
-        """Seconds the slowest group's function ran in its worker, in the last call (None before)."""
-        return self.worker_stats().get("run_s")
-
     def worker_stats(self) -> dict:
         """The last call's ``run_s`` / ``decode_s`` / ``encode_s`` of its slowest group (the one
         whose three took longest together; keys without a value left out)."""
@@ -541,23 +537,13 @@ class ProcessCollect(HostStep):
         )
         self._version += 1
         new_state = self._with_marker(jax.tree_util.tree_unflatten(plan.layout.treedef, leaves))
-        t_after = time.perf_counter()
-        run_s = getattr(self.executor, "worker_run_s", lambda: None)()
-        worker = getattr(self.executor, "worker_stats", lambda: {})()
         self._record(
             "iteration",
             sent_bytes=self.groups * _tree_bytes(sent),
             received_bytes=sum(_tree_bytes(o) for o in outs),
             upload=upload,
             upload_bytes=upload_bytes,
-            wall_s=time.perf_counter() - t0,
-            input_wait_s=t1 - t_wait,
-            driver_before_s=t_wait - t0,
-            driver_after_s=t_after - t2,
-            workers_s=t2 - t1,
-            worker_run_s=run_s,
-            worker_decode_s=worker.get("decode_s"),
-            worker_encode_s=worker.get("encode_s"),
+            **self._time_split(t0, t_wait, t1, t2),
         )
         return new_state, data
 
@@ -625,8 +611,9 @@ class ProcessCollect(HostStep):
         total_bytes (their sum), wall_s (the whole call), input_wait_s (waiting for the sent inputs,
         e.g. the previous iteration's learn still running on the device), driver_before_s /
         driver_after_s (the driver's own work before sending (an upload included) and after the
-        outputs came back: merging them into the state, waited for), workers_s (the groups' round trip), worker_run_s / worker_decode_s / worker_encode_s (the slowest group's function,
-        input decoding and output encoding inside its worker; None in process)}``;
+        outputs came back: merging them into the state, waited for), workers_s (the groups' round
+        trip), worker_run_s / worker_decode_s / worker_encode_s (the slowest group's function, input
+        decoding and output encoding inside its worker; None in process)}``;
         summing ``total_bytes`` over records counts every byte once. ``last_iteration``: the newest
         "iteration" record; ``counts``: calls per kind (uploads inside iterations included).
         """
@@ -764,26 +751,34 @@ class ProcessCollect(HostStep):
         outs = self.executor.run_groups(self.program.spec, states, self.groups, options)
         t2 = time.perf_counter()
         result = jax.block_until_ready(_commit(self._merge(outs)))
-        t_after = time.perf_counter()
-        worker = getattr(self.executor, "worker_stats", lambda: {})()
         self._record(
             "iteration",
             sent_bytes=sum(_tree_bytes(s) for s in states),
             received_bytes=sum(_tree_bytes(o) for o in outs),
-            wall_s=time.perf_counter() - t0,
-            input_wait_s=t1 - t_wait,
-            driver_before_s=t_wait - t0,
-            driver_after_s=t_after - t2,
-            worker_run_s=worker.get("run_s"),
-            worker_decode_s=worker.get("decode_s"),
-            worker_encode_s=worker.get("encode_s"),
-            workers_s=t2 - t1,
+            **self._time_split(t0, t_wait, t1, t2),
             mode="full",
             reason=why,
             env_bytes=_tree_bytes(self.program.env.get(state)),
             state_bytes=_tree_bytes(state),
         )
         return result
+
+    def _time_split(self, t0: float, t_wait: float, t1: float, t2: float) -> dict:
+        """An iteration record's timings: called at its end; ``t0`` its start, ``t_wait`` when it
+        began waiting for its inputs, ``t1`` when it sent them, ``t2`` when the outputs were back
+        (see :meth:`stats`), and the slowest worker's own split."""
+        end = time.perf_counter()
+        worker = getattr(self.executor, "worker_stats", lambda: {})()
+        return {
+            "wall_s": end - t0,
+            "input_wait_s": t1 - t_wait,
+            "driver_before_s": t_wait - t0,
+            "driver_after_s": end - t2,
+            "workers_s": t2 - t1,
+            "worker_run_s": worker.get("run_s"),
+            "worker_decode_s": worker.get("decode_s"),
+            "worker_encode_s": worker.get("encode_s"),
+        }
 
     def _record(self, kind: str, **kw) -> None:
         rec = {
