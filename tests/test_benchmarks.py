@@ -612,11 +612,22 @@ def test_readme_block_lists_experiment_results(tmp_path):
                      "brax_return": 1500.4, "rose_jax_return": 2300.0,
                      "brax_s_to_brax_final": 140.0, "rose_jax_s_to_brax_final": None}],
     }))
+    (tmp_path / "loops").mkdir()
+    (tmp_path / "loops" / "results.json").write_text(json.dumps({
+        "date": "2026-01-01", "machine": {"gpu": "GPU X", "jax": "0.11.2"},
+        "rows": [{"workload": "physics/hopper", "baseline_env_steps_per_s": 100.0, "rose_env_steps_per_s": 130.0,
+                  "speedup": 1.3, "equal": True, "plan": "options_no_loops"},
+                 {"workload": "ppo_iteration/hopper", "baseline_env_steps_per_s": 100.0,
+                  "rose_env_steps_per_s": 130.0, "speedup": 1.3, "equal": True, "plan": "options_no_loops",
+                  "brax_env_steps_per_s": 104.0}],
+    }))
     block = report.readme_block("auto", str(tmp_path / "suite"))
     assert "| sac-ant-128 | 100 (Brax) | 150 | 1.50x | True | options(concurrent) |" in block
+    # Brax's own trainer beside the loops rows that timed it, blank where it was not timed
+    assert "| ppo_iteration/hopper | 100 | 130 | 1.30x | True | options_no_loops | 104 (1.25x) |" in block
+    assert "| physics/hopper | 100 | 130 | 1.30x | True | options_no_loops |  |" in block
     assert "ppo-ant-2048" not in block  # a skipped row has no numbers to show
     assert "| ppo ant | 50,000,000 | 2/1 | 1500 | 2300 | 140 | - |" in block
-    assert "loops" not in block.lower().split("overlap")[0]  # no results folder, no table
 
 
 def test_multiprocess_headline_reports_sweep_groups_and_offload_and_skips_unmeasured_rows(tmp_path):
@@ -639,6 +650,9 @@ def test_multiprocess_headline_reports_sweep_groups_and_offload_and_skips_unmeas
         "rows": [
             {"name": "groups_4x32", "kind": "groups", "num_envs": 2048, "policy": "4x32", "groups": 2,
              "fused_ms": 44.7, "processes_ms": 74.8, "speedup": 44.7 / 74.8},
+            {"name": "offload_2048", "kind": "offload", "num_envs": 2048, "epochs_per_timed_run": 3,
+             "baseline_s": 2.62, "offload_s": 2.11, "offload_quota_s": 2.14, "speedup_no_quota": 2.62 / 2.11,
+             "speedup_quota": 2.62 / 2.14, "quotas": [30, 70], "quota_status": "not applied"},
             {"name": "offload_8192", "kind": "offload", "skipped": "time budget"},
         ],
     }
@@ -646,8 +660,11 @@ def test_multiprocess_headline_reports_sweep_groups_and_offload_and_skips_unmeas
     (base / "env_groups.json").write_text(json.dumps(groups))
     text = report.multiprocess_headline(str(tmp_path))
     lines = [ln for ln in text.splitlines() if ln.startswith("| ") and "workload" not in ln]
-    assert len(lines) == 2
+    assert len(lines) == 4
     assert "vmapped" in lines[0] and "500,000" in lines[0] and "1,150,000" in lines[0] and "2.30x" in lines[0]
     assert "2 env groups in processes" in lines[1] and "0.60x" in lines[1]
+    # the offload row without quotas and the quota split with whether the plan applied it
+    assert "offloaded, no quotas | 2.62 s/epoch | 2.11 s/epoch | 1.24x" in lines[2]
+    assert "quotas [30, 70] (driver, worker): not applied" in lines[3] and "1.22x" in lines[3]
     assert "2026-12-04 08:23 UTC on NVIDIA H200" in text and "8192" not in text
     assert report.multiprocess_headline(str(tmp_path / "none")) is None

@@ -462,13 +462,18 @@ def markdown(result: dict) -> str:
                     f"| {r['workload']} | {r['brax_env_steps_per_s']:,.0f} | {r['baseline_vs_brax']:.3f}x | "
                     f"{r['rose_vs_brax']:.3f}x |"
                 )
-    commands: dict[str, list[str]] = {}
+    commands: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if r.get("command"):
-            commands.setdefault(f"{r.get('date')}: `{r['command']}`", []).append(r["workload"])
+            commands.setdefault((str(r.get("date")), r["command"]), []).append(r["workload"])
+        if r.get("brax_command") and r["brax_command"] != r.get("command"):
+            # a Brax baseline added later (--brax-only) is its own run
+            commands.setdefault((str(r.get("brax_date")), r["brax_command"]), []).append(
+                f"{r['workload']} (Brax baseline)"
+            )
     if len(commands) > 1:
-        lines += ["", "Rows by the run that wrote them (measured, or skipped with the reason):", ""]
-        lines += [f"- {run}: {', '.join(ws)}" for run, ws in commands.items()]
+        lines += ["", "Rows by the run that wrote them (measured, or skipped with the reason), oldest first:", ""]
+        lines += [f"- {date}: `{cmd}`: {', '.join(ws)}" for (date, cmd), ws in sorted(commands.items())]
     lines += ["", "Loops found (per workload, first row of each env):", ""]
     seen = set()
     for r in rows:

@@ -520,9 +520,18 @@ def experiment_headline(name: str, title: str, root: str | None = None) -> str |
         ]
         for r in rows
     ]
-    table = common.markdown_table(
-        ["workload", "baseline env-steps/s", "rose-jax env-steps/s", "speedup", "equal", "plan"], body
-    )
+    header = ["workload", "baseline env-steps/s", "rose-jax env-steps/s", "speedup", "equal", "plan"]
+    if any(r.get("brax_env_steps_per_s") for r in rows):
+        # rows that also timed Brax's own trainer on the same workload (loops --brax)
+        header.append("Brax's trainer env-steps/s (rose-jax vs it)")
+        for line, r in zip(body, rows):
+            brax = r.get("brax_env_steps_per_s")
+            line.append(
+                f"{_fmt_rate(brax)} ({r['rose_env_steps_per_s'] / brax:.2f}x)"
+                if brax and r.get("rose_env_steps_per_s")
+                else ""
+            )
+    table = common.markdown_table(header, body)
     when = f"{doc.get('date') or machine.get('date', '?')} on {machine.get('gpu') or machine.get('platform', '?')}"
     source = os.path.relpath(path, os.path.dirname(README))
     return (
@@ -624,17 +633,26 @@ def multiprocess_headline(root: str | None = None) -> str | None:
                     ]
                 )
             elif r.get("kind") == "offload" and r.get("speedup_quota") is not None:
+                what = f"PPO ant {r['num_envs']} envs, Brax's train-loop epoch: evaluation offloaded" + (
+                    ""
+                    if (r.get("epochs_per_timed_run") or 1) > 1
+                    else " (one epoch per timed run: no overlap with a next epoch possible)"
+                )
+                status = r.get("quota_status") or "?"
+                if r.get("speedup_no_quota") is not None:
+                    body.append(
+                        [
+                            f"{what}, no quotas",
+                            f"{r['baseline_s']:.2f} s/epoch",
+                            f"{r['offload_s']:.2f} s/epoch",
+                            f"{r['speedup_no_quota']:.2f}x",
+                        ]
+                    )
                 body.append(
                     [
-                        f"PPO ant {r['num_envs']} envs, Brax's train-loop epoch: evaluation offloaded, "
-                        f"quotas {r.get('quotas')}"
-                        + (
-                            ""
-                            if (r.get("epochs_per_timed_run") or 1) > 1
-                            else " (one epoch per timed run: no overlap with a next epoch possible)"
-                        ),
+                        f"{what}, slack-aware quotas {r.get('quotas')} (driver, worker): {status}",
                         f"{r['baseline_s']:.2f} s/epoch",
-                        f"{r['offload_quota_s']:.2f} s/epoch (no quota {r['offload_s']:.2f})",
+                        f"{r['offload_quota_s']:.2f} s/epoch",
                         f"{r['speedup_quota']:.2f}x",
                     ]
                 )
