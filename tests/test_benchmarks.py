@@ -615,8 +615,8 @@ def test_readme_block_lists_experiment_results(tmp_path):
     (tmp_path / "loops").mkdir()
     (tmp_path / "loops" / "results.json").write_text(json.dumps({
         "date": "2026-01-01", "machine": {"gpu": "GPU X", "jax": "0.11.2"},
-        "rows": [{"workload": "physics/hopper", "baseline_env_steps_per_s": 100.0, "rose_env_steps_per_s": 130.0,
-                  "speedup": 1.3, "equal": True, "plan": "options_no_loops"},
+        "rows": [{"workload": "physics/hopper", "baseline_env_steps_per_s": 100.0,
+                  "rose_env_steps_per_s": 130.0, "speedup": 1.3, "equal": True, "plan": "options_no_loops"},
                  {"workload": "ppo_iteration/hopper", "baseline_env_steps_per_s": 100.0,
                   "rose_env_steps_per_s": 130.0, "speedup": 1.3, "equal": True, "plan": "options_no_loops",
                   "brax_env_steps_per_s": 104.0}],

@@ -56,8 +56,10 @@ MB = 1 << 20
 # budget check adds to the elapsed time before starting a row
 # (groups: ~75 s measured on 2026-12-04, plus the deterministic-ops check's extra compiles, unmeasured)
 ESTIMATE_S = {"groups": 120.0, "exchange": 15.0, "offload": 240.0, "search": 70.0}
-# An offload row's estimate grows with its envs: the H200's 2048-env row took 208 s (184 s of it the
-# quota search's probes) with one epoch per timed run; the timed epochs scale with the envs.
+# An offload row's estimate grows with its envs: the H200's 2048-env row took 216 s with 3 epochs per
+# timed run (2026-12-04 11:27; nearly all of it the quota step: probes at 30/50/70 % plus the end-to-end
+# turns); an epoch is --epoch-env-steps of training whatever the envs, but compiles and the
+# evaluation (all of --eval-envs for an episode) grow with them.
 OFFLOAD_S_PER_2048_ENVS = 40.0
 
 

@@ -1,6 +1,8 @@
 """Loop restructuring on the GPU: MJX's solver while loop as a bounded masked scan, before / after.
 
-    python -m benchmarks.experiments.loops                 # H200: < 8 min, writes benchmarks/results/loops/
+    python -m benchmarks.experiments.loops                 # H200: stops within --budget-s (400 s), writes
+                                                           # benchmarks/results/loops/; the 20 rows there took
+                                                           # 10 calls (--only ... --merge, see results.md)
     python -m benchmarks.experiments.loops --smoke         # CPU plumbing check: 2 envs, 2 steps
     python -m benchmarks.experiments.loops --only physics/hopper ppo_iteration
     python -m benchmarks.experiments.loops --only sac_eval ppo_eval --merge   # more rows, same files
@@ -472,7 +474,8 @@ def markdown(result: dict) -> str:
                 f"{r['workload']} (Brax baseline)"
             )
     if len(commands) > 1:
-        lines += ["", "Rows by the run that wrote them (measured, or skipped with the reason), oldest first:", ""]
+        lines += ["", "Rows by the run that wrote them (measured, or skipped with the reason), oldest first:"]
+        lines += [""]
         lines += [f"- {date}: `{cmd}`: {', '.join(ws)}" for (date, cmd), ws in sorted(commands.items())]
     lines += ["", "Loops found (per workload, first row of each env):", ""]
     seen = set()

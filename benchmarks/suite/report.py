@@ -512,7 +512,8 @@ def experiment_headline(name: str, title: str, root: str | None = None) -> str |
     body = [
         [
             r["workload"],
-            _fmt_rate(r["baseline_env_steps_per_s"]) + (" (Brax)" if r.get("baseline") == "Brax train" else ""),
+            _fmt_rate(r["baseline_env_steps_per_s"])
+            + (" (Brax)" if r.get("baseline") == "Brax train" else ""),
             _fmt_rate(r.get("rose_env_steps_per_s")),
             "—" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
             r.get("equal"),
@@ -524,7 +525,7 @@ def experiment_headline(name: str, title: str, root: str | None = None) -> str |
     if any(r.get("brax_env_steps_per_s") for r in rows):
         # rows that also timed Brax's own trainer on the same workload (loops --brax)
         header.append("Brax's trainer env-steps/s (rose-jax vs it)")
-        for line, r in zip(body, rows):
+        for line, r in zip(body, rows, strict=True):
             brax = r.get("brax_env_steps_per_s")
             line.append(
                 f"{_fmt_rate(brax)} ({r['rose_env_steps_per_s'] / brax:.2f}x)"
@@ -532,7 +533,8 @@ def experiment_headline(name: str, title: str, root: str | None = None) -> str |
                 else ""
             )
     table = common.markdown_table(header, body)
-    when = f"{doc.get('date') or machine.get('date', '?')} on {machine.get('gpu') or machine.get('platform', '?')}"
+    gpu = machine.get("gpu") or machine.get("platform", "?")
+    when = f"{doc.get('date') or machine.get('date', '?')} on {gpu}"
     source = os.path.relpath(path, os.path.dirname(README))
     return (
         f"{title}: {when}; jax {machine.get('jax', '?')}. Generated from `{source}`; details in "
