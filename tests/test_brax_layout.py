@@ -488,3 +488,24 @@ def test_program_spec_rebuilds_the_action_repeat_env_train_runs_on():
     plain = _evals_config(num_evals=None, batch_size=None)
     plain_program = ppo.program(plain, ppo.resolve_env(plain, "pendulum"), env_name="pendulum")
     assert plain_program.spec.env[0] == "envs:make"
+
+
+def test_step0_report_is_the_initial_policys_evaluation():
+    """train_with_evals' step-0 report is the evaluator's return on the initial state (computed
+    here the plain way), before any training; then one report per epoch at Brax's env steps."""
+    from algos import ppo, ppo_brax, ppo_core
+
+    config = _evals_config()
+    env = ppo_brax.resolve_env(config, "pendulum")
+    reports = []
+    ppo_brax.train_with_evals(
+        config, env, ppo.iteration(config, env), progress_fn=lambda s, m: reports.append((s, m))
+    )
+    state = ppo_core.init(config, env, jax.random.PRNGKey(config.seed))
+    evaluate = ppo_brax.make_evaluator(
+        ppo_core.program_key(config), env, config.num_eval_envs, config.deterministic_eval
+    )
+    expected = evaluate(state.params, state.normalizer, ppo_core.eval_key(state))
+    assert [s for s, _ in reports] == [0, 520, 1040]
+    assert reports[0][1]["eval/episode_reward"] == float(expected["eval/episode_reward"])
+    assert reports[0][1]["time/compile_s"] > 0
