@@ -2,7 +2,7 @@
 
     python -m benchmarks.experiments.loops                 # H200: stops within --budget-s (400 s), writes
                                                            # benchmarks/results/loops/; the 20 rows there took
-                                                           # 10 calls (--only ... --merge, see results.md)
+                                                           # 10 runs (--only ... --merge, see results.md)
     python -m benchmarks.experiments.loops --smoke         # CPU plumbing check: 2 envs, 2 steps
     python -m benchmarks.experiments.loops --only physics/hopper ppo_iteration
     python -m benchmarks.experiments.loops --only sac_eval ppo_eval --merge   # more rows, same files
