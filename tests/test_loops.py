@@ -400,35 +400,27 @@ def test_mjx_env_steps_equal_bitwise(env_name, variants):
 # ------------------------------------------------------------------------- benchmark smoke
 
 
+def run_loops_smoke(out, *extra: str, env: dict | None = None, timeout: int = 600) -> None:
+    """``python -m benchmarks.experiments.loops --smoke --out OUT EXTRA...`` on the CPU, in a child."""
+    cmd = [sys.executable, "-m", "benchmarks.experiments.loops", "--smoke", "--out", str(out), *extra]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_benchmark_times_brax_ppo_train_beside_the_ppo_iteration(tmp_path):
     """loops --brax on: Brax's own ppo.train runs on the same MJX env with the row's PPO
     hyperparameters (real Brax, tiny sizes, CPU with XLA's fast compile flags) and its steady rate
     and the ratios land in the row and in results.md."""
     pytest.importorskip("brax")
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.experiments.loops",
-        "--smoke",
-        "--out",
-        str(tmp_path),
-        "--only",
-        "ppo_iteration/hopper",
-        "--variants",
-        "options_concurrent",
-        "--brax",
-        "on",
-        "--brax-iterations",
-        "1",
-    ]
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
-    }
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_loops_smoke(
+        tmp_path,
+        *("--only", "ppo_iteration/hopper", "--variants", "options_concurrent"),
+        *("--brax", "on", "--brax-iterations", "1"),
+        env={"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"},
+        timeout=900,
+    )
     (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert row["error"] is None and "brax_error" not in row, row.get("brax_error")
     assert row["brax_env_steps_per_s"] > 0 and len(row["brax_sps_per_epoch"]) == 4
@@ -441,23 +433,12 @@ def test_benchmark_times_brax_ppo_train_beside_the_ppo_iteration(tmp_path):
 @pytest.mark.slow
 def test_benchmark_smoke_mode_writes_results(tmp_path):
     pytest.importorskip("brax")
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.experiments.loops",
-        "--smoke",
-        "--out",
-        str(tmp_path),
-        "--only",
-        "physics/hopper",
-        "--variants",
+    run_loops_smoke(
+        tmp_path,
+        *("--only", "physics/hopper", "--variants"),
         "where",  # the plumbing (the variants' equality is tested above on real MJX steps), and an
         "options_concurrent",  # options-only variant: XLA GPU options inert on a CPU, so exact
-    ]
-    proc = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"}
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["rows"]
     assert [r["workload"] for r in rows] == ["physics/hopper"]

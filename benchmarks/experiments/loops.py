@@ -247,6 +247,13 @@ def compare(a, b, rtol: float) -> tuple[bool, float, bool]:
 BRAX_EPOCHS, BRAX_WARMUP_EPOCHS = 4, 2
 
 
+def has_brax_trainer(workload: str) -> bool:
+    """Whether Brax's own trainer runs this row's workload: a ``ppo_iteration`` row of a Brax env
+    (the shipped ``mjx_*`` envs are not Brax's)."""
+    kind, env_name = workload.split("/")
+    return kind == "ppo_iteration" and not env_name.startswith("mjx_")
+
+
 def brax_baseline(env_name: str, args) -> dict:
     """Brax's own ``ppo.train`` on Brax's ``env_name`` (MJX backend) with this row's PPO
     hyperparameters (:func:`benchmarks.suite.baselines.brax_ppo_train`: one Brax training step = one
@@ -370,11 +377,12 @@ def run_row(workload: str, args) -> dict:
     ]
     plan = max(ok)[1] if ok else "none"
     chosen = variants[plan] if plan != "none" else None
-    kind, env_name = workload.split("/")
     brax = {}
-    if getattr(args, "brax", False) and kind == "ppo_iteration" and not env_name.startswith("mjx_"):
+    if getattr(args, "brax", False) and has_brax_trainer(workload):
         brax = against_brax(
-            brax_baseline(env_name, args), base_rate, chosen["env_steps_per_s"] if chosen else base_rate
+            brax_baseline(workload.split("/")[1], args),
+            base_rate,
+            chosen["env_steps_per_s"] if chosen else base_rate,
         )
     return {
         "workload": workload,
@@ -706,10 +714,7 @@ def brax_only(workloads: list[str], args, out: str, argv) -> int:
     todo = [
         r
         for r in result.get("rows", [])
-        if r["workload"] in workloads
-        and r["workload"].startswith("ppo_iteration/")
-        and not r["workload"].split("/")[1].startswith("mjx_")
-        and _measured(r)
+        if r["workload"] in workloads and has_brax_trainer(r["workload"]) and _measured(r)
     ]
     if not todo:
         raise SystemExit(
