@@ -63,6 +63,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             activation="relu",
             target_entropy=lambda env: -0.5 * env.action_size,
             prefill_with_policy=True,
+            initial_eval=True,
         ),
     },
 }

@@ -79,7 +79,7 @@ class Algo:
     # ------------------------------------------------------------------ progress
     def num_units(self, config: Any) -> int:
         """Progress reports (iterations or epochs) of a whole ``train`` run of ``config``."""
-        return config.num_evals if self.unit == "epoch" else config.num_iterations
+        return config.num_epochs if self.unit == "epoch" else config.num_iterations
 
     def units_done(self, config: Any, state: Any) -> int:
         """Progress reports a train state has done (its iteration counter, in units)."""

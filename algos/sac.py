@@ -16,7 +16,7 @@ One iteration is ``steps_per_iteration`` times: component ``collect`` (``policy`
 ``critic_update``, ``actor_update`` (all three read the state as it was before the step, as in
 Brax, so they are independent of each other) and ``target_update``).
 
-The host driver :func:`train` (Brax-style keywords) runs ``num_evals`` jitted epochs
+The host driver :func:`train` (Brax-style keywords) runs ``config.num_epochs`` jitted epochs
 (:func:`epoch`: a ``lax.scan`` of iterations, then an evaluation) through ``algos.driver``, with
 atomic checkpoints of the whole TrainState and bitwise-exact resume.
 
@@ -77,10 +77,13 @@ class SACConfig:
     target_entropy: float | None = None  # None: -action_size
     seed: int = 0
     # driver (train()) only
-    num_evals: int = 10  # progress reports (= jitted epochs) over the run
+    num_evals: int = 10  # progress reports over the run (= jitted epochs, see num_epochs)
     num_eval_envs: int = 128  # 0: no evaluation episodes at progress reports
     deterministic_eval: bool = True
     prefill_with_policy: bool = False  # True: prefill the replay with the initial policy (Brax's)
+    # True (Brax's run shape, the "brax" preset): the initial policy is evaluated at step 0 and
+    # max(num_evals - 1, 1) epochs follow; False: num_evals epochs, each ending in a report
+    initial_eval: bool = False
 
     def __post_init__(self):
         def bad(field, why):
@@ -126,7 +129,7 @@ class SACConfig:
             if not isinstance(v, (tuple, list)) or not all(is_int(s) and s > 0 for s in v):
                 bad(f, "must be a tuple of positive ints")
             object.__setattr__(self, f, tuple(v))
-        for f in ("normalize_observations", "deterministic_eval", "prefill_with_policy"):
+        for f in ("normalize_observations", "deterministic_eval", "prefill_with_policy", "initial_eval"):
             if not isinstance(getattr(self, f), bool):
                 bad(f, "must be a bool")
         if not isinstance(self.activation, str) or not callable(getattr(nn, self.activation, None)):
@@ -144,6 +147,12 @@ class SACConfig:
     def replay_capacity(self) -> int:
         """Transitions the replay buffer holds."""
         return self.max_replay_size if self.max_replay_size is not None else self.num_timesteps
+
+    @property
+    def num_epochs(self) -> int:
+        """Jitted epochs of a ``train`` run: ``num_evals``, or Brax's ``max(num_evals - 1, 1)``
+        after a step-0 evaluation when ``initial_eval``."""
+        return max(self.num_evals - 1, 1) if self.initial_eval else self.num_evals
 
     @property
     def prefill_steps(self) -> int:
@@ -748,14 +757,24 @@ def evaluate(
 # --------------------------------------------------------------------------------------------
 # Driver (host side)
 
+
+def initial_evaluation(config: SACConfig, env: Env, state: TrainState) -> float:
+    """The step-0 report of Brax's run shape: the initial policy evaluated with the normalizer as
+    it was before the prefill (Brax evaluates before it prefills), with the key the first epoch's
+    evaluation would use."""
+    evaluate_fn = _jitted_evaluator(_cache_key(config), env, None, None)
+    key = jax.random.fold_in(jax.random.fold_in(state.key, _EVAL_SALT), state.iteration)
+    return float(evaluate_fn(state.actor_params, normalize.init(env.observation_size), key))
+
 _EVAL_SALT = 0x5E7A1  # eval keys are fold_in(state.key, salt): training never consumes them
 
 
 def iterations_per_epoch(config: SACConfig) -> int:
-    """Iterations per jitted epoch, so that ``num_evals`` epochs reach ``num_timesteps`` (rounded up)."""
+    """Iterations per jitted epoch, so that ``config.num_epochs`` epochs reach ``num_timesteps``
+    (rounded up, as Brax's ``num_training_steps_per_epoch``)."""
     remaining = config.num_timesteps - config.prefill_steps * config.num_envs
     total = -(-max(remaining, 1) // config.env_steps_per_iteration)
-    return -(-total // config.num_evals)
+    return -(-total // config.num_epochs)
 
 
 def epoch(
@@ -835,9 +854,10 @@ def train(
     an unknown keyword is a one-line TypeError listing the valid ones. The loop's keywords are
     ``progress_fn``, ``checkpoint_dir``, ``checkpoint_every``, ``keep_checkpoints`` (default 3) and
     ``resume`` (``algos.registry.TRAIN_LOOP_KEYWORDS``).
-    The run is ``num_evals`` epochs, each one jitted :func:`epoch` (``lax.scan`` over
+    The run is ``config.num_epochs`` epochs, each one jitted :func:`epoch` (``lax.scan`` over
     :func:`iterations_per_epoch` iterations, no host sync inside, state donated), so the total is
-    at least ``num_timesteps`` env steps. ``progress_fn(env_steps, metrics)`` is called after each
+    at least ``num_timesteps`` env steps; with ``initial_eval`` (Brax's run shape) the initial
+    policy's evaluation is reported at step 0 first. ``progress_fn(env_steps, metrics)`` is called after each
     epoch with its metrics as floats (it may raise ``algos.driver.StopTraining`` to stop after
     the epoch in flight, with a checkpoint). With ``checkpoint_dir``, the whole TrainState
     (replay buffer and env states included) is saved every ``checkpoint_every`` epochs and after
@@ -889,10 +909,14 @@ def train_with_config(
     if state is None:
         state = _jitted_init(_cache_key(config), env, True)(key)
     iters = iterations_per_epoch(config)
+    step_fn = jitted_epoch(config, env) if make_step is None else make_step(state)
+    if config.initial_eval and config.num_evals > 1 and config.num_eval_envs and progress_fn is not None:
+        if int(state.iteration) == 0:  # a fresh run (a resumed one reported it before)
+            progress_fn(0, {"eval_episode_return": initial_evaluation(config, env, state), "env_steps": 0})
     return driver.run(
-        jitted_epoch(config, env) if make_step is None else make_step(state),
+        step_fn,
         state,
-        num_iterations=config.num_evals,
+        num_iterations=config.num_epochs,
         iteration_of=lambda s: s.iteration // iters,
         env_steps_of=lambda s: s.env_steps,
         progress_fn=progress_fn,

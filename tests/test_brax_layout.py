@@ -1,9 +1,10 @@
-"""PPO in Brax's layout (algos.ppo_brax) against brax 0.14.2's own code on the same data.
+"""PPO in Brax's layout (algos.ppo_brax), and SAC, against brax 0.14.2's own code on the same data.
 
 GAE and the loss are compared with ``brax.training.agents.ppo.losses`` on random data and fixed
 parameters; the update pass with Brax's ``sgd_step`` logic (permutation, minibatch keys) driving
 Brax's loss; the schedule (env steps at every progress report) with Brax's ``ppo.train`` on a
-tiny Brax env.
+tiny Brax env. SAC: its three losses and their gradients against ``brax.training.agents.sac.losses``,
+its schedule against Brax's ``sac.train``.
 """
 
 from __future__ import annotations
@@ -339,7 +340,7 @@ TINY_BRAX_KW = dict(
 )
 
 
-def test_schedule_equals_brax_ppo_train(monkeypatch):
+def _brax_device_put_replicated(monkeypatch):
     if not hasattr(jax, "device_put_replicated"):  # removed from JAX; Brax 0.14.2 still calls it
 
         def device_put_replicated(x, devices):  # its old meaning: a leading axis, one copy per device
@@ -348,6 +349,10 @@ def test_schedule_equals_brax_ppo_train(monkeypatch):
             )
 
         monkeypatch.setattr(jax, "device_put_replicated", device_put_replicated, raising=False)
+
+
+def test_schedule_equals_brax_ppo_train(monkeypatch):
+    _brax_device_put_replicated(monkeypatch)
     from brax.training.agents.ppo import train as brax_ppo
 
     kw = dict(TINY_BRAX_KW)
@@ -509,3 +514,131 @@ def test_step0_report_is_the_initial_policys_evaluation():
     assert [s for s, _ in reports] == [0, 520, 1040]
     assert reports[0][1]["eval/episode_reward"] == float(expected["eval/episode_reward"])
     assert reports[0][1]["time/compile_s"] > 0
+
+
+# ------------------------------------------------------------------------------------------- SAC
+
+
+def _sac_params_ours(brax_policy, brax_q):
+    """Brax's SAC policy / twin-Q params (or grads) in rose-jax's layout: the last layer of each MLP
+    is named ``out``, the Q-networks ``MLP_i`` are ``q_i``."""
+
+    def mlp(layers):
+        names = sorted(layers, key=lambda n: int(n.split("_")[1]))
+        return {**{f"hidden_{i}": layers[n] for i, n in enumerate(names[:-1])}, "out": layers[names[-1]]}
+
+    q = brax_q["params"]
+    twin = {f"q_{i}": mlp(q[f"MLP_{i}"]) for i in range(2)}
+    return {"params": mlp(brax_policy["params"])}, {"params": twin}
+
+
+def test_sac_losses_and_gradients_equal_brax_sac_losses():
+    """alpha, critic and actor losses of algos.sac equal brax 0.14.2's ``sac.losses.make_losses``
+    (values and gradients) on the same transitions, parameters, normalizer and keys."""
+    from brax.training.agents.sac import losses as brax_sac_losses
+    from brax.training.agents.sac import networks as brax_sac_networks
+
+    from algos import presets, sac
+
+    env = envs.core.Env("x", OBS, ACT, 10, None, None)
+    config = presets.make_config(
+        "sac", "brax", env, policy_hidden_sizes=(8, 8), q_hidden_sizes=(8, 8), normalize_observations=True,
+        reward_scaling=3.0, discounting=0.97,
+    )
+    nets = brax_sac_networks.make_sac_networks(
+        OBS, ACT, preprocess_observations_fn=running_statistics.normalize, hidden_layer_sizes=(8, 8)
+    )
+    alpha_loss, critic_loss, actor_loss = brax_sac_losses.make_losses(nets, 3.0, 0.97, ACT)
+    k = jax.random.split(jax.random.PRNGKey(3), 10)
+    policy, q = nets.policy_network.init(k[0]), nets.q_network.init(k[1])
+    target_q = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(k[2], x.shape), q)
+    norm, brax_norm = _normalizers()
+    n = 64  # transitions: enough that some are terminal and some truncated (checked below)
+    done, truncation = _random_episode_flags(k[3], (n,))
+    assert 0 < truncation.sum() < (done - truncation).sum()
+    data = brax_types.Transition(
+        observation=jax.random.normal(k[4], (n, OBS)) * 2 + 1,
+        action=jnp.tanh(jax.random.normal(k[5], (n, ACT))),
+        reward=jax.random.normal(k[6], (n,)),
+        discount=1.0 - done * (1.0 - truncation),
+        next_observation=jax.random.normal(k[7], (n, OBS)) * 2 + 1,
+        extras={"state_extras": {"truncation": truncation}, "policy_extras": {}},
+    )
+    batch = sac.Transition(
+        obs=data.observation, action=data.action, reward=data.reward, discount=data.discount,
+        next_obs=data.next_observation, truncation=truncation,
+    )
+    ours = sac.make(config, env)
+    assert ours.target_entropy == -0.5 * ACT  # the one Brax hard-codes
+    actor, critic = _sac_params_ours(policy, q)
+    _, target = _sac_params_ours(policy, target_q)
+    log_alpha, key = jnp.asarray(-0.3), k[8]
+
+    def check(want_fn, got_fn, want_args, got_args, to_ours):
+        want, want_g = jax.value_and_grad(want_fn)(*want_args)
+        got, got_g = jax.value_and_grad(got_fn)(*got_args)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        for w, g in zip(jax.tree.leaves(to_ours(want_g)), jax.tree.leaves(got_g), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+    alpha = jnp.exp(log_alpha)
+    check(
+        alpha_loss, functools.partial(sac.alpha_loss, ours),
+        (log_alpha, policy, brax_norm, data, key), (log_alpha, actor, norm, batch.obs, key), lambda g: g,
+    )
+    check(
+        critic_loss, functools.partial(sac.critic_loss, ours),
+        (q, policy, brax_norm, target_q, alpha, data, key),
+        (critic, target, actor, log_alpha, norm, batch, key), lambda g: _sac_params_ours(policy, g)[1],
+    )
+    check(
+        actor_loss, lambda p, *a: sac.actor_loss(ours, p, *a),
+        (policy, brax_norm, q, alpha, data, key), (actor, critic, log_alpha, norm, batch.obs, key),
+        lambda g: _sac_params_ours(g, q)[0],
+    )
+
+
+# Brax's sac.train keywords of a tiny run: prefill 8 steps of 4 envs, then 2 epochs of 71 steps
+TINY_BRAX_SAC_KW = dict(
+    num_timesteps=600,
+    num_evals=3,
+    episode_length=20,
+    num_envs=4,
+    batch_size=16,
+    grad_updates_per_step=2,
+    min_replay_size=32,
+    max_replay_size=1024,
+    num_eval_envs=2,
+)
+
+
+def test_sac_schedule_and_step0_report_equal_brax_sac_train(monkeypatch):
+    """The drop-in's SAC reports at Brax's env steps (an evaluation at step 0, then one per epoch
+    after the prefill); its step-0 report is the initial policy's evaluation, computed plainly."""
+    _brax_device_put_replicated(monkeypatch)
+    from brax.training.agents.sac import networks as brax_sac_networks
+    from brax.training.agents.sac import train as brax_sac
+
+    from algos import presets, sac
+    from algos.brax_compat import sac as compat_sac
+
+    factory = functools.partial(brax_sac_networks.make_sac_networks, hidden_layer_sizes=(4,))
+    brax_steps, ours = [], []
+    brax_sac.train(
+        _tiny_brax_env(), **TINY_BRAX_SAC_KW, network_factory=factory,
+        progress_fn=lambda step, m: brax_steps.append(step),
+    )
+    compat_sac.train(
+        environment=_tiny_brax_env(), **TINY_BRAX_SAC_KW, network_factory=factory,
+        progress_fn=lambda step, m: ours.append((step, m)),
+    )
+    assert [s for s, _ in ours] == brax_steps == [0, 32 + 71 * 4 * 1, 600]
+    env = ppo_brax.resolve_env(ppo.PPOConfig(episode_length=20), _tiny_brax_env())
+    config = presets.make_config(
+        "sac", "brax", env, **{k: v for k, v in TINY_BRAX_SAC_KW.items() if k != "episode_length"},
+        policy_hidden_sizes=(4,), q_hidden_sizes=(4,),
+    )
+    assert config.initial_eval and config.num_epochs == 2 and sac.iterations_per_epoch(config) == 71
+    state = sac.init(config, env, jax.random.PRNGKey(config.seed))
+    assert ours[0][1]["eval/episode_reward"] == sac.initial_evaluation(config, env, state)
+    assert all(np.isfinite(m["eval/episode_reward"]) for _, m in ours)
