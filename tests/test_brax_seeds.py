@@ -1,7 +1,8 @@
 """Learning parity with Brax over seeds: Brax 0.14.2's own ``ppo.train`` and rose-jax's Brax-layout
 PPO (``algos.brax_compat.ppo.train``, the one-line drop-in) on the SAME small env with the SAME
 Brax keywords (so the same data layout: batch_size x num_minibatches unrolls per training step,
-GAE per unroll, segment shuffling), 8 seeds each.
+GAE per unroll, segment shuffling), 8 seeds each; the same for Brax's ``sac.train`` and the
+drop-in's ``sac.train``.
 
 The env is rose-jax's pendulum swing-up behind Brax's env interface (``envs.brax_adapter.to_brax``);
 both trainers wrap it with their own 50-step time limit and first-state auto-reset. The final
@@ -48,10 +49,30 @@ BRAX_KEYWORDS = dict(
 )
 HIDDEN = (32, 32)
 MIN_IMPROVEMENT = 50.0  # a random policy scores about -320 per 50-step episode; 80k steps reach ~-180
+# SAC: Brax's sac.train keywords; 5k steps take a random policy's -345 to about -240. Measured on
+# the 2-core CPU with these keywords, 16 seeds: Brax -240.6, rose-jax -237.1, Welch p = 0.34 (seeds
+# 0-7, the test's: p = 0.017; 8-15: p = 0.59); at 10k steps and 512 evaluation envs: Brax -163.0
+# +- 4.9, rose-jax -168.1 +- 11.0, p = 0.12.
+BRAX_SAC_KEYWORDS = dict(
+    num_timesteps=5_000,
+    num_evals=2,
+    episode_length=50,
+    num_envs=16,
+    batch_size=128,
+    grad_updates_per_step=8,
+    min_replay_size=256,
+    max_replay_size=20_000,
+    num_eval_envs=128,
+    deterministic_eval=True,
+    learning_rate=1e-3,
+    discounting=0.95,
+    normalize_observations=True,
+)
+SAC_HIDDEN = (64, 64)
 
 
-def _run_child(cache_dir: str, seeds: int) -> dict:
-    """In the child: both trainers, ``seeds`` seeds each; {side: [[initial, final] per seed]}."""
+def _run_child(cache_dir: str, seeds: int, algo: str = "ppo") -> dict:
+    """In the child: both trainers of ``algo``, ``seeds`` seeds each; {side: [[initial, final] per seed]}."""
     from rose_jax import startup
 
     startup.enable_compile_cache(cache_dir, min_compile_time_s=0)
@@ -60,20 +81,28 @@ def _run_child(cache_dir: str, seeds: int) -> dict:
     from benchmarks.suite import brax_shim
 
     brax_shim.install()  # jax.device_put_replicated, removed from JAX; Brax 0.14.2 still calls it
-    from brax.training.agents.ppo import networks as brax_networks
-    from brax.training.agents.ppo import train as brax_ppo
-
     import envs
-    from algos.brax_compat import ppo as rose_ppo
+    from algos import brax_compat
     from envs.brax_adapter import to_brax
 
+    if algo == "ppo":
+        from brax.training.agents.ppo import networks as brax_networks
+        from brax.training.agents.ppo import train as brax_train
+
+        factory = functools.partial(
+            brax_networks.make_ppo_networks, policy_hidden_layer_sizes=HIDDEN, value_hidden_layer_sizes=HIDDEN
+        )
+        keywords = BRAX_KEYWORDS
+    else:
+        from brax.training.agents.sac import networks as brax_networks
+        from brax.training.agents.sac import train as brax_train
+
+        factory = functools.partial(brax_networks.make_sac_networks, hidden_layer_sizes=SAC_HIDDEN)
+        keywords = BRAX_SAC_KEYWORDS
     # the wrapped env's own time limit never acts: the trainers' 50-step limit does
     env = to_brax(envs.make("pendulum", episode_length=10**6))
-    factory = functools.partial(
-        brax_networks.make_ppo_networks, policy_hidden_layer_sizes=HIDDEN, value_hidden_layer_sizes=HIDDEN
-    )
     out: dict = {}
-    for side, train in (("brax", brax_ppo.train), ("rose-jax", rose_ppo.train)):
+    for side, train in (("brax", brax_train.train), ("rose-jax", getattr(brax_compat, algo).train)):
         out[side], out[f"{side}_s"] = [], []
         for seed in range(seeds):
             curve: list[float] = []
@@ -83,7 +112,7 @@ def _run_child(cache_dir: str, seeds: int) -> dict:
                 seed=seed,
                 network_factory=factory,
                 progress_fn=lambda step, m, curve=curve: curve.append(float(m["eval/episode_reward"])),
-                **BRAX_KEYWORDS,
+                **keywords,
             )
             out[f"{side}_s"].append(round(time.perf_counter() - start, 2))
             out[side].append([curve[0], curve[-1]])
@@ -99,13 +128,14 @@ def welch(a, b) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-def test_final_eval_return_matches_brax_over_seeds(tmp_path):
-    pytest.importorskip("brax.training.agents.ppo.train")
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_final_eval_return_matches_brax_over_seeds(tmp_path, algo):
+    pytest.importorskip(f"brax.training.agents.{algo}.train")
     pytest.importorskip("scipy.stats")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), str(tmp_path / "jax-cache"), str(SEEDS)],
+        [sys.executable, os.path.abspath(__file__), str(tmp_path / "jax-cache"), str(SEEDS), algo],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -120,7 +150,7 @@ def test_final_eval_return_matches_brax_over_seeds(tmp_path):
     assert brax.shape == ours.shape == (SEEDS, 2) and np.all(np.isfinite(brax)) and np.all(np.isfinite(ours))
     t, p = welch(brax[:, 1], ours[:, 1])
     summary = (
-        f"final eval return brax {brax[:, 1].mean():.1f} +- {brax[:, 1].std(ddof=1):.1f}, "
+        f"{algo}: final eval return brax {brax[:, 1].mean():.1f} +- {brax[:, 1].std(ddof=1):.1f}, "
         f"rose-jax {ours[:, 1].mean():.1f} +- {ours[:, 1].std(ddof=1):.1f} ({SEEDS} seeds); "
         f"initial brax {brax[:, 0].mean():.1f}, rose-jax {ours[:, 0].mean():.1f}; Welch t={t:.2f} p={p:.3f}; "
         f"per-run s brax {result['brax_s']}, rose-jax {result['rose-jax_s']}; wall {wall:.0f}s"
@@ -133,5 +163,5 @@ def test_final_eval_return_matches_brax_over_seeds(tmp_path):
     assert p > 0.01, summary
 
 
-if __name__ == "__main__":  # the child: python tests/test_brax_seeds.py CACHE_DIR SEEDS
-    print(json.dumps(_run_child(sys.argv[1], int(sys.argv[2]))))
+if __name__ == "__main__":  # the child: python tests/test_brax_seeds.py CACHE_DIR SEEDS ALGO
+    print(json.dumps(_run_child(sys.argv[1], int(sys.argv[2]), sys.argv[3])))
