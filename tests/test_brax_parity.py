@@ -103,3 +103,6 @@ def test_merge_replaces_the_same_run_and_summary_keeps_lengths_apart():
         (50, 2000.0, 2100.0),
     ]
     assert [s["within_brax_spread_or_above"] for s in summary] == [False, True]
+    # the median time is over the runs that reached Brax's mean final return, and says how many did
+    assert [(s["brax_reached"], s["rose_jax_reached"]) for s in summary] == [("1/1", "0/1"), ("1/1", "1/1")]
+    assert summary[0]["rose_jax_s_to_brax_final"] is None and summary[1]["rose_jax_s_to_brax_final"] == 10.0

@@ -188,6 +188,9 @@ def time_to_return(curve: list[list[float]], target: float | None) -> float | No
     return None
 
 
+NOTES = "notes.md"
+
+
 def summarize(runs: list[dict]) -> list[dict]:
     """Per algo and run length (``num_timesteps``), over seeds: both runners' final returns (each
     seed's, their mean and spread), whether rose-jax's mean lies within Brax's seed spread or above
@@ -216,9 +219,12 @@ def summarize(runs: list[dict]) -> list[dict]:
         target = statistics.mean(finals["brax"])
         ours_mean = statistics.mean(finals["rose-jax"])
 
-        def median_time(rs):
+        def reached(rs, target=target):  # the times of the runs that reached the target
             times = [time_to_return(r["curve"], target) for r in rs]
-            times = [t for t in times if t is not None]
+            return [t for t in times if t is not None]
+
+        def median_time(rs):  # over the runs that reached it
+            times = reached(rs)
             return statistics.median(times) if times else None
 
         out.append(
@@ -235,6 +241,8 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "within_brax_spread_or_above": ours_mean >= min(finals["brax"]),
                 "brax_s_to_brax_final": median_time(by["brax"]),
                 "rose_jax_s_to_brax_final": median_time(by["rose-jax"]),
+                "brax_reached": f"{len(reached(by['brax']))}/{len(by['brax'])}",
+                "rose_jax_reached": f"{len(reached(by['rose-jax']))}/{len(by['rose-jax'])}",
             }
         )
     return out
@@ -329,7 +337,8 @@ def markdown(runs: list[dict], summary: list[dict], info: dict, args) -> str:
     if summary:
         lines += [
             "Final evaluation returns over seeds, and the median time to the mean of Brax's final "
-            "returns (seconds since `train()` started; '-' = not reached):",
+            "returns over the runs that reached it (seconds since `train()` started; in brackets how "
+            "many runs reached it; '-' = none):",
             "",
             common.markdown_table(
                 ["algo", "env", "num_timesteps", "runs (Brax/rose-jax)", "Brax final (mean; each)",
@@ -341,12 +350,14 @@ def markdown(runs: list[dict], summary: list[dict], info: dict, args) -> str:
                         s["env"],
                         common.fmt(s.get("num_timesteps"), ","),
                         s["runs"],
-                        f"{common.fmt(s['brax_return'])}; {', '.join(common.fmt(x) for x in s['brax_returns'])}",
+                        f"{common.fmt(s['brax_return'])}; "
+                        + ", ".join(common.fmt(x) for x in s["brax_returns"]),
                         f"{common.fmt(s['rose_jax_return'])}; "
                         + ", ".join(common.fmt(x) for x in s["rose_jax_returns"]),
                         s["within_brax_spread_or_above"],
-                        common.fmt(s["brax_s_to_brax_final"]),
-                        common.fmt(s["rose_jax_s_to_brax_final"]),
+                        f"{common.fmt(s['brax_s_to_brax_final'])} ({s.get('brax_reached', '?')})",
+                        f"{common.fmt(s['rose_jax_s_to_brax_final'])} "
+                        f"({s.get('rose_jax_reached', '?')})",
                     ]
                     for s in summary
                 ],
@@ -484,7 +495,10 @@ def write(out: str, runs: list[dict], info: dict, args) -> list[dict]:
             "summary": summary,
         },
     )
-    atomic_write_text(os.path.join(out, "results.md"), markdown(runs, summary, info, args))
+    text = markdown(runs, summary, info, args)
+    if os.path.exists(os.path.join(out, NOTES)):  # written by hand after runs; kept across reruns
+        text += f"\nWhat the runs show, written after them: [{NOTES}]({NOTES}).\n"
+    atomic_write_text(os.path.join(out, "results.md"), text)
     try:
         plot(runs, os.path.join(out, "learning_curves.png"))
     except Exception as e:  # a plotting failure must not lose the numbers

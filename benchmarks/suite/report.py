@@ -542,6 +542,11 @@ def experiment_headline(name: str, title: str, root: str | None = None) -> str |
     )
 
 
+def _reached(seconds, reached: str | None) -> str:
+    """A median time to a return, with how many runs reached it (``"2/3"``) where recorded."""
+    return common.fmt(seconds, ".0f") + (f" ({reached})" if reached else "")
+
+
 def parity_headline(root: str | None = None) -> str | None:
     """The Brax parity summary (benchmarks/results/brax_parity) as a short README table."""
     path = os.path.join(root or common.RESULTS_DIR, "brax_parity", "results.json")
@@ -559,8 +564,8 @@ def parity_headline(root: str | None = None) -> str | None:
             s.get("runs", "1/1"),
             common.fmt(s.get("brax_return"), ".0f"),
             common.fmt(s.get("rose_jax_return"), ".0f"),
-            common.fmt(s.get("brax_s_to_brax_final"), ".0f"),
-            common.fmt(s.get("rose_jax_s_to_brax_final"), ".0f"),
+            _reached(s.get("brax_s_to_brax_final"), s.get("brax_reached")),
+            _reached(s.get("rose_jax_s_to_brax_final"), s.get("rose_jax_reached")),
         ]
         for s in summary
     ]
@@ -581,7 +586,8 @@ def parity_headline(root: str | None = None) -> str | None:
         f"Brax's published configs, Brax's `train` vs rose-jax's drop-in "
         f"(`python -m benchmarks.experiments.brax_parity`): {machine.get('date', '?')} on "
         f"{machine.get('gpu') or machine.get('platform', '?')}; jax {machine.get('jax', '?')}. "
-        f"\"s to it\": seconds from `train()` to the mean of Brax's final returns. Generated from "
+        f"\"s to it\": median seconds from `train()` to the mean of Brax's final returns, over the runs "
+        f"that reached it (in brackets: runs that reached it / runs). Generated from "
         f"`{source}`; details in `{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
     )
 
