@@ -250,7 +250,8 @@ def test_inspect_png_widths_follow_cost_and_stay_bounded(tmp_path):
 
 def test_workers_need_no_main_guard(tmp_path):
     """A script that starts workers at its top level, without `if __name__ == "__main__":`, runs its
-    top level once (spawn's default preparation re-runs it in every worker, which then dies while starting)."""
+    top level once (spawn's default preparation re-runs it in every worker, which then dies while
+    starting)."""
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(
         """
