@@ -29,7 +29,8 @@ def _gymnax():
         import gymnax
     except ImportError:
         raise ValueError(
-            "gymnax envs need gymnax: pip install gymnax (or pip install --no-deps gymnax gymnasium seaborn six)"
+            "gymnax envs need gymnax: pip install gymnax "
+            "(or pip install --no-deps gymnax gymnasium seaborn six)"
         ) from None
     return gymnax
 
@@ -47,7 +48,8 @@ def make_gymnax(env_id: str, *, episode_length: int | None = None, **env_kwargs)
     """``gymnax:<env_id>`` as a rose-jax Env; ``episode_length`` defaults to gymnax's time limit."""
     gymnax = _gymnax()
     if env_id not in gymnax.registered_envs:
-        raise ValueError(f"unknown gymnax env {env_id!r}; gymnax envs: {', '.join(sorted(gymnax.registered_envs))}")
+        known = ", ".join(sorted(gymnax.registered_envs))
+        raise ValueError(f"unknown gymnax env {env_id!r}; gymnax envs: {known}")
     env, params = gymnax.make(env_id, **env_kwargs)
     obs_shape = env.observation_space(params).shape
     obs_size = int(math.prod(obs_shape))
@@ -79,7 +81,8 @@ def make_gymnax(env_id: str, *, episode_length: int | None = None, **env_kwargs)
         step_key, key = jax.random.split(key)
         obs, state, reward, terminal, _ = env.step_env(step_key, state, to_env_action(action), params)
         obs = jnp.asarray(obs, jnp.float32).reshape(obs_size)
-        return (state, key), obs, jnp.asarray(reward, jnp.float32).reshape(()), jnp.asarray(terminal).reshape(())
+        reward = jnp.asarray(reward, jnp.float32).reshape(())
+        return (state, key), obs, reward, jnp.asarray(terminal).reshape(())
 
     length = int(params.max_steps_in_episode) if episode_length is None else episode_length
     return build(f"{PREFIX}:{env_id}", Dynamics(obs_size, act_size, init, transition), length, "sample")
