@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -127,22 +126,28 @@ def welch(a, b) -> tuple[float, float]:
     return float(result.statistic), float(result.pvalue)
 
 
+@pytest.fixture(scope="module")
+def children(tmp_path_factory) -> dict:
+    """Both algorithms' children, started together (the PPO and SAC comparisons overlap on 2 cores);
+    {algo: (CompletedProcess, wall seconds until both ended)}."""
+    pytest.importorskip("brax.training.agents.ppo.train")
+    pytest.importorskip("scipy.stats")
+    from helpers_children import run_together
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    me = os.path.abspath(__file__)
+    start = time.perf_counter()
+    commands = {
+        a: ([sys.executable, me, str(tmp_path_factory.mktemp(a)), str(SEEDS), a], env) for a in ("ppo", "sac")
+    }
+    done = run_together(commands, cwd=ROOT, timeout=600)
+    return {algo: (proc, time.perf_counter() - start) for algo, proc in done.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
-def test_final_eval_return_matches_brax_over_seeds(tmp_path, algo):
-    pytest.importorskip(f"brax.training.agents.{algo}.train")
-    pytest.importorskip("scipy.stats")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), str(tmp_path / "jax-cache"), str(SEEDS), algo],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    wall = time.perf_counter() - start
+def test_final_eval_return_matches_brax_over_seeds(children, algo):
+    proc, wall = children[algo]
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     brax = np.asarray(result["brax"])  # (seeds, [initial, final])
@@ -153,7 +158,8 @@ def test_final_eval_return_matches_brax_over_seeds(tmp_path, algo):
         f"{algo}: final eval return brax {brax[:, 1].mean():.1f} +- {brax[:, 1].std(ddof=1):.1f}, "
         f"rose-jax {ours[:, 1].mean():.1f} +- {ours[:, 1].std(ddof=1):.1f} ({SEEDS} seeds); "
         f"initial brax {brax[:, 0].mean():.1f}, rose-jax {ours[:, 0].mean():.1f}; Welch t={t:.2f} p={p:.3f}; "
-        f"per-run s brax {result['brax_s']}, rose-jax {result['rose-jax_s']}; wall {wall:.0f}s"
+        f"per-run s brax {result['brax_s']}, rose-jax {result['rose-jax_s']}; "
+        f"wall {wall:.0f}s (both children)"
     )
     print(summary)
     # both learned: the mean final evaluation is well above the mean initial one, on each side

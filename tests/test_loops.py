@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import chex
@@ -400,45 +399,58 @@ def test_mjx_env_steps_equal_bitwise(env_name, variants):
 # ------------------------------------------------------------------------- benchmark smoke
 
 
-def run_loops_smoke(out, *extra: str, env: dict | None = None, timeout: int = 600) -> None:
-    """``python -m benchmarks.experiments.loops --smoke --out OUT EXTRA...`` on the CPU, in a child."""
-    cmd = [sys.executable, "-m", "benchmarks.experiments.loops", "--smoke", "--out", str(out), *extra]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+# the two loops --smoke runs below, started together by the module fixture (2 cores on CI)
+SMOKES = {
+    # loops --brax on: Brax's own ppo.train on the same MJX env with the row's PPO hyperparameters
+    # (real Brax, tiny sizes, CPU with XLA's fast compile flags)
+    "brax": (
+        ["--only", "ppo_iteration/hopper", "--variants", "options_concurrent", "--brax", "on",
+         "--brax-iterations", "1"],
+        {"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"},
+    ),
+    # the plumbing (the variants' equality is tested above on real MJX steps), and an options-only
+    # variant: XLA GPU options inert on a CPU, so exact
+    "physics": (["--only", "physics/hopper", "--variants", "where", "options_concurrent"], {}),
+}
+
+
+@pytest.fixture(scope="module")
+def loops_smokes(tmp_path_factory) -> dict:
+    """``python -m benchmarks.experiments.loops --smoke --out OUT ...`` for each of SMOKES, on the CPU,
+    in children started together: {name: OUT}, each child's exit checked."""
+    pytest.importorskip("brax")
+    from helpers_children import run_together
+
+    outs = {name: tmp_path_factory.mktemp(f"loops-{name}") for name in SMOKES}
+    commands = {
+        name: (
+            [sys.executable, "-m", "benchmarks.experiments.loops", "--smoke", "--out", str(outs[name])]
+            + extra,
+            {**os.environ, "JAX_PLATFORMS": "cpu", **env},
+        )
+        for name, (extra, env) in SMOKES.items()
+    }
+    for proc in run_together(commands, cwd=REPO, timeout=900).values():
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return outs
 
 
 @pytest.mark.slow
-def test_benchmark_times_brax_ppo_train_beside_the_ppo_iteration(tmp_path):
-    """loops --brax on: Brax's own ppo.train runs on the same MJX env with the row's PPO
-    hyperparameters (real Brax, tiny sizes, CPU with XLA's fast compile flags) and its steady rate
-    and the ratios land in the row and in results.md."""
-    pytest.importorskip("brax")
-    run_loops_smoke(
-        tmp_path,
-        *("--only", "ppo_iteration/hopper", "--variants", "options_concurrent"),
-        *("--brax", "on", "--brax-iterations", "1"),
-        env={"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"},
-        timeout=900,
-    )
-    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
+def test_benchmark_times_brax_ppo_train_beside_the_ppo_iteration(loops_smokes):
+    """loops --brax on: Brax's steady rate and the ratios land in the row and in results.md."""
+    out = loops_smokes["brax"]
+    (row,) = json.loads((out / "results.json").read_text())["rows"]
     assert row["error"] is None and "brax_error" not in row, row.get("brax_error")
     assert row["brax_env_steps_per_s"] > 0 and len(row["brax_sps_per_epoch"]) == 4
     assert row["baseline_vs_brax"] == pytest.approx(
         row["baseline_env_steps_per_s"] / row["brax_env_steps_per_s"]
     )
-    assert "Brax's own `ppo.train`" in (tmp_path / "results.md").read_text()
+    assert "Brax's own `ppo.train`" in (out / "results.md").read_text()
 
 
 @pytest.mark.slow
-def test_benchmark_smoke_mode_writes_results(tmp_path):
-    pytest.importorskip("brax")
-    run_loops_smoke(
-        tmp_path,
-        *("--only", "physics/hopper", "--variants"),
-        "where",  # the plumbing (the variants' equality is tested above on real MJX steps), and an
-        "options_concurrent",  # options-only variant: XLA GPU options inert on a CPU, so exact
-    )
+def test_benchmark_smoke_mode_writes_results(loops_smokes):
+    tmp_path = loops_smokes["physics"]
     result = json.loads((tmp_path / "results.json").read_text())
     rows = result["rows"]
     assert [r["workload"] for r in rows] == ["physics/hopper"]

@@ -1,0 +1,31 @@
+"""Run several slow child processes of one test module at the same time (CI has 2 cores, and a
+child that compiles XLA programs keeps about one of them busy), each with its own output."""
+
+from __future__ import annotations
+
+import subprocess
+
+
+def run_together(commands: dict[str, tuple[list[str], dict]], cwd: str, timeout: float) -> dict:
+    """``{name: (argv, env)}`` -> ``{name: CompletedProcess}`` (text stdout/stderr), started at once.
+
+    A child still running when ``timeout`` seconds have passed (counted per child, from the wait for
+    it) is killed, and the TimeoutExpired raised after every child is gone.
+    """
+    procs = {
+        name: subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, (argv, env) in commands.items()
+    }
+    done = {}
+    try:
+        for name, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=timeout)
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    finally:
+        for proc in procs.values():  # none left running, whatever happened above
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return done
