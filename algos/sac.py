@@ -757,6 +757,8 @@ def evaluate(
 # --------------------------------------------------------------------------------------------
 # Driver (host side)
 
+_EVAL_SALT = 0x5E7A1  # eval keys are fold_in(state.key, salt): training never consumes them
+
 
 def initial_evaluation(config: SACConfig, env: Env, state: TrainState) -> float:
     """The step-0 report of Brax's run shape: the initial policy evaluated with the normalizer as
@@ -765,8 +767,6 @@ def initial_evaluation(config: SACConfig, env: Env, state: TrainState) -> float:
     evaluate_fn = _jitted_evaluator(_cache_key(config), env, None, None)
     key = jax.random.fold_in(jax.random.fold_in(state.key, _EVAL_SALT), state.iteration)
     return float(evaluate_fn(state.actor_params, normalize.init(env.observation_size), key))
-
-_EVAL_SALT = 0x5E7A1  # eval keys are fold_in(state.key, salt): training never consumes them
 
 
 def iterations_per_epoch(config: SACConfig) -> int:
@@ -948,6 +948,7 @@ __all__ = [
     "epoch",
     "evaluate",
     "init",
+    "initial_evaluation",
     "iteration",
     "iterations_per_epoch",
     "jitted_epoch",
