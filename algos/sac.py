@@ -910,9 +910,9 @@ def train_with_config(
         state = _jitted_init(_cache_key(config), env, True)(key)
     iters = iterations_per_epoch(config)
     step_fn = jitted_epoch(config, env) if make_step is None else make_step(state)
-    if config.initial_eval and config.num_evals > 1 and config.num_eval_envs and progress_fn is not None:
-        if int(state.iteration) == 0:  # a fresh run (a resumed one reported it before)
-            progress_fn(0, {"eval_episode_return": initial_evaluation(config, env, state), "env_steps": 0})
+    fresh = int(state.iteration) == 0  # a resumed run made its step-0 report before
+    if config.initial_eval and config.num_evals > 1 and config.num_eval_envs and progress_fn and fresh:
+        progress_fn(0, {"eval_episode_return": initial_evaluation(config, env, state), "env_steps": 0})
     return driver.run(
         step_fn,
         state,

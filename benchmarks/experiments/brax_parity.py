@@ -219,13 +219,12 @@ def summarize(runs: list[dict]) -> list[dict]:
         target = statistics.mean(finals["brax"])
         ours_mean = statistics.mean(finals["rose-jax"])
 
-        def reached(rs, target=target):  # the times of the runs that reached the target
-            times = [time_to_return(r["curve"], target) for r in rs]
-            return [t for t in times if t is not None]
-
-        def median_time(rs):  # over the runs that reached it
-            times = reached(rs)
-            return statistics.median(times) if times else None
+        # each runner's times to the target, of the runs that reached it (the median is over these)
+        reached = {
+            k: [t for t in (time_to_return(r["curve"], target) for r in v) if t is not None]
+            for k, v in by.items()
+        }
+        median = {k: statistics.median(v) if v else None for k, v in reached.items()}
 
         out.append(
             {
@@ -239,10 +238,10 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "brax_return": target,
                 "rose_jax_return": ours_mean,
                 "within_brax_spread_or_above": ours_mean >= min(finals["brax"]),
-                "brax_s_to_brax_final": median_time(by["brax"]),
-                "rose_jax_s_to_brax_final": median_time(by["rose-jax"]),
-                "brax_reached": f"{len(reached(by['brax']))}/{len(by['brax'])}",
-                "rose_jax_reached": f"{len(reached(by['rose-jax']))}/{len(by['rose-jax'])}",
+                "brax_s_to_brax_final": median["brax"],
+                "rose_jax_s_to_brax_final": median["rose-jax"],
+                "brax_reached": f"{len(reached['brax'])}/{len(by['brax'])}",
+                "rose_jax_reached": f"{len(reached['rose-jax'])}/{len(by['rose-jax'])}",
             }
         )
     return out
