@@ -9,6 +9,12 @@ the previous set of checkpoints or the previous set plus the new one; half-writt
 are named ``.tmp-*`` and are ignored by :func:`latest_step` (and removed by the next ``save``
 of the same step, or all at once by :func:`clean`).
 
+Zero-size arrays (MJX's ``Data`` holds some, e.g. ``act`` of a model without actuator
+activations) are saved as a one-element placeholder and their true shape and dtype are kept in
+``rose_jax_meta.json``: orbax (0.12.8 here) refuses to write zero-size arrays ("Cannot save
+arrays with zero size"), and an empty array carries nothing but its shape, so :func:`restore` and
+:func:`read` rebuild it exactly.
+
 Retention: ``save(..., keep=K, score=s)`` keeps the ``K`` newest checkpoints plus the one with
 the best (largest finite) score, e.g. the episode return when it was written. A checkpoint's
 score is stored inside its folder (``rose_jax_meta.json``), so it is written, renamed and deleted
@@ -116,6 +122,34 @@ def _write(path: Path, state: Any) -> None:
     _checkpointer().save(path, state)
 
 
+def _placeholder(dtype: Any) -> np.ndarray:
+    """What a zero-size leaf is written as (orbax refuses zero-size arrays)."""
+    return np.zeros((1,), dtype)
+
+
+def _split_empty(host_state: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """``host_state`` with its zero-size leaves replaced by placeholders, and
+    ``{keypath: {"shape", "dtype"}}`` of those leaves (the keypaths of ``jax.tree_util.keystr``)."""
+    empty: dict[str, dict[str, Any]] = {}
+
+    def swap(path, leaf):
+        if np.size(leaf) != 0:
+            return leaf
+        dtype = np.asarray(leaf).dtype
+        empty[jax.tree_util.keystr(path)] = {"shape": list(np.shape(leaf)), "dtype": dtype.str}
+        return _placeholder(dtype)
+
+    return jax.tree_util.tree_map_with_path(swap, host_state), empty
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads((path / _META).read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def save(
     directory: str | os.PathLike,
     state: Any,
@@ -146,12 +180,12 @@ def save(
     for stale in directory.glob(f"{_TMP_PREFIX}{step}-*"):  # leftovers of a crashed save
         shutil.rmtree(stale, ignore_errors=True)
 
-    host_state = jax.device_get(state)
+    host_state, empty = _split_empty(jax.device_get(state))
     tmp = directory / f"{_TMP_PREFIX}{step}-{uuid.uuid4().hex}"
     final = directory / str(step)
     try:
         _write(tmp, host_state)
-        meta = {"step": step, "score": _finite_or_none(score)}
+        meta = {"step": step, "score": _finite_or_none(score), "empty": empty}
         (tmp / _META).write_text(json.dumps(meta) + "\n")
         if final.exists():  # replace: move the old one aside first, so `final` is never partial
             old = directory / f"{_TMP_PREFIX}{step}-old-{uuid.uuid4().hex}"
@@ -217,7 +251,14 @@ def restore(directory: str | os.PathLike, like: Any, step: int | None = None) ->
     import orbax.checkpoint as ocp
 
     like_leaves, treedef = jax.tree.flatten(like)
-    target = jax.tree.unflatten(treedef, [np.asarray(x) for x in like_leaves])
+    # the target only gives orbax the structure (restore_type=np.ndarray reads each saved array
+    # as it is), so its leaves need not hold data: ``like`` may be jax.ShapeDtypeStructs
+    shapes = [tuple(np.shape(x)) for x in like_leaves]
+    dtypes = [np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype for x in like_leaves]
+    empty = [math.prod(shape) == 0 for shape in shapes]
+    target = jax.tree.unflatten(
+        treedef, [np.zeros((1,) if e else (), d) for e, d in zip(empty, dtypes, strict=True)]
+    )
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
     restored = _checkpointer().restore(path, item=target, restore_args=restore_args)
     leaves = jax.tree.leaves(restored)
@@ -226,8 +267,11 @@ def restore(directory: str | os.PathLike, like: Any, step: int | None = None) ->
             f"checkpoint.restore: checkpoint {path} has {len(leaves)} arrays, `like` has {len(like_leaves)}"
         )
     out = []
-    for i, (got, want) in enumerate(zip(leaves, like_leaves, strict=True)):
-        want_shape, want_dtype = np.shape(want), np.asarray(want).dtype
+    for i, (got, want_shape, want_dtype, is_empty) in enumerate(
+        zip(leaves, shapes, dtypes, empty, strict=True)
+    ):
+        if is_empty and got.size == 1:  # saved as a placeholder (see the module docstring)
+            got = np.zeros(want_shape, got.dtype)
         if got.shape != want_shape or got.dtype != want_dtype:
             raise ValueError(
                 f"checkpoint.restore: array {i} of {path} is {got.dtype}{list(got.shape)}, "
@@ -237,4 +281,61 @@ def restore(directory: str | os.PathLike, like: Any, step: int | None = None) ->
     return jax.tree.unflatten(treedef, out), int(step)
 
 
-__all__ = ["all_steps", "best_step", "clean", "latest_step", "prune", "restore", "save", "score"]
+def read(directory: str | os.PathLike, step: int | None = None) -> tuple[Any, int]:
+    """Read checkpoint ``step`` (default: the latest) as orbax stores it: nested dicts and lists of
+    numpy arrays, without a ``like`` tree (e.g. a saved policy, whose structure is plain dicts).
+    Zero-size arrays come back with their saved shapes. Returns ``(tree, step)``."""
+    directory = Path(directory).absolute()
+    if step is None:
+        step = latest_step(directory)
+        if step is None:
+            raise ValueError(f"checkpoint.read: no checkpoint in {str(directory)!r}")
+    path = directory / str(int(step))
+    if not path.is_dir():
+        raise ValueError(f"checkpoint.read: no checkpoint for step {step} in {str(directory)!r}")
+    tree = _checkpointer().restore(path)
+    empty = _read_meta(path).get("empty") or {}
+    if empty:
+
+        def fill(keypath, leaf):
+            spec = empty.get(jax.tree_util.keystr(keypath))
+            return leaf if spec is None else np.zeros(tuple(spec["shape"]), np.dtype(spec["dtype"]))
+
+        tree = jax.tree_util.tree_map_with_path(fill, tree)
+    return tree, int(step)
+
+
+def newest_restorable(
+    directory: str | os.PathLike, like: Any, log: Any = None
+) -> tuple[int | None, list[tuple[int, str]]]:
+    """The newest checkpoint of ``directory`` that :func:`restore` reads into ``like``.
+
+    Each newer checkpoint that fails to restore (truncated or corrupted files, another
+    structure) is moved aside as ``.corrupt-<step>-<id>/`` (kept for inspection, no longer a
+    checkpoint) and reported through ``log(line)``. Returns ``(step or None, [(step, reason)])``.
+    """
+    directory = Path(directory).absolute()
+    skipped: list[tuple[int, str]] = []
+    for step in reversed(_steps(directory)):
+        try:
+            restore(directory, like, step)
+        except Exception as e:  # any failure of orbax or ours means: not this one
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            aside = directory / f".corrupt-{step}-{uuid.uuid4().hex[:8]}"
+            try:
+                os.rename(directory / str(step), aside)
+            except OSError:
+                aside = directory / str(step)
+            skipped.append((step, reason))
+            if log is not None:
+                log(f"checkpoint {step} does not restore ({reason}); moved aside to {aside.name}, "
+                    f"trying the previous one")
+            continue
+        return step, skipped
+    return None, skipped
+
+
+__all__ = [
+    "all_steps", "best_step", "clean", "latest_step", "newest_restorable", "prune", "read", "restore", "save",
+    "score",
+]

@@ -71,7 +71,15 @@ class TrainExtras:
     call :meth:`progress` from the progress callback, :meth:`finish` after training.
     """
 
-    def __init__(self, args: argparse.Namespace, run_path: str, print_fn: Callable[[str], None] = print):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        run_path: str,
+        print_fn: Callable[[str], None] = print,
+        purge_step: int | None = None,
+    ):
+        """``purge_step``: a resumed run's first env step after its checkpoint (TensorBoard hides
+        what an earlier, crashed process logged from there on; :class:`algos.tb.Logger`)."""
         self.print = print_fn
         self.cache_dir = None
         if not getattr(args, "no_compile_cache", False):
@@ -89,6 +97,7 @@ class TrainExtras:
             tensorboard=not getattr(args, "no_tensorboard", False),
             wandb_project=project,
             config=rundir.RunDir(run_path).read_run() if project is not None else None,
+            purge_step=purge_step,
         )
         self.run_path = run_path
         self.clock = startup.PhaseClock()
@@ -112,9 +121,11 @@ class TrainExtras:
                 env = ppo_brax.with_action_repeat(env, repeat)
             meta = policy.save(self.run_path, job.algo.name, job.config, state, env,
                                env_name=job.env_name, env_kwargs=dict(job.env_kwargs or {}))
+            from algos import play
+
             ret = meta.get("final_eval_return")
             saved = f"; policy saved (final deterministic eval return {ret:.2f}): " if ret is not None else ""
-            line += f"{saved}rose-jax play {self.run_path} --out video.mp4"
+            line += saved + play.suggest_play(self.run_path, job.env_name)
         except Exception as e:  # the run's record is complete; say why the policy is missing
             line += f"; policy not saved: {type(e).__name__}: {e}"
         cache = f"; compile cache {self.cache_dir}" if self.cache_dir else ""

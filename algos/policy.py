@@ -91,6 +91,7 @@ class Policy:
         its stored keyword arguments), with the run's ``action_repeat``."""
         import envs
 
+        envs.ensure_registered(self.meta["env"], self.meta.get("env_factory"))
         env = envs.make(self.meta["env"], **{**self.meta.get("env_kwargs", {}), **overrides})
         repeat = int(self.meta.get("action_repeat", 1))
         if repeat > 1:
@@ -98,6 +99,15 @@ class Policy:
 
             env = ppo_brax.with_action_repeat(env, repeat)
         return env
+
+
+def _env_factory(name: str) -> str | None:
+    """``module:function`` of an env registered from outside the package (``envs.register``), so
+    a fresh process can rebuild it; None for the package's own envs."""
+    import envs
+
+    factory = envs.factory_path(name) or None
+    return factory if factory and not factory.startswith("envs.") else None
 
 
 def evaluate(act: Callable[..., jax.Array], env: Any, num_envs: int, key: jax.Array) -> float:
@@ -153,6 +163,7 @@ def save(
         "algo": algo,
         "env": env_name or env.name,
         "env_kwargs": dict(env_kwargs or {}),
+        "env_factory": _env_factory(env_name or env.name),
         "observation_size": int(env.observation_size),
         "action_size": int(env.action_size),
         "policy_hidden_sizes": list(config.policy_hidden_sizes),
@@ -191,9 +202,7 @@ def load_policy(run_dir: str | os.PathLike) -> Policy:
     step = checkpoint.latest_step(directory)
     if step is None:
         raise ValueError(f"load_policy: {run_dir!r} has {POLICY_JSON} but no parameters in {POLICY_DIR}/")
-    import orbax.checkpoint as ocp
-
-    tree = ocp.PyTreeCheckpointer().restore(os.path.join(os.path.abspath(directory), str(step)))
+    tree, _ = checkpoint.read(directory, step)
     tree = jax.tree.map(jnp.asarray, tree)
     n = tree["normalizer"]
     normalizer = normalize.NormalizerState(

@@ -171,6 +171,13 @@ class PPOConfig:
                     f"{batch} is not divisible by num_minibatches = {self.num_minibatches}"
                 )
 
+        from algos.registry import check_ranges  # light: no JAX
+
+        sizes = ("batch_size * num_minibatches * unroll_length" if self.batch_size is not None
+                 else "num_envs * unroll_length") + (" * action_repeat" if self.action_repeat > 1 else "")
+        check_ranges("PPOConfig", self.seed, self.num_iterations * self.env_steps_per_iteration,
+                     self.env_steps_per_iteration, sizes)
+
     @property
     def brax_layout(self) -> bool:
         """True when ``batch_size`` is set: Brax's data layout and schedule (:mod:`algos.ppo_brax`)."""

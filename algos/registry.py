@@ -245,6 +245,33 @@ def parse_value(kind: Any, raw: str) -> Any:
     raise ValueError(f"cannot parse a value of type {kind}")
 
 
+# Device counters and seeds: env steps are counted in int32 on the device (x64 is off), and
+# ``jax.random.PRNGKey(seed)`` keeps only a seed's low 32 bits (PRNGKey(2**32) == PRNGKey(0)).
+MAX_ENV_STEPS = 2**31 - 1
+MAX_SEED = 2**32 - 1
+
+
+def check_ranges(where: str, seed: int, total_env_steps: int, iteration_steps: int, sizes: str) -> None:
+    """One-line ValueErrors for a seed outside ``[0, MAX_SEED]`` and for a run whose env-step
+    counter would pass ``MAX_ENV_STEPS`` (``total_env_steps``: what the run's last iteration
+    counts; ``iteration_steps``: what one iteration counts, from ``sizes``, e.g.
+    ``"num_envs * unroll_length"``)."""
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(
+            f"{where}.seed must be in [0, 2**32 - 1] (jax.random.PRNGKey keeps 32 bits of it), got {seed!r}"
+        )
+    if iteration_steps > MAX_ENV_STEPS:
+        raise ValueError(
+            f"{where}: one iteration would count {iteration_steps:.3g} env steps ({sizes}), more than "
+            f"2**31 - 1 = {MAX_ENV_STEPS:,} (env steps are counted in int32 on the device); lower num_envs"
+        )
+    if total_env_steps > MAX_ENV_STEPS:
+        raise ValueError(
+            f"{where}.num_timesteps: the run would count {total_env_steps:.3g} env steps, more than "
+            f"2**31 - 1 = {MAX_ENV_STEPS:,} (env steps are counted in int32 on the device)"
+        )
+
+
 def parse_int(text: str) -> int:
     """``'100000'``, ``'100_000'``, ``'1e5'`` -> 100000; anything else a one-line ValueError."""
     t = text.strip().replace("_", "")

@@ -142,6 +142,12 @@ class SACConfig:
             field = "max_replay_size" if self.max_replay_size is not None else "num_timesteps"
             bad(field, f"(the replay capacity) must be >= num_envs={self.num_envs}: one env step of all "
                 "envs is inserted at once")
+        from algos.registry import check_ranges  # light: no JAX
+
+        iterations = iterations_per_epoch(self) * self.num_epochs
+        check_ranges("SACConfig", self.seed,
+                     self.prefill_steps * self.num_envs + iterations * self.env_steps_per_iteration,
+                     self.env_steps_per_iteration, "num_envs * steps_per_iteration")
 
     @property
     def replay_capacity(self) -> int:

@@ -46,13 +46,17 @@ def tags(metrics: dict[str, Any]) -> dict[str, float]:
 class Logger:
     """Writes scalars to TensorBoard event files in ``logdir`` (created if missing)."""
 
-    def __init__(self, logdir: str | os.PathLike):
+    def __init__(self, logdir: str | os.PathLike, purge_step: int | None = None):
+        """``purge_step``: a resumed run's first step after its checkpoint. TensorBoard then hides
+        the events of earlier event files at steps >= it (written between the checkpoint and a
+        crash, and written again by the resumed run), so no step appears twice."""
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
             raise ValueError("TensorBoard logging needs tensorboardX: pip install tensorboardX") from None
         self.logdir = os.fspath(logdir)
-        self._writer = SummaryWriter(self.logdir, flush_secs=10)
+        self._writer = SummaryWriter(self.logdir, flush_secs=10, purge_step=purge_step)
+        self._writer._get_file_writer()  # the purge event goes first, before any scalar
 
     def log(self, env_steps: int, metrics: dict[str, Any]) -> None:
         for tag, value in tags(metrics).items():
@@ -121,32 +125,38 @@ def open_loggers(
     tensorboard: bool = True,
     wandb_project: str | None = None,
     config: dict | None = None,
+    purge_step: int | None = None,
 ) -> Loggers:
     """TensorBoard events in ``<run_dir>/tb`` and/or a W&B run named after ``run_dir`` (its local
     files in ``run_dir``), with ``config`` as the W&B run's config. Call :func:`check_wandb`
-    before making ``run_dir`` to fail early."""
+    before making ``run_dir`` to fail early. ``purge_step``: see :class:`Logger`."""
     run_dir = os.fspath(run_dir)
     out: list[Any] = []
     if wandb_project is not None:
         name = os.path.basename(os.path.abspath(run_dir))
         out.append(WandbLogger(wandb_project, run_dir, name=name, config=config))
     if tensorboard:
-        out.append(Logger(os.path.join(run_dir, TB_DIR)))
+        out.append(Logger(os.path.join(run_dir, TB_DIR), purge_step=purge_step))
     return Loggers(out)
 
 
 def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
     """``{tag: [(step, value), ...]}`` read back from the event files in ``logdir`` (tensorboardX's
-    own record reader and protobufs; no TensorBoard install needed)."""
+    own record reader and protobufs; no TensorBoard install needed), as TensorBoard shows them:
+    a ``SessionLog.START`` event at step ``s`` (a resumed run's ``purge_step``) drops the values
+    read so far at steps >= ``s``."""
     from tensorboardX.proto import event_pb2 as pb
 
     out: dict[str, list[tuple[int, float]]] = {}
-    for name in sorted(os.listdir(logdir)):
+    for name in sorted(os.listdir(logdir)):  # event file names start with the creation time
         if "tfevents" not in name:
             continue
         for record in _records(os.path.join(logdir, name)):
             event = pb.Event()
             event.ParseFromString(record)
+            if event.HasField("session_log") and event.session_log.status == pb.SessionLog.START:
+                purge = int(event.step)
+                out = {tag: [(s, v) for s, v in values if s < purge] for tag, values in out.items()}
             for value in event.summary.value:
                 out.setdefault(value.tag, []).append((int(event.step), float(value.simple_value)))
     return out

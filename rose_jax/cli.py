@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
+import io
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import textwrap
@@ -124,6 +127,10 @@ def _resolve(
             if _jsonable(value) != env_kwargs.get(key):
                 differ.append(f"env argument {key}={value} (the run has {env_kwargs.get(key)})")
         env_name, algo_name = stored["env"], stored["algo"]
+        if stored.get("env_factory"):  # an env registered from a user module (envs.register)
+            import envs
+
+            envs.ensure_registered(env_name, stored["env_factory"])
         base = dict(stored["config"])
     else:
         differ = []
@@ -195,8 +202,65 @@ class _CtrlC:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        os.write(2, b"\nrose-jax: Ctrl-C: stopping after the current iteration "
-                    b"(with a checkpoint); press Ctrl-C again to stop at once\n")
+        try:  # stderr may be a pipe whose reader died with the same Ctrl-C (`... 2>&1 | tee log`)
+            os.write(2, b"\nrose-jax: Ctrl-C: stopping after the current iteration "
+                        b"(with a checkpoint); press Ctrl-C again to stop at once\n")
+        except OSError:
+            pass
+
+
+class _SafeStream(io.TextIOBase):
+    """stdout / stderr of the CLI: when the reader of a pipe is gone (``rose-jax train | tee log``
+    and a Ctrl-C that stopped ``tee`` too), further output is dropped instead of raising
+    BrokenPipeError into the training loop, so the run still ends with its checkpoint. The file
+    descriptor is pointed at /dev/null then, so the interpreter's last flush succeeds too."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.broken = False
+
+    def _drop(self, e: BaseException) -> None:
+        if isinstance(e, ValueError) or getattr(e, "errno", None) in (errno.EPIPE, errno.EINVAL):
+            self.broken = True
+            try:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, self._stream.fileno())
+                os.close(null)
+            except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+                pass
+            return
+        raise e
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError) as e:
+                self._drop(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError) as e:
+                self._drop(e)
+
+    def isatty(self) -> bool:
+        try:
+            return not self.broken and self._stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self._stream, "encoding", "utf-8")
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _default_run_dir(env: str, algo: str) -> str:
@@ -229,6 +293,15 @@ def _train_job(args, stored: dict[str, Any] | None) -> Job:
 
 
 def cmd_train(args) -> int:
+    locked: list[Any] = []  # the run directory whose lock this call holds, released on every path
+    try:
+        return _train(args, locked)
+    finally:
+        for run in locked:
+            run.unlock()
+
+
+def _train(args, locked: list[Any]) -> int:
     from algos import checkpoint, driver
     from rose_jax import rundir
 
@@ -247,20 +320,19 @@ def cmd_train(args) -> int:
     # 1. what to run (no file is touched)
     stored = None
     if args.run_dir:
-        if os.path.exists(args.run_dir) and not os.path.isdir(args.run_dir):
-            raise _fail(
-                f"run directory {args.run_dir!r} is a file, not a directory; choose another --run-dir"
-            )
+        try:
+            rundir.check_path(args.run_dir)
+        except ValueError as e:
+            raise _fail(e) from None
         run = rundir.RunDir(args.run_dir)
         stored = run.read_run()
-        has_checkpoint = checkpoint.latest_step(run.checkpoint_dir) is not None
-        has_record = stored is not None or bool(run.rows()) or has_checkpoint
-        if has_record and not args.resume:
+        if _has_record(run, stored) and not args.resume:
             raise _fail(
                 f"{args.run_dir} already holds a run; pass --resume to continue it, "
                 "or choose another --run-dir"
             )
     job = _train_job(args, stored if args.resume else None)
+    abstract = _check_memory(job)
     path = args.run_dir or _default_run_dir(job.env_name, job.algo.name)
     run = rundir.RunDir(path)
     if args.resume and stored is not None and run.finished():
@@ -269,28 +341,33 @@ def cmd_train(args) -> int:
               f"nothing to do (its results: {run.file(rundir.METRICS)})")
         return 0
 
-    # 2. the run directory: writable, leftovers of a crash removed, the record cut to the checkpoint
+    # 2. the run directory: writable, ours alone (a lock), leftovers of a crash removed, the
+    #    record cut to the newest checkpoint that restores
+    created = not os.path.exists(path)
     try:
         rundir.check_writable(path)
+        run.lock()
+        locked.append(run)
     except ValueError as e:
         raise _fail(e) from None
+    if not args.resume and _has_record(run, run.read_run()):  # started here while we resolved
+        raise _fail(f"{path} already holds a run; pass --resume to continue it, or choose another --run-dir")
     run.clean()
     checkpoint.clean(run.checkpoint_dir)
-    latest = checkpoint.latest_step(run.checkpoint_dir) if args.resume else None
+    latest = None
+    if args.resume:
+        latest, _ = checkpoint.newest_restorable(
+            run.checkpoint_dir, abstract, log=lambda m: print(f"rose-jax train: --resume: {m}", flush=True)
+        )
     kept: list[dict[str, Any]] = []
     if args.resume and stored is None:
         print(f"rose-jax train: --resume: {path} holds no run (no {rundir.RUN}); starting afresh", flush=True)
     elif args.resume and latest is None:
-        print(f"rose-jax train: --resume: {path} has no checkpoint yet; starting afresh "
+        print(f"rose-jax train: --resume: {path} has no checkpoint that restores; starting afresh "
               f"(its record is restarted)", flush=True)
     elif latest is not None:
         kept = [r for r in run.rows() if r.get("env_steps", math.inf) <= latest]
-    info = {
-        "algo": job.algo.name,
-        "env": job.env_name,
-        "env_kwargs": _jsonable(job.env_kwargs),
-        "config": _jsonable(dataclasses.asdict(job.config)),
-    }
+    info = _run_info(job)
     try:
         run.write_run(info)
         run.restart_record(kept)
@@ -312,42 +389,54 @@ def cmd_train(args) -> int:
 
     from algos import commands  # compile cache, matmul precision, TensorBoard, final policy
 
-    extras = commands.TrainExtras(args, path, print_fn=lambda m: print(m, flush=True))
-    with _CtrlC() as ctrl_c:
+    extras = commands.TrainExtras(args, path, print_fn=lambda m: print(m, flush=True),
+                                  purge_step=resumed_at + 1 if latest is not None else None)
+    try:
+        with _CtrlC() as ctrl_c:
 
-        def progress(env_steps: int, metrics: dict[str, Any]) -> None:
-            nonlocal last_row
-            extras.progress(env_steps, metrics)
-            row = {"env_steps": int(env_steps), "wall_s": wall_offset + time.perf_counter() - t0,
-                   **_scalars(metrics)}
-            row["env_steps"] = int(env_steps)
-            run.append(row)
-            last_row = row
-            bar.set_postfix(ret=rundir.format_return(row.get("episode_return")), refresh=False)
-            bar.update(max(0, min(int(env_steps), total) - bar.n))  # redraws at most once per mininterval
-            if ctrl_c.requested:
-                raise driver.StopTraining
+            def progress(env_steps: int, metrics: dict[str, Any]) -> None:
+                nonlocal last_row
+                extras.progress(env_steps, metrics)
+                row = {"env_steps": int(env_steps), "wall_s": wall_offset + time.perf_counter() - t0,
+                       **_scalars(metrics)}
+                row["env_steps"] = int(env_steps)
+                run.append(row)
+                last_row = row
+                bar.set_postfix(ret=rundir.format_return(row.get("episode_return")), refresh=False)
+                bar.update(max(0, min(int(env_steps), total) - bar.n))  # redraws at most once per mininterval
+                if ctrl_c.requested:
+                    raise driver.StopTraining
 
-        kwargs = dict(
-            progress_fn=progress,
-            checkpoint_dir=os.path.abspath(run.checkpoint_dir),
-            checkpoint_every=args.checkpoint_every,
-            keep_checkpoints=args.keep_checkpoints or None,
-            resume=latest is not None,
-        )
-        if args.optimize:
-            kwargs["make_step"] = _optimized_step_maker(job, lambda m: tqdm.write(m, file=sys.stdout))
-        try:
-            state, _ = job.algo.train_with_config(job.config, job.env, **kwargs)
-        except (ValueError, TypeError) as e:
-            bar.close()
-            run.close()
-            raise _fail(e) from None
-        finally:
-            bar.close()
-        finished = job.algo.units_done(job.config, state) >= job.algo.num_units(job.config)
-        if finished:
-            extras.finish(job, state)
+            kwargs = dict(
+                progress_fn=progress,
+                checkpoint_dir=os.path.abspath(run.checkpoint_dir),
+                checkpoint_every=args.checkpoint_every,
+                keep_checkpoints=args.keep_checkpoints or None,
+                resume=latest is not None,
+            )
+            if args.optimize:
+                kwargs["make_step"] = _optimized_step_maker(job, lambda m: tqdm.write(m, file=sys.stdout))
+            try:
+                state, _ = job.algo.train_with_config(job.config, job.env, **kwargs)
+            except (ValueError, TypeError) as e:
+                _discard_failed(run, created)
+                raise _fail(e) from None
+            except Exception as e:
+                if not _out_of_memory(e):
+                    raise
+                _discard_failed(run, created)
+                raise _fail(
+                    f"out of device memory while training {job.title} (num_envs={job.config.num_envs}): "
+                    f"{_first_line(e)}; lower num_envs or the batch sizes"
+                ) from None
+            finally:
+                bar.close()
+            finished = job.algo.units_done(job.config, state) >= job.algo.num_units(job.config)
+            if finished:
+                extras.finish(job, state)
+    finally:
+        extras.logger.close()  # also after a crash: no event-writer traceback at exit
+        run.close()
 
     summary = run.finish("finished" if finished else "interrupted", job.title,
                          extra={"algo": job.algo.name, "env": job.env_name})
@@ -360,6 +449,118 @@ def cmd_train(args) -> int:
     print(f"stopped at {steps:,} env steps (mean episode return {ret}), checkpoint saved; "
           f"continue with: rose-jax train --run-dir {path} --resume")
     return 130
+
+
+def _has_record(run, stored: dict[str, Any] | None) -> bool:
+    """Whether a run directory already holds (part of) a run: its run.json, rows or a checkpoint."""
+    from algos import checkpoint
+
+    return stored is not None or bool(run.rows()) or checkpoint.latest_step(run.checkpoint_dir) is not None
+
+
+def _run_info(job: Job) -> dict[str, Any]:
+    """``run.json``: what was run, and how to rebuild an env registered from outside the package
+    (``env_factory``: its ``module:function``; None for the package's own envs)."""
+    import envs
+
+    factory = envs.factory_path(job.env_name) or None
+    return {
+        "algo": job.algo.name,
+        "env": job.env_name,
+        "env_factory": factory if factory and not factory.startswith("envs.") else None,
+        "env_kwargs": _jsonable(job.env_kwargs),
+        "config": _jsonable(dataclasses.asdict(job.config)),
+    }
+
+
+def _tree_bytes(tree) -> int:
+    import jax
+    import numpy as np
+
+    return int(sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
+def _available_memory() -> tuple[int | None, str]:
+    """Bytes the run can use at most: the device's memory limit on a GPU, available RAM on a CPU."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform == "gpu":
+        try:
+            limit = (device.memory_stats() or {}).get("bytes_limit")
+        except Exception:  # a backend without memory stats
+            limit = None
+        return (int(limit) if limit else None), f"usable on {device.device_kind}"
+    import psutil
+
+    return int(psutil.virtual_memory().available), "of available memory on this machine"
+
+
+def _largest_result_bytes(jaxpr) -> int:
+    """The largest total size of one equation's results, over every equation of ``jaxpr`` and of
+    the jaxprs inside it (a rollout scan's stacked trajectory, an MJX step's contact arrays)."""
+    from rose_jax.jaxpr import compat as C
+
+    best = 0
+    stack = [C.open_jaxpr(jaxpr)]
+    while stack:
+        for eqn in stack.pop().eqns:
+            best = max(best, sum(C.aval_bytes(C.aval_of(v)) for v in eqn.outvars))
+            stack.extend(C.open_jaxpr(j) for j in C.sub_jaxprs(eqn.params))
+    return best
+
+
+def _check_memory(job: Job):
+    """Refuse, before any work, a config that cannot fit in memory. The estimate is a lower bound
+    of what one iteration holds at once: the train state plus the largest result of one of its
+    operations (the iteration is traced, not compiled or run). Returns the abstract train state
+    (``jax.ShapeDtypeStruct`` leaves)."""
+    import jax
+
+    state = _abstract_state(job)
+    state_bytes = _tree_bytes(state)
+    avail, where = _available_memory()
+    if avail is None:
+        return state
+    need, what = state_bytes, "its train state alone"
+    if state_bytes <= avail:
+        try:
+            jaxpr = jax.make_jaxpr(job.algo.iteration(job.config, job.env))(state)
+        except (ValueError, TypeError) as e:
+            raise _fail(e) from None
+        need = state_bytes + _largest_result_bytes(jaxpr)
+        what = "the train state and the largest array of one iteration"
+    if need > avail:
+        sizes = f"num_envs={job.config.num_envs}"
+        if getattr(job.config, "replay_capacity", None) is not None:
+            sizes += f", replay capacity {job.config.replay_capacity:,}"
+        raise _fail(
+            f"{job.title} with {sizes} needs at least {need / 2**30:,.1f} GiB ({what}), "
+            f"more than the {avail / 2**30:,.1f} GiB {where}; lower num_envs"
+            + (" or max_replay_size" if "replay" in sizes else "")
+        )
+    return state
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    text = f"{type(e).__name__}: {e}"
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or isinstance(e, MemoryError)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return (lines[0] if lines else type(e).__name__)[:200]
+
+
+def _discard_failed(run, created: bool) -> None:
+    """A run that failed before its first checkpoint in a directory it created leaves nothing
+    behind; otherwise the directory's record stays for --resume."""
+    from algos import checkpoint
+
+    run.close()
+    run.unlock()
+    if created and checkpoint.latest_step(run.checkpoint_dir) is None:
+        shutil.rmtree(run.path, ignore_errors=True)
 
 
 def plan_cache_dir() -> str:
@@ -568,6 +769,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv or ["train"])
     if args.command is None:
         args = parser.parse_args(["train", *argv])
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _SafeStream(sys.stdout), _SafeStream(sys.stderr)
     try:
         return args.func(args)
     except UsageError as e:
@@ -576,6 +779,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nrose-jax {args.command}: stopped at once (Ctrl-C); "
               "a run continues from its last checkpoint with --resume", file=sys.stderr)
         return 130
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = streams
 
 
 if __name__ == "__main__":

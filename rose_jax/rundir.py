@@ -11,6 +11,12 @@ Layout of ``<run dir>/``:
   (``status`` ``"finished"`` or ``"interrupted"``, last row, counts): derived from the record
   when the run ends or stops, written atomically, ``summary.json`` last.
 - ``checkpoints/``: the algorithm's checkpoints (``algos.checkpoint``).
+- ``.lock``: held (``flock``) by the process writing the run, with its pid, host and start time;
+  a second process is refused (:meth:`RunDir.lock`). The kernel drops the lock when the holder
+  exits, however it exits, so a stale ``.lock`` file never blocks anyone.
+
+The record is strict JSON: a non-finite number (NaN before any episode has finished, an
+infinity) is written as ``null``.
 
 Every rewrite is atomic (temporary file, then rename); leftovers of an interrupted write are
 named ``.tmp-*`` and :meth:`RunDir.clean` removes them when the next run starts.
@@ -24,6 +30,8 @@ import io
 import json
 import math
 import os
+import socket
+import time
 import uuid
 from typing import Any, Iterable
 
@@ -35,7 +43,26 @@ METRICS = "metrics.json"
 CURVE = "learning_curve.png"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
+LOCK = ".lock"
 _TMP = ".tmp-"
+
+
+class RunDirBusy(ValueError):
+    """Another live process holds the run directory's lock (one-line message naming it)."""
+
+
+def check_path(path: str) -> None:
+    """A one-line ValueError when ``path`` cannot be a run directory: it is a file, or a folder
+    above it is a file. Creates nothing."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"run directory {path!r} is a file, not a directory; choose another --run-dir")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise ValueError(
+            f"run directory {path!r}: {parent!r} is a file, not a directory; choose another --run-dir"
+        )
 
 
 def check_writable(path: str) -> None:
@@ -43,8 +70,7 @@ def check_writable(path: str) -> None:
 
     Raises a one-line ValueError: ``path`` is a file, cannot be created, or is not writable.
     """
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"run directory {path!r} is a file, not a directory; choose another --run-dir")
+    check_path(path)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
@@ -66,6 +92,7 @@ class RunDir:
     def __init__(self, path: str):
         self.path = os.fspath(path)
         self._record = None  # the open append handle of metrics.jsonl
+        self._lock_fd: int | None = None
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -94,7 +121,7 @@ class RunDir:
         try:
             with open(self.file(RECORD), "rb") as f:
                 data = f.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         rows = []
         for line in data.split(b"\n")[:-1]:  # the part after the last newline is never complete
@@ -108,6 +135,41 @@ class RunDir:
         return rows
 
     # ---------------------------------------------------------------- writing
+    def lock(self) -> None:
+        """Take the run directory's lock (the directory must exist) for this process's lifetime
+        or until :meth:`unlock`; a second process gets :class:`RunDirBusy` naming the holder.
+
+        ``flock`` on ``.lock``: released by the kernel when the process exits, even on SIGKILL.
+        """
+        import fcntl
+
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.file(LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            except OSError:
+                holder = ""
+            os.close(fd)
+            who = holder or "another process"
+            raise RunDirBusy(
+                f"run directory {self.path!r} is in use by {who}; wait for that run to end "
+                "(or stop it), or choose another --run-dir"
+            ) from None
+        text = (f"pid {os.getpid()} on {socket.gethostname()} "
+                f"(since {time.strftime('%Y-%m-%d %H:%M:%S')})").encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, text, 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
     def clean(self) -> list[str]:
         """Remove ``.tmp-*`` leftovers of interrupted writes (in the run dir itself); returns names."""
         if not self.exists():
@@ -166,7 +228,7 @@ class RunDir:
         """
         self.close()
         rows = self.rows()
-        atomic_write_text(self.file(METRICS), json.dumps(rows, indent=1) + "\n")
+        atomic_write_text(self.file(METRICS), json.dumps(strict_json(rows), indent=1, allow_nan=False) + "\n")
         plot_curve(rows, self.file(CURVE), title)
         last = rows[-1] if rows else {}
         summary = {
@@ -177,12 +239,24 @@ class RunDir:
             "last": last,
             **(extra or {}),
         }
-        atomic_write_json(self.file(SUMMARY), summary)
+        atomic_write_json(self.file(SUMMARY), strict_json(summary))
         return summary
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, +-inf) replaced by None: JSON has no NaN
+    token (``json.dumps`` writes a bare ``NaN`` that strict parsers reject)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def _line(row: dict[str, Any]) -> str:
-    return json.dumps(row, separators=(",", ":")) + "\n"
+    return json.dumps(strict_json(row), separators=(",", ":"), allow_nan=False) + "\n"
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -237,4 +311,6 @@ def plot_curve(rows: list[dict[str, Any]], path: str, title: str) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-__all__ = ["RunDir", "check_writable", "format_return", "plot_curve"]
+__all__ = [
+    "RunDir", "RunDirBusy", "check_path", "check_writable", "format_return", "plot_curve", "strict_json",
+]

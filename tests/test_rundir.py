@@ -217,7 +217,8 @@ def test_sigkill_at_any_moment_never_loses_the_run(reference, env, tmp_path):
     assert same_rows(record(run_dir), want)
     assert same_rows(json.loads((run_dir / "metrics.json").read_text()), want)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
-    leftovers = [p for d in (run_dir, run_dir / "checkpoints") for p in d.iterdir() if p.name.startswith(".")]
+    leftovers = [p for d in (run_dir, run_dir / "checkpoints") for p in d.iterdir()
+                 if p.name.startswith(".") and p.name != rundir.LOCK]  # .lock: the lock's file, documented
     assert not leftovers
     assert len(checkpoint.all_steps(run_dir / "checkpoints")) <= 3  # keep 2 + the best
 
