@@ -7,7 +7,12 @@ imported lazily, so ``import envs`` stays cheap (Brax and MuJoCo load only when 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
+import re
+import sys
+from collections.abc import Iterator
 
 from envs.core import Dynamics, Env, EnvState, build
 
@@ -39,6 +44,30 @@ _PREFIXES: dict[str, str] = {
 }
 
 
+# What ``mujoco.mjx.warp`` prints (a bare ``print``: no logger, no variable turns it off) the first
+# time anything imports ``mujoco.mjx`` (MJX envs, Brax, Playground) without the optional Warp
+# package. rose-jax runs MJX with ``impl="jax"``, so a missing Warp is expected, not an error.
+_WARP_NOTICE = re.compile(r"Failed to import (warp|mujoco_warp): No module named 'warp'\n?")
+
+
+@contextlib.contextmanager
+def quiet_warp_notice() -> Iterator[None]:
+    """Around the import of ``mujoco.mjx`` / ``brax`` / ``mujoco_playground``: drop exactly
+    MJX's "Failed to import warp: No module named 'warp'" lines (and the ``mujoco_warp`` one);
+    anything else printed meanwhile is passed on. Once ``mujoco.mjx.warp`` is imported it never
+    prints again, so then this does nothing."""
+    if "mujoco.mjx.warp" in sys.modules:
+        yield
+        return
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        lines = buffer.getvalue().splitlines(keepends=True)
+        sys.stdout.write("".join(line for line in lines if not _WARP_NOTICE.fullmatch(line)))
+
+
 def names() -> list[str]:
     """All registered environment names, sorted."""
     return sorted(_REGISTRY)
@@ -52,15 +81,65 @@ def external_names() -> list[str]:
 
 
 def factory_path(name: str) -> str:
-    """The ``"module:function"`` factory of a registered env name ("" when it is not registered)."""
+    """The ``"module:function"`` factory of a registered env name, the package's own and those of
+    :func:`register` alike ("" when it is not registered)."""
     return _REGISTRY.get(name, "")
 
 
+def _check_target(name: str, target: object, what: str) -> None:
+    module_name, sep, function_name = target.partition(":") if isinstance(target, str) else ("", "", "")
+    if not (sep and module_name and function_name and ":" not in function_name):
+        raise ValueError(f"{what}({name!r}, {target!r}): target must look like 'package.module:factory'")
+
+
 def register(name: str, target: str) -> None:
-    """Register ``name`` -> ``"module:factory"`` (for environments living outside this package)."""
-    if ":" not in target:
-        raise ValueError(f"register({name!r}, {target!r}): target must look like 'package.module:factory'")
+    """Register ``name`` -> ``"module:factory"`` (for environments living outside this package).
+
+    Runs record the factory (``envs.factory_path(name)``) next to the name, so that a later
+    process (``rose-jax play``, ``algos.load_policy(run).make_env()``) can register it again with
+    :func:`ensure_registered`; the factory's module must then be importable there too.
+    """
+    _check_target(name, target, "register")
     _REGISTRY[name] = target
+
+
+def known(name: str) -> bool:
+    """Whether :func:`make` knows ``name`` (registered, or ``playground:``/``gymnax:`` + a name)."""
+    prefix, sep, _ = name.partition(":")
+    return name in _REGISTRY or bool(sep and prefix in _PREFIXES)
+
+
+def ensure_registered(name: str, factory: str | None) -> None:
+    """Register ``name`` -> ``factory`` when ``name`` is not known yet (a run's env that was added
+    with :func:`register` in the process that trained it).
+
+    A known name keeps its registration, whatever ``factory`` says; ``factory=None`` (the
+    package's own envs) does nothing. A malformed ``factory`` for an unknown name is a ValueError.
+    """
+    if not factory or known(name):
+        return
+    _check_target(name, factory, "ensure_registered")
+    _REGISTRY[name] = factory
+
+
+def _load_factory(name: str, target: str):
+    """The callable behind ``"module:function"``; a one-line ValueError when the module or the
+    function is missing (e.g. a user module that is not on ``sys.path`` in this process)."""
+    module_name, factory_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise  # the module exists but one of its own imports is missing: keep that error
+        raise ValueError(
+            f"env {name!r}: cannot import {module_name!r} for its factory {target!r} "
+            f"(put the module's directory on PYTHONPATH, as when the env was registered)"
+        ) from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise ValueError(f"env {name!r}: module {module_name!r} has no function {factory_name!r} "
+                         f"(factory {target!r})")
+    return factory
 
 
 def make(name: str, /, **kwargs) -> Env:
@@ -70,20 +149,31 @@ def make(name: str, /, **kwargs) -> Env:
     """
     prefix, sep, rest = name.partition(":")
     if sep and prefix in _PREFIXES and name not in _REGISTRY:
-        module_name, factory_name = _PREFIXES[prefix].split(":")
-        factory = getattr(importlib.import_module(module_name), factory_name)
+        factory = _load_factory(name, _PREFIXES[prefix])
         try:
             return factory(rest, **kwargs)
         except TypeError as e:
             raise ValueError(f"env {name!r}: bad arguments {sorted(kwargs)}: {e}") from None
     if name not in _REGISTRY:
         raise ValueError(f"unknown env {name!r}; known envs: {', '.join(names())}")
-    module_name, factory_name = _REGISTRY[name].split(":")
-    factory = getattr(importlib.import_module(module_name), factory_name)
+    factory = _load_factory(name, _REGISTRY[name])
     try:
         return factory(**kwargs)
     except TypeError as e:  # an unexpected keyword: say which env and which keyword
         raise ValueError(f"env {name!r}: bad arguments {sorted(kwargs)}: {e}") from None
 
 
-__all__ = ["Dynamics", "Env", "EnvState", "build", "external_names", "make", "names", "register"]
+__all__ = [
+    "Dynamics",
+    "Env",
+    "EnvState",
+    "build",
+    "ensure_registered",
+    "external_names",
+    "factory_path",
+    "known",
+    "make",
+    "names",
+    "quiet_warp_notice",
+    "register",
+]

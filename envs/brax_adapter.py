@@ -29,8 +29,11 @@ def to_brax(env: Env) -> Any:
     """
     if not isinstance(env, Env):
         raise TypeError(f"to_brax: expected an envs.core.Env, got {type(env).__name__}")
-    from brax.envs.base import Env as BraxEnv
-    from brax.envs.base import State
+    import envs
+
+    with envs.quiet_warp_notice():
+        from brax.envs.base import Env as BraxEnv
+        from brax.envs.base import State
 
     def brax_state(s, metrics, info) -> Any:
         return State(

@@ -92,7 +92,10 @@ def make_brax(
         raise ValueError(
             f"env {env_name!r}: unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}"
         )
-    import brax.envs  # slow import: only when a Brax env is asked for
+    import envs
+
+    with envs.quiet_warp_notice():
+        import brax.envs  # slow import: only when a Brax env is asked for
 
     known = sorted(getattr(brax.envs, "_envs", {}))
     if known and env_name not in known:

@@ -36,19 +36,41 @@ RewardFn = Callable[[Any, Any, Any, jax.Array], jax.Array]
 TerminateFn = Callable[[Any, Any], jax.Array]
 
 
+def _load(xml: str | os.PathLike, name: str, from_string: Callable, from_path: Callable):
+    try:
+        if isinstance(xml, str) and xml.lstrip().startswith("<"):
+            return from_string(xml)
+        path = pathlib.Path(xml)
+        if not path.is_file():
+            raise ValueError(f"no such file: {str(path)!r} (pass an MJCF string or a path to one)")
+        return from_path(str(path))
+    except ValueError as e:  # MuJoCo's XML errors span lines: one line here
+        raise ValueError(f"env {name!r}: cannot load MJCF: {' '.join(str(e).split())}") from None
+
+
 def load_model(xml: str | os.PathLike, name: str = "mjcf"):
     """``mujoco.MjModel`` from an MJCF string (starts with ``<``) or a path to an .xml file."""
     import mujoco
 
-    try:
-        if isinstance(xml, str) and xml.lstrip().startswith("<"):
-            return mujoco.MjModel.from_xml_string(xml)
-        path = pathlib.Path(xml)
-        if not path.is_file():
-            raise ValueError(f"no such file: {str(path)!r} (pass an MJCF string or a path to one)")
-        return mujoco.MjModel.from_xml_path(str(path))
-    except ValueError as e:
-        raise ValueError(f"env {name!r}: cannot load MJCF: {str(e).strip()}") from None
+    return _load(xml, name, mujoco.MjModel.from_xml_string, mujoco.MjModel.from_xml_path)
+
+
+def load_spec(xml: str | os.PathLike, name: str = "mjcf"):
+    """``mujoco.MjSpec`` (the editable model, e.g. to add scenery for rendering) from the same
+    inputs as :func:`load_model`."""
+    import mujoco
+
+    def from_path(path: str):
+        spec = mujoco.MjSpec.from_file(path)
+        spec.compile()  # the errors of load_model (MjSpec.from_file only parses)
+        return spec
+
+    def from_string(text: str):
+        spec = mujoco.MjSpec.from_string(text)
+        spec.compile()
+        return spec
+
+    return _load(xml, name, from_string, from_path)
 
 
 def forward_velocity(dt: float, body: int = 1) -> RewardFn:
@@ -110,7 +132,10 @@ def make_mjcf(
       An ``Env``: obs ``(nq - skip_qpos + nv,)``, action ``(nu,)``, env step
       ``n_substeps * opt.timestep`` seconds.
     """
-    from mujoco import mjx
+    import envs
+
+    with envs.quiet_warp_notice():
+        from mujoco import mjx
 
     if not isinstance(n_substeps, int) or n_substeps < 1:
         raise ValueError(f"env {name!r}: n_substeps must be an int >= 1, got {n_substeps!r}")

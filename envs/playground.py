@@ -72,8 +72,11 @@ def from_brax_like(
 
 def names() -> list[str]:
     """``playground:<Name>`` for every dm_control suite env of the installed Playground ([] if none)."""
+    import envs
+
     try:
-        from mujoco_playground import registry
+        with envs.quiet_warp_notice():
+            from mujoco_playground import registry
     except ImportError:
         return []
     return sorted(f"{PREFIX}:{n}" for n in registry.dm_control_suite.ALL_ENVS)
@@ -91,8 +94,11 @@ def make_playground(
 
     ``episode_length`` defaults to the env config's own (1000 for the dm_control suite).
     """
+    import envs
+
     try:
-        from mujoco_playground import registry
+        with envs.quiet_warp_notice():
+            from mujoco_playground import registry
     except ImportError:
         raise ValueError(
             f"env 'playground:{env_name}' needs MuJoCo Playground: pip install playground "

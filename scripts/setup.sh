@@ -18,12 +18,16 @@ rm -rf "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e ".[dev]"
 # Optional environments (envs.make("playground:..."), envs.make("gymnax:...")), small and pure Python.
-# --no-deps: Playground requires warp-lang (~150 MB, only for impl="warp") and gymnax pins jax<0.12;
-# their other requirements are listed here.
-"$VENV/bin/python" -m pip install -q --no-deps "playground==0.2.0" "gymnax==1.0.1" ml-collections mediapy \
-  || echo "setup: optional Playground/gymnax envs not installed (their tests will skip)" >&2
+# --no-deps: Playground requires warp-lang (~150 MB, only for impl="warp") and gymnax pins jax<0.12
+# (it runs on 0.12); the requirements they need are installed first (mediapy's IPython is not
+# needed: Playground does not import mediapy). The --no-deps install comes last on purpose: pip
+# checks the whole environment's requirements after every install without --no-deps, so a later
+# plain install would print "ERROR: pip's dependency resolver ..." about exactly these expected,
+# harmless gaps (warp-lang, jax<0.12, ipython).
 "$VENV/bin/python" -m pip install -q lxml "gymnasium>=1.1,<1.4" seaborn six \
   || echo "setup: optional env requirements not installed (their tests will skip)" >&2
+"$VENV/bin/python" -m pip install -q --no-deps "playground==0.2.0" "gymnax==1.0.1" ml-collections mediapy \
+  || echo "setup: optional Playground/gymnax envs not installed (their tests will skip)" >&2
 # Headless rendering on a CPU (rose-jax play): MuJoCo's OSMesa backend needs libOSMesa.
 if ! ldconfig -p 2>/dev/null | grep -q libOSMesa; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -77,6 +77,79 @@ def test_register_rejects_bad_target():
         envs.register("x", "no_colon")
 
 
+def test_ensure_registered_adds_an_unknown_name_and_keeps_known_ones(monkeypatch):
+    monkeypatch.setattr(envs, "_REGISTRY", dict(envs._REGISTRY))  # undone after the test
+    envs.ensure_registered("rose_test_swing", "envs.classic:make_pendulum")
+    assert envs.factory_path("rose_test_swing") == "envs.classic:make_pendulum"
+    assert envs.make("rose_test_swing", episode_length=5).observation_size == 3
+    # a known name (the package's, or one registered earlier) keeps its factory
+    envs.ensure_registered("pendulum", "envs.classic:make_cartpole")
+    envs.ensure_registered("rose_test_swing", "envs.classic:make_cartpole")
+    assert envs.factory_path("pendulum") == "envs.classic:make_pendulum"
+    assert envs.factory_path("rose_test_swing") == "envs.classic:make_pendulum"
+    envs.ensure_registered("playground:CartpoleBalance", "envs.classic:make_cartpole")  # a prefix name
+    assert envs.factory_path("playground:CartpoleBalance") == ""
+    envs.ensure_registered("rose_test_none", None)  # the package's envs store no factory
+    assert envs.factory_path("rose_test_none") == ""
+    with pytest.raises(ValueError, match="module:factory") as e:
+        envs.ensure_registered("rose_test_bad", "no_colon")
+    assert "\n" not in str(e.value)
+    # register() is what runs record: factory_path gives it back
+    envs.register("rose_test_user", "rose_no_such_module:make_it")
+    assert envs.factory_path("rose_test_user") == "rose_no_such_module:make_it"
+
+
+def test_unimportable_factory_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(envs, "_REGISTRY", dict(envs._REGISTRY))
+    envs.ensure_registered("rose_test_gone", "rose_no_such_module:make_it")
+    with pytest.raises(ValueError, match="cannot import 'rose_no_such_module'.*PYTHONPATH") as e:
+        envs.make("rose_test_gone")
+    assert "\n" not in str(e.value)
+    envs.ensure_registered("rose_test_nofn", "envs.classic:make_no_such_env")
+    with pytest.raises(ValueError, match="no function 'make_no_such_env'"):
+        envs.make("rose_test_nofn")
+
+
+def test_no_warp_notice_from_rose_jax_envs_or_an_mjx_env(tmp_path):
+    """MJX prints "Failed to import warp: ..." when it is first imported without Warp (which
+    rose-jax does not use): `rose-jax envs` and envs.make of MJX / Brax envs must not show it, and
+    other output printed during those imports must still come through."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("warp") is not None:
+        pytest.skip("warp is installed: MJX prints no notice to hide")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = (
+        "import envs\n"
+        "with envs.quiet_warp_notice():\n"
+        "    print('kept before')\n"
+        "    from mujoco import mjx\n"
+        "    print('kept after')\n"
+        "print(envs.make('mjx_cartpole').name, envs.make('ant').name)\n"
+    )
+    cli = [os.path.join(os.path.dirname(sys.executable), "rose-jax"), "envs"]
+    if not os.path.exists(cli[0]):
+        cli = [sys.executable, "-c", "import sys; from rose_jax.cli import main; sys.exit(main())", "envs"]
+    procs = [
+        subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for argv in ([sys.executable, "-c", script], cli)
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+        assert "Failed to import" not in out, out
+    make_out, envs_out = outs
+    assert "kept before\nkept after\n" in make_out and "mjx_cartpole ant" in make_out
+    assert "mjx_cartpole" in envs_out.splitlines() and "pendulum" in envs_out.splitlines()
+    # the notice is real: without the filter the same import prints it
+    raw = subprocess.run([sys.executable, "-c", "from mujoco import mjx"], cwd=root, capture_output=True,
+                         text=True, timeout=600)
+    assert "Failed to import warp: No module named 'warp'" in raw.stdout
+
+
 # --------------------------------------------------------------------------- classics
 
 
