@@ -76,6 +76,18 @@ class Algo:
         resolve = getattr(self.module, "resolve_env", None)
         return self.program(config, env if resolve is None else resolve(config, env), **kwargs)
 
+    def unit_fn(self, config: Any, env: Any) -> Callable[[Any], tuple[Any, Any]]:
+        """The pure ``state -> (state, metrics)`` that ``train`` jits and runs once per progress
+        report (the function behind :meth:`unit_program`): SAC's epoch, PPO's iteration (with
+        ``num_evals`` set its epoch of iterations then the evaluation), on the env train runs on."""
+        if self.unit == "epoch":
+            return self.epoch(config, env)
+        eval_epoch = getattr(self.module, "eval_epoch", None)
+        if eval_epoch is not None and getattr(config, "num_evals", None) is not None:
+            return eval_epoch(config, env)
+        resolve = getattr(self.module, "resolve_env", None)
+        return self.iteration(config, env if resolve is None else resolve(config, env))
+
     # ------------------------------------------------------------------ progress
     def num_units(self, config: Any) -> int:
         """Progress reports (iterations or epochs) of a whole ``train`` run of ``config``."""

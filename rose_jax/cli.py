@@ -333,6 +333,12 @@ def _train(args, locked: list[Any]) -> int:
             )
     job = _train_job(args, stored if args.resume else None)
     abstract = _check_memory(job)
+    from rose_jax.optimize import xla_options
+
+    try:
+        trial_sets = {} if args.optimize else xla_options.sets_from_spec(args.xla_options)
+    except ValueError as e:
+        raise _fail(e) from None
     path = args.run_dir or _default_run_dir(job.env_name, job.algo.name)
     run = rundir.RunDir(path)
     if args.resume and stored is not None and run.finished():
@@ -416,6 +422,11 @@ def _train(args, locked: list[Any]) -> int:
             )
             if args.optimize:
                 kwargs["make_step"] = _optimized_step_maker(job, lambda m: tqdm.write(m, file=sys.stdout))
+            elif trial_sets:
+                kwargs["make_step"] = _trial_step_maker(
+                    job, trial_sets, lambda m: tqdm.write(f"rose-jax train: {m}", file=sys.stdout),
+                    lambda record: run.write_run({**info, "xla_options": record}),
+                )
             try:
                 state, _ = job.algo.train_with_config(job.config, job.env, **kwargs)
             except (ValueError, TypeError) as e:
@@ -561,6 +572,28 @@ def _discard_failed(run, created: bool) -> None:
     run.unlock()
     if created and checkpoint.latest_step(run.checkpoint_dir) is None:
         shutil.rmtree(run.path, ignore_errors=True)
+
+
+def _trial_step_maker(job: Job, sets: dict[str, dict[str, Any]], log, record):
+    """``train`` without ``--optimize``: ``make_step(state)`` compiles the unit under XLA's
+    defaults and each option set of ``sets``, runs the first units alternating between them and
+    keeps the fastest (the default build unless a set is faster), saying so in one line and
+    recording it in ``run.json`` (:class:`rose_jax.optimize.xla_options.TrialStep`)."""
+    from rose_jax.optimize import xla_options
+
+    units = job.algo.num_units(job.config)
+    rounds = max(1, min(xla_options.DEFAULT_ROUNDS, units // (2 * (1 + len(sets)))))
+
+    def make_step(state):
+        def decided(line: str) -> None:
+            log(line)
+            record(step.describe())
+
+        step = xla_options.TrialStep(job.algo.unit_fn(job.config, job.env), sets, rounds=rounds, log=decided)
+        step.prepare(state)
+        return step
+
+    return make_step
 
 
 def plan_cache_dir() -> str:
@@ -728,6 +761,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run in --run-dir from its latest checkpoint "
                         "(a finished run is left as is)")
     t.add_argument("--optimize", action="store_true", help="apply (or search for) a rose-jax plan")
+    t.add_argument("--xla-options", default="auto", metavar="auto|default|SETS",
+                   help="XLA option sets tried on the first iterations, the fastest kept (GPU only): auto = "
+                        "CONCURRENT command buffers with and without loops; default = XLA's defaults, no "
+                        "trial; or names from rose_jax.optimize.streams.OPTION_SETS (default: %(default)s)")
     t.set_defaults(func=cmd_train)
     from algos import commands  # --preset, --no-compile-cache, --matmul-precision, --no-tensorboard; play
 

@@ -174,3 +174,45 @@ def test_training_keeps_three_plus_the_best_by_default():
     assert driver.DEFAULT_KEEP == 3
     for train in (ppo.train, ppo.train_with_config, sac.train, sac.train_with_config):
         assert inspect.signature(train).parameters["keep_checkpoints"].default == driver.DEFAULT_KEEP
+
+
+def test_zero_size_arrays_round_trip(tmp_path):
+    """MJX's Data holds zero-size arrays (``act`` of a model without actuator activations); orbax
+    0.12.8 refuses to write them ("Cannot save arrays with zero size"), which failed every MJX run
+    at its last checkpoint. They are saved as placeholders and come back with their shapes."""
+    state = {
+        "act": jnp.zeros((8, 0), jnp.float32),
+        "qpos": jnp.arange(6.0).reshape(3, 2),
+        "contact": {"dist": jnp.zeros((0,), jnp.float32), "geom": jnp.zeros((0, 2), jnp.int32)},
+        "step": jnp.int32(5),
+    }
+    checkpoint.save(tmp_path, state, 3)
+    restored, step = checkpoint.restore(tmp_path, state)
+    assert step == 3
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), restored) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), state
+    )
+    chex.assert_trees_all_equal(restored, state)
+    # into abstract shapes too (what --resume checks a checkpoint against), and without a `like`
+    abstract = jax.eval_shape(lambda: state)
+    chex.assert_trees_all_equal(checkpoint.restore(tmp_path, abstract)[0], state)
+    tree, _ = checkpoint.read(tmp_path)
+    assert tree["act"].shape == (8, 0) and tree["contact"]["geom"].dtype == jnp.int32
+    chex.assert_trees_all_equal(jax.tree.map(jnp.asarray, tree), state)
+
+
+def test_newest_restorable_skips_a_truncated_checkpoint(tmp_path):
+    state = make_state(1)
+    checkpoint.save(tmp_path, state, 1)
+    checkpoint.save(tmp_path, make_state(2), 2)
+    for f in (tmp_path / "2").rglob("*"):  # truncate every data file of the newest one
+        if f.is_file() and f.stat().st_size > 64 and f.name != "rose_jax_meta.json":
+            with open(f, "r+b") as fh:
+                fh.truncate(16)
+    lines = []
+    step, skipped = checkpoint.newest_restorable(tmp_path, state, log=lines.append)
+    assert step == 1 and [s for s, _ in skipped] == [2]
+    assert len(lines) == 1 and "checkpoint 2 does not restore" in lines[0] and "\n" not in lines[0]
+    assert checkpoint.all_steps(tmp_path) == [1]  # the bad one moved aside, kept for inspection
+    assert any(p.name.startswith(".corrupt-2-") for p in tmp_path.iterdir())
+    chex.assert_trees_all_equal(checkpoint.restore(tmp_path, state)[0], state)

@@ -1,0 +1,209 @@
+"""Fast by default: XLA option sets tried on a run's first units, kept only when not slower.
+
+What the search keeps on nearly every GPU workload is an XLA option set (command buffers
+scheduled ``CONCURRENT``: :data:`rose_jax.optimize.streams.OPTION_SETS`). ``rose-jax train``
+applies it without ``--optimize``, through :class:`TrialStep`:
+
+1. The unit ``train`` runs per report (an iteration or an epoch) is compiled once per option set
+   (``"default"`` = XLA's defaults, what the algorithm's own ``jax.jit`` builds, plus each
+   candidate set), the compiles side by side in threads (XLA releases the GIL), so the wall time
+   is about one compile. A set whose compile fails is refused, with the reason.
+2. The first ``2 * rounds`` units of the run alternate between the builds (``default``, then each
+   candidate, ``rounds`` times; each unit is timed to ``block_until_ready``). They are the run's
+   own units, not extra work: every build computes the same ``state -> (state, metrics)``, since an
+   option set changes how XLA launches the kernels (CUDA-graph capture and its scheduling), not the
+   HLO it fuses nor the arithmetic (checked bitwise under deterministic ops by the search on the
+   H200, benchmarks/results/overlap/ and loops/).
+3. The build with the lowest median time is kept for the rest of the run, unless it is not faster
+   than ``default`` by ``margin`` (noise), and one line says what was kept and why.
+
+On a CPU there is nothing to try (the sets are GPU options): the default build runs as before.
+:func:`describe` gives the record ``run.json`` keeps (``xla_options``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import jax
+
+from rose_jax.optimize.streams import OPTION_SETS
+
+# Candidate sets tried by default on a GPU: CONCURRENT command buffers with and without captured
+# loops (the two sets the search kept on the H200: SAC ant "concurrent", SAC hopper and every
+# MJX loops row "concurrent_no_loops").
+DEFAULT_CANDIDATES = ("concurrent", "concurrent_no_loops")
+DEFAULT_ROUNDS = 3
+# a candidate must beat the default build's median by this share to be kept (timing noise)
+DEFAULT_MARGIN = 0.02
+
+
+def candidate_sets(names: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
+    """``{name: XLA options}`` to try besides the default build: the named sets of
+    :data:`OPTION_SETS` (default :data:`DEFAULT_CANDIDATES`), none on a CPU backend."""
+    if jax.default_backend() != "gpu":
+        return {}
+    names = DEFAULT_CANDIDATES if names is None else names
+    unknown = [n for n in names if n not in OPTION_SETS]
+    if unknown:
+        raise ValueError(f"unknown XLA option set(s) {unknown}; known: {', '.join(OPTION_SETS)}")
+    return {n: OPTION_SETS[n] for n in names if n != "default"}
+
+
+class TrialStep:
+    """``state -> (state, metrics)`` that runs ``fn`` under the fastest of several XLA option sets.
+
+    Args:
+      fn: the unit, pure (``state -> (state, metrics)``).
+      candidates: ``{name: compiler options}`` to try besides XLA's defaults (empty: the default
+        build only, no trial). Tests may pass any options, e.g. an unknown flag to see a refusal.
+      rounds: units run per build before deciding.
+      margin: share by which a candidate must beat the default build's median.
+      log: called once with the decision line.
+      donate: donate the state argument (as the algorithms' own jit does; not on a CPU).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[Any], tuple[Any, Any]],
+        candidates: dict[str, dict[str, Any]],
+        *,
+        rounds: int = DEFAULT_ROUNDS,
+        margin: float = DEFAULT_MARGIN,
+        log: Callable[[str], None] = print,
+        donate: bool | None = None,
+    ):
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"TrialStep: rounds must be a positive int, got {rounds!r}")
+        self.fn = fn
+        self.candidates = dict(candidates)
+        self.rounds = rounds
+        self.margin = float(margin)
+        self.log = log
+        self.donate = (jax.default_backend() != "cpu") if donate is None else bool(donate)
+        self.builds: dict[str, Callable] = {}
+        self.refused: dict[str, str] = {}
+        self.times: dict[str, list[float]] = {}
+        self.chosen: str | None = None if self.candidates else "default"
+        self.line: str | None = None
+        self._order: list[str] = []
+        self._calls = 0
+
+    # -------------------------------------------------------------------------- compiling
+    def _lower(self, state: Any):
+        """Traced and lowered once; each option set compiles this same lowering."""
+        return jax.jit(self.fn, donate_argnums=(0,) if self.donate else ()).lower(state)
+
+    def prepare(self, state: Any) -> None:
+        """Compile every build now, from ``state``'s shapes (the first call does it otherwise)."""
+        if self.builds:
+            return
+        if not self.candidates:
+            self.builds["default"] = self._lower(state).compile()
+            return
+        sets = {"default": {}, **self.candidates}
+        lowered = self._lower(state)
+        with ThreadPoolExecutor(max_workers=len(sets)) as pool:
+            futures = {name: pool.submit(lowered.compile, compiler_options=opts or None)
+                       for name, opts in sets.items()}
+            for name, future in futures.items():
+                try:
+                    self.builds[name] = future.result()
+                except Exception as e:  # a set this jaxlib or GPU does not take: refused, said why
+                    if name == "default":
+                        raise
+                    self.refused[name] = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        self._order = [n for n in sets if n in self.builds]
+        self.times = {n: [] for n in self._order}
+        if len(self._order) == 1:
+            self._decide()
+
+    # -------------------------------------------------------------------------- running
+    def __call__(self, state: Any) -> tuple[Any, Any]:
+        self.prepare(state)
+        if self.chosen is not None:
+            return self.builds[self.chosen](state)
+        name = self._order[self._calls % len(self._order)]
+        self._calls += 1
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(self.builds[name](state))
+        self.times[name].append(time.perf_counter() - t0)
+        if all(len(t) >= self.rounds for t in self.times.values()):
+            self._decide()
+        return out
+
+    def _decide(self) -> None:
+        medians = {n: statistics.median(t) for n, t in self.times.items() if t}
+        base = medians.get("default")
+        best = min(medians, key=medians.get) if medians else "default"
+        refused = "".join(f"; {n} refused ({why})" for n, why in self.refused.items())
+        if base is None or best == "default" or medians[best] > base * (1 - self.margin):
+            self.chosen = "default"
+            if medians and base is not None and len(medians) > 1:
+                others = ", ".join(f"{n} {medians[n] * 1e3:.1f} ms" for n in medians if n != "default")
+                why = f"the default build {base * 1e3:.1f} ms per unit, {others}: not faster"
+            else:
+                why = "no option set to compare"
+            self.line = f"XLA options: default build kept ({why}{refused})"
+        else:
+            self.chosen = best
+            self.line = (f"XLA options: {best} kept ({medians[best] * 1e3:.1f} ms per unit vs "
+                         f"{base * 1e3:.1f} ms default, {base / medians[best]:.2f}x{refused})")
+        for name in list(self.builds):  # free what will not run again
+            if name != self.chosen:
+                del self.builds[name]
+        self.log(self.line)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``run.json`` records: the chosen set, its options, the per-unit medians, refusals."""
+        return {
+            "chosen": self.chosen,
+            "options": {} if self.chosen in (None, "default") else dict(self.candidates[self.chosen]),
+            "tried": ["default", *self.candidates],
+            "median_ms": {n: round(statistics.median(t) * 1e3, 3) for n, t in self.times.items() if t},
+            "refused": dict(self.refused),
+            "rounds": self.rounds,
+        }
+
+
+ENV_SETS = "ROSE_JAX_XLA_OPTION_SETS"
+
+
+def sets_from_spec(spec: str) -> dict[str, dict[str, Any]]:
+    """The candidate sets of ``rose-jax train --xla-options SPEC``: ``"auto"`` (the default
+    candidates on a GPU, none on a CPU; ``$ROSE_JAX_XLA_OPTION_SETS``, a JSON object
+    ``{name: {xla option: value}}``, replaces them, e.g. to try other sets), ``"default"`` (none:
+    XLA's defaults, no trial) or comma-separated names of :data:`OPTION_SETS`. One-line
+    ValueError for anything else."""
+    import json
+    import os
+
+    if spec == "default":
+        return {}
+    if spec == "auto":
+        custom = os.environ.get(ENV_SETS)
+        if custom:
+            try:
+                sets = json.loads(custom)
+            except ValueError as e:
+                raise ValueError(f"${ENV_SETS} is not JSON: {e}") from None
+            if not isinstance(sets, dict) or not all(isinstance(v, dict) for v in sets.values()):
+                raise ValueError(f"${ENV_SETS} must be a JSON object {{name: {{option: value}}}}")
+            return {str(k): dict(v) for k, v in sets.items()}
+        return candidate_sets()
+    names = tuple(n.strip() for n in spec.split(",") if n.strip())
+    unknown = [n for n in names if n not in OPTION_SETS]
+    if not names or unknown:
+        raise ValueError(
+            f"--xla-options must be auto, default or names of {', '.join(OPTION_SETS)}; got {spec!r}"
+        )
+    return {n: OPTION_SETS[n] for n in names if n != "default"} if jax.default_backend() == "gpu" else {}
+
+
+__all__ = [
+    "DEFAULT_CANDIDATES", "DEFAULT_MARGIN", "DEFAULT_ROUNDS", "ENV_SETS", "TrialStep", "candidate_sets",
+    "sets_from_spec",
+]
