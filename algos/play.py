@@ -273,6 +273,11 @@ def play(
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"play: episodes must be a positive int, got {episodes!r}")
     act = load_policy(run_dir)
+    import envs
+
+    # an env added with envs.register in the training process: its "module:function" is in
+    # policy.json (the module must be importable here, as it was there)
+    envs.ensure_registered(act.meta["env"], act.meta.get("env_factory"))
     env = act.make_env()
     limit = env.episode_length if max_steps is None else int(max_steps)
     renderer = None
