@@ -668,3 +668,74 @@ def test_multiprocess_headline_reports_sweep_groups_and_offload_and_skips_unmeas
     assert "quotas [30, 70] (driver, worker): not applied" in lines[3] and "1.22x" in lines[3]
     assert "2026-12-04 08:23 UTC on NVIDIA H200" in text and "8192" not in text
     assert report.multiprocess_headline(str(tmp_path / "none")) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmarks/README.md lists every committed results file
+
+
+def test_benchmarks_readme_lists_every_committed_results_file():
+    """Every file under benchmarks/results (git's tracked files) is in a row of benchmarks/README.md's
+    '## Results' table, with the command that wrote it; a listed file that is gone fails too.
+    `python -m benchmarks.suite.report --results-files` prints each file with the command it records."""
+    missing, stale = report.results_listing_gaps()
+    assert not missing, f"benchmarks/README.md '## Results' does not list: {missing}"
+    assert not stale, f"benchmarks/README.md '## Results' lists files that are not committed: {stale}"
+
+
+def test_results_listing_expands_braces_and_reads_recorded_commands(tmp_path):
+    import json
+
+    results = tmp_path / "results"
+    (results / "exp" / "logs").mkdir(parents=True)
+    (results / "exp" / "results.json").write_text(json.dumps({"machine": {"command": "python -m x --a"}}))
+    (results / "exp" / "results.md").write_text("# t\n\nCommand: `python -m x --a`\n")
+    (results / "exp" / "results.png").write_bytes(b"\x89PNG")
+    (results / "exp" / "logs" / "run.log").write_text("[0.1s] start\n")
+    (results / "other.json").write_text(json.dumps({"argv": ["python", "y.py", "--b"]}))
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "## Commands\n\n| `results/not-a-listing.json` | x |\n\n"
+        "## Results\n\n| results | command |\n|---|---|\n"
+        "| `results/exp/results.{json,md,png}`, `results/gone.json` | `python -m x` (`results/other.json`)\n"
+    )
+    assert report.expand_braces("a/{b,c}.{json,md}") == ["a/b.json", "a/b.md", "a/c.json", "a/c.md"]
+    missing, stale = report.results_listing_gaps(str(readme), str(results))
+    assert missing == ["results/exp/logs/run.log", "results/other.json"]  # only a row's first cell lists
+    assert stale == ["results/gone.json"]
+    assert report.recorded_command(str(results / "exp" / "results.json")) == "python -m x --a"
+    assert report.recorded_command(str(results / "exp" / "results.md")) == "python -m x --a"
+    assert report.recorded_command(str(results / "other.json")) == "python y.py --b"
+    assert report.recorded_command(str(results / "exp" / "logs" / "run.log")) is None
+    table = report.results_files_table(str(results))
+    assert "| `results/exp/results.json` | python -m x --a |" in table
+    assert "| `results/exp/results.png` | - |" in table
+
+
+def test_multiprocess_headline_puts_end_to_end_beside_the_timed_window(tmp_path):
+    """The sweep's rows say which rate they are: the timed window (compilation excluded) and, where the
+    phases recorded it, end to end (all env steps over the whole wall time) against the same for the
+    runs one after another. Synthetic numbers."""
+    import json
+
+    base = tmp_path / "multiprocess"
+    base.mkdir()
+    (base / "sweep.json").write_text(json.dumps({
+        "machine": {"date": "2026-01-01 00:00 UTC", "gpu": "GPU X", "jax": "0.11.2"},
+        "workload": {"algo": "ppo", "env": "ant", "seeds": 4, "config": {"num_envs": 2048},
+                     "iterations_per_run": 150, "env_steps_per_iteration": 20480},
+        "summary": {"sequential_rate": 500.0, "vmapped_rate": 1000.0, "vmapped_speedup": 2.0,
+                    "mps_rate": 900.0, "mps_speedup": 1.8},
+        "phases": {"sequential": {"end_to_end_rate": 200.0}, "vmapped": {"end_to_end_rate": 230.0},
+                   "mps": {"end_to_end_rate": 170.0, "sweep": {"quotas": [25, 25, 25, 25]}}},
+    }))
+    text = report.multiprocess_headline(str(tmp_path))
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ") and "workload" not in ln]
+    what, mps = "| 4 seeds of PPO ant 2048 envs:", "MPS processes, slack-aware quotas (25/25/25/25 %)"
+    assert lines == [
+        f"{what} vmapped (one program), timed | 500 | 1,000 | 2.00x |",
+        f"{what} vmapped (one program), end to end | 200 | 230 | 1.15x |",
+        f"{what} {mps}, timed | 500 | 900 | 1.80x |",
+        f"{what} {mps}, end to end | 200 | 170 | 0.85x |",
+    ]
+    assert "each run 150 iterations (3,072,000 env steps)" in text

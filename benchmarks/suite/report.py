@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import subprocess
 from typing import Any, Sequence
 
 from rose_jax.io import atomic_write_json, atomic_write_text
@@ -493,7 +494,9 @@ def _suite_headline(name: str, root: str | None, complete_only: bool = False) ->
 # Experiments whose results.json rows share the fields workload / baseline_env_steps_per_s /
 # rose_env_steps_per_s / speedup / equal / plan (issues' acceptance schema): folder, title.
 EXPERIMENTS = (
-    ("overlap", "Overlap inside one program (`python -m benchmarks.experiments.overlap`)"),
+    ("overlap", "Overlap inside one program (`python -m benchmarks.experiments.overlap`); baseline = the "
+     "faster of our single-jit loop and Brax's own trainer as shipped (XLA's default flags, timed in "
+     "separate `--brax-only` calls)"),
     ("loops", "MJX's solver while loop: bounded masked scan vs XLA command-buffer options, plan = the "
      "fastest equal variant (`python -m benchmarks.experiments.loops`)"),
 )
@@ -524,7 +527,7 @@ def experiment_headline(name: str, title: str, root: str | None = None) -> str |
     header = ["workload", "baseline env-steps/s", "rose-jax env-steps/s", "speedup", "equal", "plan"]
     if any(r.get("brax_env_steps_per_s") for r in rows):
         # rows that also timed Brax's own trainer on the same workload (loops --brax)
-        header.append("Brax's trainer env-steps/s (rose-jax vs it)")
+        header.append("Brax's trainer as shipped, env-steps/s (rose-jax vs it)")
         for line, r in zip(body, rows, strict=True):
             brax = r.get("brax_env_steps_per_s")
             line.append(
@@ -598,7 +601,7 @@ def multiprocess_headline(root: str | None = None) -> str | None:
     processes vs one after another, env groups in processes vs the fused iteration, the offloaded
     evaluation with and without its SM quota."""
     base = os.path.join(root or common.RESULTS_DIR, "multiprocess")
-    body, sources, when = [], [], None
+    body, sources, when, run_note = [], [], None, ""
     sweep_path = os.path.join(base, "sweep.json")
     if os.path.exists(sweep_path):
         doc = load(sweep_path)
@@ -608,20 +611,39 @@ def multiprocess_headline(root: str | None = None) -> str | None:
             f"{w.get('config', {}).get('num_envs', '?')} envs"
         )
         seq = s.get("sequential_rate")
+        # end to end: all env steps over the phase's whole wall time (process start and compilation
+        # included), beside the timed window (compilation excluded) the summary's rates are
+        phases = doc.get("phases") or {}
+        seq_e2e = (phases.get("sequential") or {}).get("end_to_end_rate")
         for label, key in (
             ("vmapped (one program)", "vmapped"),
             ("MPS processes, slack-aware quotas", "mps"),
             ("MPS processes, no quotas", "mps_no_quota"),
         ):
+            quotas = ((phases.get(key) or {}).get("sweep") or {}).get("quotas") or []
+            if key == "mps" and quotas and None not in quotas:
+                label += f" ({'/'.join(map(str, quotas))} %)"
             if s.get(f"{key}_rate") is not None:
                 body.append(
                     [
-                        f"{what}: {label}",
+                        f"{what}: {label}, timed",
                         _fmt_rate(seq),
                         _fmt_rate(s[f"{key}_rate"]),
                         "—" if s.get(f"{key}_speedup") is None else f"{s[f'{key}_speedup']:.2f}x",
                     ]
                 )
+            e2e = (phases.get(key) or {}).get("end_to_end_rate")
+            if e2e and seq_e2e:
+                body.append(
+                    [
+                        f"{what}: {label}, end to end",
+                        _fmt_rate(seq_e2e),
+                        _fmt_rate(e2e),
+                        f"{e2e / seq_e2e:.2f}x",
+                    ]
+                )
+        iters, spi = w.get("iterations_per_run"), w.get("env_steps_per_iteration")
+        run_note = f"; each run {iters} iterations ({iters * spi:,} env steps)" if iters and spi else ""
         sources.append(os.path.relpath(sweep_path, os.path.dirname(README)))
         when = (doc.get("machine") or {}, doc.get("machine", {}).get("date"))
     groups_path = os.path.join(base, "env_groups.json")
@@ -674,7 +696,9 @@ def multiprocess_headline(root: str | None = None) -> str | None:
         "Several processes on one GPU (`python -m benchmarks.experiments.sweep`, "
         f"`python -m benchmarks.experiments.env_groups --mps-client`): {date} on "
         f"{machine.get('gpu') or machine.get('platform', '?')}; jax {machine.get('jax', '?')}. Sweep rows: "
-        "aggregate env-steps/s (compilation excluded) vs the same runs one after another. Generated from "
+        "aggregate env-steps/s vs the same runs one after another, timed (compilation and process start "
+        f"excluded) and end to end (all env steps over the whole wall time, both included){run_note}. "
+        "Generated from "
         + ", ".join(f"`{p}`" for p in sources)
         + f".\n\n{table}\n"
     )
@@ -718,6 +742,102 @@ def update_readme(path: str = README, suite: str = "auto", root: str | None = No
     return block
 
 
+# ------------------------------------------------------------------------------ results files
+
+BENCHMARKS_README = os.path.join(common.BENCHMARKS_DIR, "README.md")
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def committed_results(results_dir: str | None = None) -> list[str]:
+    """Every committed file under ``results_dir`` (default benchmarks/results), spelled as
+    benchmarks/README.md spells them (``results/...``), sorted: git's tracked files that exist; outside
+    a git checkout (or with nothing tracked there), every file."""
+    results_dir = os.path.abspath(results_dir or common.RESULTS_DIR)
+    base, name = os.path.split(results_dir)
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--", name], cwd=base, capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    files = [f for f in out.split("\0") if f and os.path.isfile(os.path.join(base, f))]
+    if not files:
+        files = [
+            os.path.relpath(os.path.join(d, f), base) for d, _, names in os.walk(results_dir) for f in names
+        ]
+    return sorted(f.replace(os.sep, "/") for f in files)
+
+
+def recorded_command(path: str) -> str | None:
+    """The command line a results file records: a JSON's ``command`` (or ``machine.command``, or
+    ``argv``), a Markdown or text file's first ``command: `...` `` (any case); None where there is none
+    (images, most logs: benchmarks/README.md names the command of those)."""
+    if path.endswith(".json"):
+        try:
+            doc = load(path)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(doc, dict):
+            return None
+        machine = doc.get("machine") if isinstance(doc.get("machine"), dict) else {}
+        cmd = doc.get("command") or machine.get("command") or doc.get("argv")
+    elif path.endswith((".md", ".txt", ".log")):
+        with open(path, errors="replace") as f:
+            m = re.search(r"command:?\s*`([^`]+)`", f.read(200_000), flags=re.I)
+        cmd = m.group(1) if m else None
+    else:
+        return None
+    if isinstance(cmd, list):
+        cmd = " ".join(map(str, cmd))
+    return cmd or None
+
+
+def results_files_table(results_dir: str | None = None) -> str:
+    """Markdown: every committed results file and the command it records ('-': none; see
+    benchmarks/README.md), to write and check that README's list from."""
+    results_dir = os.path.abspath(results_dir or common.RESULTS_DIR)
+    base = os.path.dirname(results_dir)
+    rows = [
+        [f"`{f}`", (recorded_command(os.path.join(base, f)) or "-").replace("|", "/")]
+        for f in committed_results(results_dir)
+    ]
+    return common.markdown_table(["file", "command it records"], rows)
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``a.{json,md}`` -> ``["a.json", "a.md"]`` (several groups: every combination, in order)."""
+    m = _BRACES.search(pattern)
+    if m is None:
+        return [pattern]
+    return [
+        p
+        for alt in m.group(1).split(",")
+        for p in expand_braces(pattern[: m.start()] + alt.strip() + pattern[m.end() :])
+    ]
+
+
+def listed_results(text: str) -> set[str]:
+    """The files a benchmarks/README.md text lists under ``## Results``: the backticked ``results/...``
+    paths in the first cell of each table row, brace groups expanded."""
+    section = next((s for s in re.split(r"^## ", text, flags=re.M) if s.startswith("Results")), "")
+    out: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| "):
+            for token in re.findall(r"`(results/[^`]+)`", line.split(" | ")[0]):
+                out.update(expand_braces(token))
+    return out
+
+
+def results_listing_gaps(
+    readme: str = BENCHMARKS_README, results_dir: str | None = None
+) -> tuple[list[str], list[str]]:
+    """(committed results files ``readme`` does not list, files it lists that are not committed)."""
+    with open(readme) as f:
+        listed = listed_results(f.read())
+    files = set(committed_results(results_dir))
+    return sorted(files - listed), sorted(listed - files)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description="Regenerate suite tables/plots and the README results block from JSON."
@@ -728,7 +848,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--readme-path", default=README, help="the README to update (default: the repo's)")
     p.add_argument("--results-dir", default=None, help=f"suite results root (default {SUITE_DIR})")
+    p.add_argument(
+        "--results-files",
+        action="store_true",
+        help="print every committed file under benchmarks/results with the command it records, and those "
+        "benchmarks/README.md does not list",
+    )
     args = p.parse_args(argv)
+    if args.results_files:
+        print(results_files_table())
+        missing, stale = results_listing_gaps()
+        print(f"\nnot listed in benchmarks/README.md: {missing or 'none'}; listed, absent: {stale or 'none'}")
+        return 1 if missing or stale else 0
     try:
         if args.readme:
             block = update_readme(args.readme_path, args.suite or "auto", args.results_dir)
