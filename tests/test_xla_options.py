@@ -50,7 +50,7 @@ def test_slower_set_is_not_kept(monkeypatch):
     lines = []
     step = xla_options.TrialStep(unit, {"slow": {"xla_backend_optimization_level": 3}}, rounds=2,
                                  log=lines.append)
-    step.prepare(start())
+    step.prepare(start(), wait=True)
     fast = step.builds["slow"]
 
     def slowed(state):  # stand-in: this build made 20 ms slower per unit
@@ -68,7 +68,7 @@ def test_slower_set_is_not_kept(monkeypatch):
 def test_faster_set_is_kept_and_recorded():
     lines = []
     step = xla_options.TrialStep(unit, {"fast": {}}, rounds=2, log=lines.append)
-    step.prepare(start())
+    step.prepare(start(), wait=True)
     default = step.builds["default"]
 
     def slowed(state):  # stand-in: the default build made 20 ms slower per unit

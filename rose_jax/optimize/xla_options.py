@@ -4,16 +4,19 @@ What the search keeps on nearly every GPU workload is an XLA option set (command
 scheduled ``CONCURRENT``: :data:`rose_jax.optimize.streams.OPTION_SETS`). ``rose-jax train``
 applies it without ``--optimize``, through :class:`TrialStep`:
 
-1. The unit ``train`` runs per report (an iteration or an epoch) is compiled once per option set
-   (``"default"`` = XLA's defaults, what the algorithm's own ``jax.jit`` builds, plus each
-   candidate set), the compiles side by side in threads (XLA releases the GIL), so the wall time
-   is about one compile. A set whose compile fails is refused, with the reason.
-2. The first ``2 * rounds`` units of the run alternate between the builds (``default``, then each
-   candidate, ``rounds`` times; each unit is timed to ``block_until_ready``). They are the run's
-   own units, not extra work: every build computes the same ``state -> (state, metrics)``, since an
-   option set changes how XLA launches the kernels (CUDA-graph capture and its scheduling), not the
-   HLO it fuses nor the arithmetic (checked bitwise under deterministic ops by the search on the
-   H200, benchmarks/results/overlap/ and loops/).
+1. The unit ``train`` runs per report (an iteration or an epoch) is traced and lowered once and
+   compiled under the first candidate set, as the plain run compiles its one build; the other
+   builds (``"default"`` = XLA's defaults, what the algorithm's own ``jax.jit`` builds, and the
+   other candidates) compile in background threads (XLA releases the GIL) while the first build
+   already trains, so the trial adds no compile time to the run's start. A set whose compile
+   fails is refused, with the reason (the first one failing: the default build is compiled
+   instead, at once).
+2. The first units of the run go to the ready build with the fewest timed units (each unit timed
+   to ``block_until_ready``) until every build has ``rounds``. They are the run's own units, not
+   extra work: every build computes the same ``state -> (state, metrics)``, since an option set
+   changes how XLA launches the kernels (CUDA-graph capture and its scheduling), not the HLO it
+   fuses nor the arithmetic (checked bitwise under deterministic ops by the search on the H200,
+   benchmarks/results/overlap/ and loops/).
 3. The build with the lowest median time is kept for the rest of the run, unless it is not faster
    than ``default`` by ``margin`` (noise), and one line says what was kept and why.
 
@@ -32,25 +35,37 @@ import jax
 
 from rose_jax.optimize.streams import OPTION_SETS
 
-# Candidate sets tried by default on a GPU: CONCURRENT command buffers with and without captured
-# loops (the two sets the search kept on the H200: SAC ant "concurrent", SAC hopper and every
-# MJX loops row "concurrent_no_loops").
-DEFAULT_CANDIDATES = ("concurrent", "concurrent_no_loops")
+# The sets tried by default on a GPU, first to last. "concurrent_scheduling" is what an informed
+# user sets globally (XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT: XLA's default
+# command-buffer types, scheduled CONCURRENT); on the H200 (benchmarks/results/default_options/,
+# 2026-12-04) it ran PPO ant 4096's whole run at 1.11M env-steps/s against 1.03M with XLA's
+# defaults, and Brax's SAC hopper high-update at 9,624 vs 6,846 (issue 30's measurement).
+# "concurrent_no_loops" (the same with an explicit list of command types, loops not captured) is
+# what the search kept on SAC hopper and every MJX loops row (benchmarks/results/overlap/, loops/).
+SETS: dict[str, dict[str, Any]] = {
+    "concurrent_scheduling": {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"},
+    **OPTION_SETS,
+}
+DEFAULT_CANDIDATES = ("concurrent_scheduling", "concurrent_no_loops")
 DEFAULT_ROUNDS = 3
 # a candidate must beat the default build's median by this share to be kept (timing noise)
 DEFAULT_MARGIN = 0.02
 
 
 def candidate_sets(names: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
-    """``{name: XLA options}`` to try besides the default build: the named sets of
-    :data:`OPTION_SETS` (default :data:`DEFAULT_CANDIDATES`), none on a CPU backend."""
+    """``{name: XLA options}`` to try besides the default build: the named sets of :data:`SETS`
+    (default :data:`DEFAULT_CANDIDATES`), none on a CPU backend."""
     if jax.default_backend() != "gpu":
         return {}
     names = DEFAULT_CANDIDATES if names is None else names
-    unknown = [n for n in names if n not in OPTION_SETS]
+    unknown = [n for n in names if n not in SETS]
     if unknown:
-        raise ValueError(f"unknown XLA option set(s) {unknown}; known: {', '.join(OPTION_SETS)}")
-    return {n: OPTION_SETS[n] for n in names if n != "default"}
+        raise ValueError(f"unknown XLA option set(s) {unknown}; known: {', '.join(SETS)}")
+    return {n: SETS[n] for n in names if n != "default"}
+
+
+def _reason(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:200]
 
 
 class TrialStep:
@@ -90,35 +105,58 @@ class TrialStep:
         self.chosen: str | None = None if self.candidates else "default"
         self.line: str | None = None
         self._order: list[str] = []
-        self._calls = 0
+        self._pending: dict[str, Any] = {}
+        self._pool: ThreadPoolExecutor | None = None
 
     # -------------------------------------------------------------------------- compiling
     def _lower(self, state: Any):
         """Traced and lowered once; each option set compiles this same lowering."""
         return jax.jit(self.fn, donate_argnums=(0,) if self.donate else ()).lower(state)
 
-    def prepare(self, state: Any) -> None:
-        """Compile every build now, from ``state``'s shapes (the first call does it otherwise)."""
+    def prepare(self, state: Any, wait: bool = False) -> None:
+        """Compile the first build now, from ``state``'s shapes, and start the others' compiles
+        in the background (the first call does it otherwise); ``wait``: until all are done."""
         if self.builds:
+            if wait:
+                self._harvest(wait=True)
             return
-        if not self.candidates:
-            self.builds["default"] = self._lower(state).compile()
-            return
-        sets = {"default": {}, **self.candidates}
         lowered = self._lower(state)
-        with ThreadPoolExecutor(max_workers=len(sets)) as pool:
-            futures = {name: pool.submit(lowered.compile, compiler_options=opts or None)
-                       for name, opts in sets.items()}
-            for name, future in futures.items():
-                try:
-                    self.builds[name] = future.result()
-                except Exception as e:  # a set this jaxlib or GPU does not take: refused, said why
-                    if name == "default":
-                        raise
-                    self.refused[name] = " ".join(f"{type(e).__name__}: {e}".split())[:200]
-        self._order = [n for n in sets if n in self.builds]
-        self.times = {n: [] for n in self._order}
-        if len(self._order) == 1:
+        if not self.candidates:
+            self.builds["default"] = lowered.compile()
+            return
+        names = list(self.candidates)
+        first = names[0]
+        try:
+            self.builds[first] = lowered.compile(compiler_options=self.candidates[first] or None)
+        except Exception as e:  # a set this jaxlib or GPU does not take: refused, said why
+            self.refused[first] = _reason(e)
+            self.builds["default"] = lowered.compile()
+        rest = {n: self.candidates.get(n, {}) for n in ["default", *names[1:]] if n not in self.builds}
+        self._order = ["default", *names]
+        self.times = {n: [] for n in self.builds}
+        if rest:
+            self._pool = ThreadPoolExecutor(max_workers=len(rest), thread_name_prefix="xla-options")
+            self._pending = {n: self._pool.submit(lowered.compile, compiler_options=opts or None)
+                             for n, opts in rest.items()}
+        self._harvest(wait=wait)
+
+    def _harvest(self, wait: bool = False) -> None:
+        """Take the background compiles that have finished (all of them with ``wait``)."""
+        for name, future in list(self._pending.items()):
+            if not (wait or future.done()):
+                continue
+            del self._pending[name]
+            try:
+                self.builds[name] = future.result()
+                self.times[name] = []
+            except Exception as e:
+                if name == "default":  # the algorithm's own jit would fail the same way
+                    raise
+                self.refused[name] = _reason(e)
+        if not self._pending and self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+        if not self._pending and len(self.builds) == 1:
             self._decide()
 
     # -------------------------------------------------------------------------- running
@@ -126,12 +164,15 @@ class TrialStep:
         self.prepare(state)
         if self.chosen is not None:
             return self.builds[self.chosen](state)
-        name = self._order[self._calls % len(self._order)]
-        self._calls += 1
+        self._harvest()
+        if self.chosen is not None:
+            return self.builds[self.chosen](state)
+        ready = [n for n in self._order if n in self.builds]
+        name = min(ready, key=lambda n: len(self.times[n]))
         t0 = time.perf_counter()
         out = jax.block_until_ready(self.builds[name](state))
         self.times[name].append(time.perf_counter() - t0)
-        if all(len(t) >= self.rounds for t in self.times.values()):
+        if not self._pending and all(len(self.times[n]) >= self.rounds for n in self.builds):
             self._decide()
         return out
 
@@ -195,12 +236,10 @@ def sets_from_spec(spec: str) -> dict[str, dict[str, Any]]:
             return {str(k): dict(v) for k, v in sets.items()}
         return candidate_sets()
     names = tuple(n.strip() for n in spec.split(",") if n.strip())
-    unknown = [n for n in names if n not in OPTION_SETS]
+    unknown = [n for n in names if n not in SETS]
     if not names or unknown:
-        raise ValueError(
-            f"--xla-options must be auto, default or names of {', '.join(OPTION_SETS)}; got {spec!r}"
-        )
-    return {n: OPTION_SETS[n] for n in names if n != "default"} if jax.default_backend() == "gpu" else {}
+        raise ValueError(f"--xla-options must be auto, default or names of {', '.join(SETS)}; got {spec!r}")
+    return {n: SETS[n] for n in names if n != "default"} if jax.default_backend() == "gpu" else {}
 
 
 __all__ = [
