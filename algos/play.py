@@ -91,17 +91,18 @@ def mj_model_for(env_name: str, env_kwargs: dict[str, Any] | None = None):
     a floor and lights.
     """
     import envs
+    from envs import mjcf
 
     kwargs = dict(env_kwargs or {})
     target = envs.factory_path(env_name)
     source = _model_source(env_name)
     if source == "playground":
-        with envs.quiet_warp_notice():
+        with mjcf.quiet_warp_notice():
             from mujoco_playground import registry
 
         return registry.load(env_name.split(":", 1)[1], config_overrides={"impl": "jax"}).mj_model
     if source == "brax":
-        with envs.quiet_warp_notice():
+        with mjcf.quiet_warp_notice():
             import brax.envs
 
         brax_name = target.split(":")[1].removeprefix("make_")
@@ -112,8 +113,6 @@ def mj_model_for(env_name: str, env_kwargs: dict[str, Any] | None = None):
         }
         return brax.envs.get_environment(brax_name, backend="mjx", **extra).sys.mj_model
     if source in ("mjcf", "asset"):
-        from envs import mjcf
-
         if source == "mjcf" and "xml" not in kwargs:
             raise ValueError(f"env {env_name!r}: no xml= among its arguments, so no model to render")
         xml = kwargs["xml"] if source == "mjcf" else mjcf.ASSETS / _MJCF_ASSETS[target]

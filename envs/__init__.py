@@ -7,12 +7,7 @@ imported lazily, so ``import envs`` stays cheap (Brax and MuJoCo load only when 
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
-import re
-import sys
-from collections.abc import Iterator
 
 from envs.core import Dynamics, Env, EnvState, build
 
@@ -42,30 +37,6 @@ _PREFIXES: dict[str, str] = {
     "playground": "envs.playground:make_playground",
     "gymnax": "envs.gymnax_envs:make_gymnax",
 }
-
-
-# What ``mujoco.mjx.warp`` prints (a bare ``print``: no logger, no variable turns it off) the first
-# time anything imports ``mujoco.mjx`` (MJX envs, Brax, Playground) without the optional Warp
-# package. rose-jax runs MJX with ``impl="jax"``, so a missing Warp is expected, not an error.
-_WARP_NOTICE = re.compile(r"Failed to import (warp|mujoco_warp): No module named 'warp'\n?")
-
-
-@contextlib.contextmanager
-def quiet_warp_notice() -> Iterator[None]:
-    """Around the import of ``mujoco.mjx`` / ``brax`` / ``mujoco_playground``: drop exactly
-    MJX's "Failed to import warp: No module named 'warp'" lines (and the ``mujoco_warp`` one);
-    anything else printed meanwhile is passed on. Once ``mujoco.mjx.warp`` is imported it never
-    prints again, so then this does nothing."""
-    if "mujoco.mjx.warp" in sys.modules:
-        yield
-        return
-    buffer = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buffer):
-            yield
-    finally:
-        lines = buffer.getvalue().splitlines(keepends=True)
-        sys.stdout.write("".join(line for line in lines if not _WARP_NOTICE.fullmatch(line)))
 
 
 def names() -> list[str]:
@@ -174,6 +145,5 @@ __all__ = [
     "known",
     "make",
     "names",
-    "quiet_warp_notice",
     "register",
 ]

@@ -29,9 +29,9 @@ def to_brax(env: Env) -> Any:
     """
     if not isinstance(env, Env):
         raise TypeError(f"to_brax: expected an envs.core.Env, got {type(env).__name__}")
-    import envs
+    from envs.mjcf import quiet_warp_notice
 
-    with envs.quiet_warp_notice():
+    with quiet_warp_notice():
         from brax.envs.base import Env as BraxEnv
         from brax.envs.base import State
 

@@ -92,9 +92,9 @@ def make_brax(
         raise ValueError(
             f"env {env_name!r}: unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}"
         )
-    import envs
+    from envs.mjcf import quiet_warp_notice
 
-    with envs.quiet_warp_notice():
+    with quiet_warp_notice():
         import brax.envs  # slow import: only when a Brax env is asked for
 
     known = sorted(getattr(brax.envs, "_envs", {}))

@@ -18,8 +18,13 @@ Only APIs of mujoco-mjx 3.17.0 are used (``put_model``, ``make_data``, ``forward
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pathlib
+import re
+import sys
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import jax
@@ -29,6 +34,30 @@ import numpy as np
 from envs.core import Dynamics, Env, build
 
 ASSETS = pathlib.Path(__file__).resolve().parent / "assets"
+
+# What ``mujoco.mjx.warp`` prints (a bare ``print``: no logger, no variable turns it off) the first
+# time anything imports ``mujoco.mjx`` (MJX envs, Brax, Playground) without the optional Warp
+# package. rose-jax runs MJX with ``impl="jax"``, so a missing Warp is expected, not an error.
+_WARP_NOTICE = re.compile(r"Failed to import (warp|mujoco_warp): No module named 'warp'\n?")
+
+
+@contextlib.contextmanager
+def quiet_warp_notice() -> Iterator[None]:
+    """Around the import of ``mujoco.mjx`` / ``brax`` / ``mujoco_playground``: drop exactly
+    MJX's "Failed to import warp: No module named 'warp'" lines (and the ``mujoco_warp`` one);
+    anything else printed meanwhile is passed on. Once ``mujoco.mjx.warp`` is imported it never
+    prints again, so then this does nothing."""
+    if "mujoco.mjx.warp" in sys.modules:
+        yield
+        return
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        lines = buffer.getvalue().splitlines(keepends=True)
+        sys.stdout.write("".join(line for line in lines if not _WARP_NOTICE.fullmatch(line)))
+
 
 # (mjx.Model, mjx.Data before the step, mjx.Data after it, action in [-1, 1]) -> () reward
 RewardFn = Callable[[Any, Any, Any, jax.Array], jax.Array]
@@ -132,9 +161,7 @@ def make_mjcf(
       An ``Env``: obs ``(nq - skip_qpos + nv,)``, action ``(nu,)``, env step
       ``n_substeps * opt.timestep`` seconds.
     """
-    import envs
-
-    with envs.quiet_warp_notice():
+    with quiet_warp_notice():
         from mujoco import mjx
 
     if not isinstance(n_substeps, int) or n_substeps < 1:

@@ -72,10 +72,10 @@ def from_brax_like(
 
 def names() -> list[str]:
     """``playground:<Name>`` for every dm_control suite env of the installed Playground ([] if none)."""
-    import envs
+    from envs.mjcf import quiet_warp_notice
 
     try:
-        with envs.quiet_warp_notice():
+        with quiet_warp_notice():
             from mujoco_playground import registry
     except ImportError:
         return []
@@ -94,10 +94,10 @@ def make_playground(
 
     ``episode_length`` defaults to the env config's own (1000 for the dm_control suite).
     """
-    import envs
+    from envs.mjcf import quiet_warp_notice
 
     try:
-        with envs.quiet_warp_notice():
+        with quiet_warp_notice():
             from mujoco_playground import registry
     except ImportError:
         raise ValueError(

@@ -124,7 +124,8 @@ def test_no_warp_notice_from_rose_jax_envs_or_an_mjx_env(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = (
         "import envs\n"
-        "with envs.quiet_warp_notice():\n"
+        "from envs.mjcf import quiet_warp_notice\n"
+        "with quiet_warp_notice():\n"
         "    print('kept before')\n"
         "    from mujoco import mjx\n"
         "    print('kept after')\n"
