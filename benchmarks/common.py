@@ -150,6 +150,15 @@ def fmt(x: Any, spec: str = ".1f", none: str = "-") -> str:
     return format(x, spec)
 
 
+NOT_CHECKED = "not checked"
+
+
+def fmt_equal(x: Any) -> str:
+    """An ``equal`` field for a table: ``"not checked"`` for None (a row or candidate whose
+    equality was never checked, e.g. no plan was kept), else ``str(x)``."""
+    return NOT_CHECKED if x is None else str(x)
+
+
 def save_plot(fig, path: str) -> None:
     """Save a matplotlib figure atomically as PNG."""
     buf = io.BytesIO()

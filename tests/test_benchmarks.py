@@ -619,13 +619,17 @@ def test_readme_block_lists_experiment_results(tmp_path):
                   "rose_env_steps_per_s": 130.0, "speedup": 1.3, "equal": True, "plan": "options_no_loops"},
                  {"workload": "ppo_iteration/hopper", "baseline_env_steps_per_s": 100.0,
                   "rose_env_steps_per_s": 130.0, "speedup": 1.3, "equal": True, "plan": "options_no_loops",
-                  "brax_env_steps_per_s": 104.0}],
+                  "brax_env_steps_per_s": 104.0},
+                 # nothing kept: nothing compared, equal null ("not checked")
+                 {"workload": "ppo_eval/hopper", "baseline_env_steps_per_s": 100.0,
+                  "rose_env_steps_per_s": 100.0, "speedup": 1.0, "equal": None, "plan": "none"}],
     }))
     block = report.readme_block("auto", str(tmp_path / "suite"))
     assert "| sac-ant-128 | 100 (Brax) | 150 | 1.50x | True | options(concurrent) |" in block
     # Brax's own trainer beside the loops rows that timed it, blank where it was not timed
     assert "| ppo_iteration/hopper | 100 | 130 | 1.30x | True | options_no_loops | 104 (1.25x) |" in block
     assert "| physics/hopper | 100 | 130 | 1.30x | True | options_no_loops |  |" in block
+    assert "| ppo_eval/hopper | 100 | 100 | 1.00x | not checked | none |  |" in block
     assert "ppo-ant-2048" not in block  # a skipped row has no numbers to show
     assert "| ppo ant | 50,000,000 | 2/1 | 1500 | 2300 | 140 | - |" in block
 

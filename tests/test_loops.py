@@ -455,12 +455,17 @@ def test_benchmark_smoke_mode_writes_results(loops_smokes):
     rows = result["rows"]
     assert [r["workload"] for r in rows] == ["physics/hopper"]
     row = rows[0]
-    assert row["error"] is None and row["equal"] is True
+    assert row["error"] is None
     assert row["baseline_env_steps_per_s"] > 0 and row["rose_env_steps_per_s"] > 0
     assert set(row["variants"]) == {"where", "options_concurrent"}
     assert row["plan"] in ("none", "where", "options_concurrent")
-    opts = row["variants"]["options_concurrent"]
-    assert opts["equal"] is True and opts["tolerance"]["rtol"] == 0
+    # the row's equal is the kept plan's own comparison; plan none: not checked (None), never True
+    if row["plan"] == "none":
+        assert row["equal"] is None and "| not checked | none |" in (tmp_path / "results.md").read_text()
+    else:
+        assert row["equal"] is row["variants"][row["plan"]]["equal"] is True
+    opts = row["variants"]["options_concurrent"]  # compared whatever the plan: max_abs_diff recorded
+    assert opts["equal"] is True and opts["max_abs_diff"] == 0.0 and opts["tolerance"]["rtol"] == 0
     assert opts["options"] == "concurrent" and row["variants"]["where"]["options"] == "default"
     assert "not run" in (tmp_path / "results.md").read_text()  # cond / unrolled columns
     assert {"machine", "versions", "command", "date"} <= set(result)
@@ -576,11 +581,71 @@ def test_loops_experiment_refuses_masked_scans_above_max_bound_without_compiling
     row = B.run_row("physics/mjx_swimmer", args)
     where = row["variants"]["where"]
     assert "speedup" not in where and "bound 100 exceeds max_bound=16" in where["not_run"]
-    assert row["variants"]["options_concurrent"]["equal"] is True
-    assert row["plan"] in ("none", "options_concurrent") and row["equal"] is True
+    opts = row["variants"]["options_concurrent"]
+    assert opts["equal"] is True and opts["max_abs_diff"] == 0.0  # compared, whatever the plan
+    assert row["plan"] in ("none", "options_concurrent")
+    # the row's equal: the kept plan's comparison, or None (not checked) when nothing was kept
+    assert row["equal"] is (None if row["plan"] == "none" else True)
     assert B._cell(where) == "refused (bound)"
     args.max_bound = 128
     assert "speedup" in B.run_row("physics/mjx_swimmer", args)["variants"]["where"]
+
+
+def _bounded_solver_case():
+    from benchmarks.experiments import loops as B
+
+    def solver(x):
+        return jax.lax.while_loop(
+            lambda c: (c[0] < 4) & (c[1].sum() > 0.5), lambda c: (c[0] + 1, c[1] * 0.9), (0, x)
+        )[1]
+
+    return B.Case(fn=solver, args=(jnp.ones(2),), env_steps=2, chain=None, loops=[])
+
+
+def test_loops_experiment_refuses_variants_whose_equality_compile_fails(monkeypatch):
+    """loops.run_row: where the compile for the equality check (deterministic ops on a GPU) fails,
+    the variant is refused with that reason, never checked without the options; the original's
+    failing refuses every variant. Stand-ins: a synthetic bounded loop replaces the MJX env; on this
+    CPU the equality options are forced on (equality_options), made to fail by an option name XLA
+    does not know (the original's case) or by dropping one variant's compile from compile_all's
+    equality set with a recorded failure (the one-variant case)."""
+    import argparse
+
+    from benchmarks.experiments import loops as B
+
+    monkeypatch.setattr(B, "build_case", lambda workload, args: _bounded_solver_case())
+    args = argparse.Namespace(
+        variants=["where", "options_concurrent"], max_bound=16, smoke=True, repeats=1, min_gain=0.02
+    )
+    # the original's equality compile fails: every variant refused, nothing kept, nothing checked
+    bad = {**B.DETERMINISTIC, "xla_no_such_option_stand_in": True}
+    monkeypatch.setattr(B, "equality_options", lambda: bad)
+    row = B.run_row("physics/hopper", args)
+    for name in ("where", "options_concurrent"):
+        v = row["variants"][name]
+        assert "speedup" not in v and "equal" not in v, v
+        assert v["not_run"].startswith("refused: compile under") and "failed for the original" in v["not_run"]
+        assert "No such compile option" in v["not_run"] and B._cell(v) == "refused"
+    assert row["plan"] == "none" and row["equal"] is None
+    md = B.markdown({"rows": [row], "machine": {}, "command": "c", "sizes": {"min_gain": 0.02}})
+    assert "| 1.000x | not checked | none | refused |" in md
+    # one variant's equality compile fails: that one refused, the other compared under the options
+    monkeypatch.setattr(B, "equality_options", lambda: dict(B.DETERMINISTIC))
+    real = B.compile_all
+
+    def one_fails(fns, call_args, options, per_fn=None, option_sets=None, failures=None):
+        out = real(fns, call_args, options, per_fn, option_sets, failures)
+        del out[1]["where"]
+        failures[(1, "where")] = "XlaRuntimeError: stand-in failure"
+        return out
+
+    monkeypatch.setattr(B, "compile_all", one_fails)
+    row = B.run_row("physics/hopper", args)
+    where, opts = row["variants"]["where"], row["variants"]["options_concurrent"]
+    assert "speedup" not in where and "failed for this variant" in where["not_run"]
+    assert "stand-in failure" in where["not_run"]
+    assert opts["equal"] is True and opts["max_abs_diff"] == 0.0
+    assert row["equality_ops"] == "xla_gpu_deterministic_ops"
 
 
 def test_a_failing_brax_baseline_is_reported_and_the_row_kept(monkeypatch):

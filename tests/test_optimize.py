@@ -596,7 +596,9 @@ def test_search_keeps_faster_equal_and_rejects_slower_and_unequal():
     assert not by["toy_wrong"].kept and by["toy_wrong"].equal is False and "unequal" in by["toy_wrong"].reason
     assert by["toy_wrong"].speedup > 1.0  # rejected although faster: the equality check decided
     assert [p["name"] for p in report.plan] == ["toy_drop_sleep"]
-    assert report.speedup > 1.5 and report.equal
+    # the plan's equal is its own comparison with the baseline (the kept candidate's)
+    assert report.speedup > 1.5 and report.equal is True
+    assert report.max_abs_diff == by["toy_drop_sleep"].max_abs_diff is not None
     t0 = time.perf_counter()
     jax.block_until_ready(step(EXAMPLE))
     assert time.perf_counter() - t0 < 0.03  # the optimized step no longer sleeps
@@ -631,8 +633,12 @@ def test_search_without_check_slower_skips_equality_of_slower_candidates_only():
     turns = rec.reason.split("turns: ")[1]
     assert turns.count("baseline") == 1 and turns.count(",") == 3 and turns.endswith("ms/iter")
     assert only_slow.baseline_reproducible is None and not only_slow.plan
+    # no plan kept: nothing was compared, so the report's equal is None ("not checked"), never True
+    assert only_slow.equal is None and only_slow.max_abs_diff is None
     assert any("equality not checked" in n for n in only_slow.notes)
     assert "equality not checked" in O.format_report(only_slow)
+    assert "equal=not checked" in O.format_report(only_slow)
+    assert plan_report.PlanReport.from_json(only_slow.to_json()).equal is None
 
 
 def test_windows_profile_without_a_gpu_falls_back_to_the_looptree_with_the_reason():
@@ -843,6 +849,39 @@ def _inline_processes(made: list, name: str = "toy_inline_processes", params: tu
 
 
 CPU_OPTIONS = {"xla_llvm_disable_expensive_passes": True}  # any option the CPU compiler takes
+
+
+@pytest.mark.parametrize("fails_for", ["the baseline", "the candidate"])
+def test_a_failing_equality_options_compile_refuses_the_candidate(monkeypatch, fails_for):
+    """When compiling under the equality options (deterministic ops on a GPU) fails, for the
+    baseline or for the candidate, the candidate is refused with that reason in the report; it is
+    never checked without the options (no comparison recorded, nothing kept). Stand-in for an op
+    without a deterministic GPU kernel: search.compile_step raises when given compiler options (for
+    the baseline, or for every other target)."""
+    real = search.compile_step
+
+    def compile_step(target, host=False, compiler_options=None):
+        if compiler_options and (target is slow_iteration) == (fails_for == "the baseline"):
+            raise RuntimeError("stand-in: no deterministic kernel for this op")
+        return real(target, host=host, compiler_options=compiler_options)
+
+    monkeypatch.setattr(search, "compile_step", compile_step)
+    _, report = O.optimize(
+        slow_iteration, EXAMPLE, candidates=[drop_sleep()], n_iters=1, repeats=2, local=False,
+        equality_options=CPU_OPTIONS,
+    )
+    (rec,) = report.candidates
+    why = f"equality options {CPU_OPTIONS} failed for {fails_for} (RuntimeError: stand-in: no deterministic"
+    assert rec.reason.startswith(f"refused: {why}"), rec.reason
+    assert not rec.kept and rec.equal is None and rec.max_abs_diff is None
+    assert rec.speedup > 1.0 and rec.e2e_time_s is not None  # faster: only the check refused it
+    assert not report.plan and report.equal is None and "equal=not checked" in O.format_report(report)
+    if fails_for == "the baseline":  # no reference at all, said once in the notes
+        assert report.baseline_reproducible is None
+        assert any(n.startswith(why) and "refused" in n for n in report.notes), report.notes
+        assert not any("equality not checked: no candidate" in n for n in report.notes)
+    else:  # the reference under the options was built; the candidate's own compile failed
+        assert report.baseline_reproducible is True
 
 
 def test_search_checks_a_processes_candidate_under_equality_options(toy_setup):

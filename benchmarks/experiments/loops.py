@@ -80,6 +80,15 @@ SMOKE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable
 DETERMINISTIC = {"xla_gpu_deterministic_ops": True}
 
 
+def equality_options() -> dict | None:
+    """The XLA options the equality programs are compiled with: :data:`DETERMINISTIC` on a GPU, None
+    (the timed programs themselves) elsewhere. Where a compile under them fails, the variant is
+    refused with that reason (all variants, if the original's fails): never checked without them."""
+    import jax
+
+    return DETERMINISTIC if jax.default_backend() == "gpu" else None
+
+
 def workload_order(envs: tuple[str, ...]) -> list[str]:
     """Rows, most telling first (the budget cuts the tail): physics and PPO iterations of the
     three locomotion envs, hopper's evaluations, then the rest."""
@@ -94,13 +103,17 @@ def workload_order(envs: tuple[str, ...]) -> list[str]:
 
 class Case(NamedTuple):
     """One workload: ``fn(*args)`` is timed; ``env_steps`` per call; ``chain(args, out)`` gives the
-    next call's arguments (a training iteration continues from its output state)."""
+    next call's arguments (a training iteration continues from its output state); ``compared(out)``:
+    the part of an output the equality check compares (None: all of it; a training iteration: its
+    state, as the optimizer's check compares: its metrics are not state, and their ``episode_return``
+    is NaN while no episode has finished)."""
 
     fn: Callable
     args: tuple
     env_steps: int
     chain: Callable[[tuple, Any], tuple] | None
     loops: list[str]
+    compared: Callable[[Any], Any] | None = None
 
 
 def make_env(name: str, **kw):
@@ -117,6 +130,7 @@ def build_case(workload: str, args) -> Case:
     from rose_jax.optimize import loops as L
 
     kind, env_name = workload.split("/")
+    compared = None  # the whole output
     if kind == "physics":
         env = make_env(env_name)
         n, k = args.num_envs, args.steps
@@ -142,6 +156,7 @@ def build_case(workload: str, args) -> Case:
         state = algo.init(config, env, jax.random.PRNGKey(args.seed))
         fn, call_args, steps = algo.iteration(config, env), (state,), config.env_steps_per_iteration
         chain = lambda a, out: (out[0],)  # noqa: E731
+        compared = lambda out: out[0]  # noqa: E731 - the state (its metrics hold NaN by design)
     elif kind in ("sac_eval", "ppo_eval"):
         import algos
 
@@ -169,7 +184,7 @@ def build_case(workload: str, args) -> Case:
         p.reason
         for p in L.describe_loops(fn, *call_args, max_bound=getattr(args, "max_bound", None) or L.MAX_BOUND)
     ]
-    return Case(fn, call_args, steps, chain, loops)
+    return Case(fn, call_args, steps, chain, loops, compared)
 
 
 def compile_all(
@@ -178,12 +193,15 @@ def compile_all(
     options: dict | None,
     per_fn: dict[str, dict] | None = None,
     option_sets: tuple[dict | None, ...] | None = None,
+    failures: dict[tuple[int, str], str] | None = None,
 ) -> dict[str, tuple[Any, float]] | list[dict[str, tuple[Any, float]]]:
     """``{name: (compiled, seconds)}``: traced and lowered once here, compiled in parallel threads
     (XLA compiles release the GIL). ``per_fn[name]``: XLA options of that function on top of
     ``options``. ``option_sets``: compile every function under each of these (instead of
     ``options``) in the same parallel batch and return one dict per set (the timed programs and their
-    deterministic twins compile side by side instead of one batch after the other)."""
+    deterministic twins compile side by side instead of one batch after the other). ``failures``:
+    a compile of a set other than the first that fails is recorded there as ``{(set index, name):
+    "Error: message"}`` and left out of that set's dict instead of raised."""
     import jax
 
     lowered = {}
@@ -196,12 +214,18 @@ def compile_all(
         k, (name, (low, trace_s)) = item
         t0 = time.perf_counter()
         opts = {**(sets[k] or {}), **((per_fn or {}).get(name) or {})} or None
-        return k, name, low.compile(compiler_options=opts), trace_s + time.perf_counter() - t0
+        try:
+            return k, name, low.compile(compiler_options=opts), trace_s + time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - recorded for the caller (failures), or raised
+            if failures is None or k == 0:
+                raise
+            failures[(k, name)] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            return k, name, None, 0.0
 
     jobs = [(k, item) for k in range(len(sets)) for item in lowered.items()]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
         done = list(pool.map(compile_one, jobs))
-    out = [{name: (c, s) for k2, name, c, s in done if k2 == k} for k in range(len(sets))]
+    out = [{name: (c, s) for k2, name, c, s in done if k2 == k and c is not None} for k in range(len(sets))]
     return out if option_sets is not None else out[0]
 
 
@@ -334,23 +358,35 @@ def run_row(workload: str, args) -> dict:
     fns = {"original": case.fn, **{name: b[0] for name, b in built.items()}}
     per_fn = {name: b[2] for name, b in built.items()}
     options = SMOKE_COMPILER_OPTIONS if args.smoke else None
-    deterministic = jax.default_backend() == "gpu"
+    eq_options = equality_options()
     # equality programs: the same functions (and options) under deterministic ops (GPU), else the
-    # timed ones; both compiled in one parallel batch
-    if deterministic:
-        compiled, checked = compile_all(fns, case.args, None, per_fn, option_sets=(options, DETERMINISTIC))
+    # timed ones; both compiled in one parallel batch (a failed equality compile: in failed)
+    failed: dict[tuple[int, str], str] = {}
+    if eq_options:
+        compiled, checked = compile_all(
+            fns, case.args, None, per_fn, option_sets=(options, eq_options), failures=failed
+        )
     else:
         compiled = checked = compile_all(fns, case.args, options, per_fn)
-    ref = checked["original"][0](*case.args)
-    jax.block_until_ready(ref)
-    again = compiled["original"][0](*case.args)
-    repeatable, _, _ = compare(again, compiled["original"][0](*case.args), 0.0)
+    pick = case.compared or (lambda out: out)  # what the equality check compares
+    ref = None
+    if "original" in checked:
+        ref = pick(checked["original"][0](*case.args))
+        jax.block_until_ready(ref)
+    again = pick(compiled["original"][0](*case.args))
+    repeatable, _, _ = compare(again, pick(compiled["original"][0](*case.args)), 0.0)
     base_s, base_times = time_calls(compiled["original"][0], case.args, case.chain, args.repeats)
     base_rate = case.env_steps / base_s
     variants: dict[str, dict] = dict(refused)
     for name, (_, tolerance, _, option_set) in built.items():
+        if ref is None or name not in checked:  # refused: never checked without the options
+            whose, key = ("the original", "original") if ref is None else ("this variant", name)
+            why = f"refused: compile under {eq_options} for the equality check failed for {whose}"
+            variants[name] = {"not_run": f"{why} ({failed.get((1, key), '?')})", "options": option_set}
+            log(f"  {workload} {name}: {variants[name]['not_run']}")
+            continue
         c, compile_s = compiled[name]
-        out = checked[name][0](*case.args)
+        out = pick(checked[name][0](*case.args))
         equal, diff, within = compare(out, ref, tolerance.rtol)
         sec, times = time_calls(c, case.args, case.chain, args.repeats)
         variants[name] = {
@@ -390,15 +426,14 @@ def run_row(workload: str, args) -> dict:
         "baseline_env_steps_per_s": base_rate,
         "rose_env_steps_per_s": chosen["env_steps_per_s"] if chosen else base_rate,
         "speedup": chosen["speedup"] if chosen else 1.0,
-        "equal": chosen["equal"]
-        if chosen
-        else next((v["equal"] for v in variants.values() if "equal" in v), None),
+        # the plan's equality; plan none: None (not checked: the plan is the original itself)
+        "equal": chosen["equal"] if chosen else None,
         "plan": plan,
         "variants": variants,
         "baseline_compile_s": compiled["original"][1],
         "baseline_call_s": base_times,
         "loops": case.loops,
-        "equality_ops": "xla_gpu_deterministic_ops" if deterministic else "default",
+        "equality_ops": ", ".join(eq_options) if eq_options else "default",
         "baseline_repeatable": repeatable,
         **brax,
         "row_s": time.perf_counter() - t0,
@@ -429,8 +464,10 @@ def markdown(result: dict) -> str:
         "",
         f"Sizes: {result['sizes']}. Plan: the fastest variant faster than the original by more than "
         f"{result['sizes']['min_gain']:.0%} and equal (bitwise; the unrolled variant within its declared "
-        "tolerance), else none. `equal`: the plan's outputs (plan none: the first variant run's) bitwise "
-        "equal to the original's from the same inputs (on the GPU both compiled with "
+        "tolerance), else none. `equal`: the plan's outputs (a PPO iteration's: its state) bitwise equal to "
+        "the original's from the same inputs (plan none: not checked, nothing was kept; each variant's own "
+        "check is in its cell, "
+        "`(≠)` where unequal; on the GPU both compiled with "
         "`xla_gpu_deterministic_ops`; `baseline_repeatable`: two default-option calls of the original "
         "gave bitwise the same outputs).",
         "",
@@ -450,7 +487,7 @@ def markdown(result: dict) -> str:
         v = r["variants"]
         lines.append(
             f"| {r['workload']} | {r['baseline_env_steps_per_s']:,.0f} | {r['rose_env_steps_per_s']:,.0f} | "
-            f"{r['speedup']:.3f}x | {r['equal']} | {r['plan']} | "
+            f"{r['speedup']:.3f}x | {common.fmt_equal(r['equal'])} | {r['plan']} | "
             + " | ".join(_cell(v.get(name)) for name in TABLE_VARIANTS)
             + " |"
         )

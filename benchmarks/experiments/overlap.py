@@ -21,9 +21,11 @@ compile epoch); the better one is ``baseline_env_steps_per_s``. Candidates come 
 deterministic ops) first runs in a child process (``rose_jax.optimize.isolate``), so an XLA
 abort is a refused candidate, not a dead run. A candidate is kept only if it is faster than
 the single-jit loop AND equal to it: one iteration from the same state compiled with
-``xla_gpu_deterministic_ops`` on both sides, compared within the candidate's stated tolerance
-(``bitwise`` says whether it is bitwise equal). ``search_s``: the row's candidate time
-(isolation, compiles, timing, equality).
+``xla_gpu_deterministic_ops`` on both sides, its output state compared within the candidate's
+stated tolerance (``bitwise`` says whether it is bitwise equal). A candidate
+whose compile under deterministic ops fails is refused with that reason, never checked without
+them. A row with no plan kept has ``equal``/``bitwise``/``max_abs_diff`` null: not checked.
+``search_s``: the row's candidate time (isolation, compiles, timing, equality).
 
     python -m benchmarks.experiments.overlap                          # H200, all rows that fit --budget-s 450
     python -m benchmarks.experiments.overlap --rows micro sac --brax off                 # ~7 min on the H200
@@ -218,6 +220,12 @@ def compare(actual, expected, tol) -> dict:
     }
 
 
+def det_failed(whose: str, e: BaseException) -> str:
+    """The refusal reason when compiling (or running) ``whose`` under deterministic ops failed."""
+    msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return f"compile under {DETERMINISTIC} for the equality check failed for {whose} ({msg})"
+
+
 # The issue's targets: speedup over the best baseline (rows not named have none).
 TARGETS = {"sac-ant-128": 1.4, "sac-hopper-128": 1.4, "ppo-ant-4096": 1.15}
 
@@ -331,11 +339,27 @@ def run_micro(row: Row, args, iso: Isolation) -> dict:
         )
         times[name] = med
     base_name = min(("two loops", "one loop, no streams"), key=times.get)
-    ref = jax.jit(chains, compiler_options=DETERMINISTIC)(state)
-    got = jax.jit(fast, compiler_options=DETERMINISTIC)(state)
-    eq = compare(got, ref, zipped.tolerance)
+    eq, refused = {}, None  # a failing compile under deterministic ops refuses the candidate
+    for whose, f in (("the baseline (two loops)", chains), ("the candidate", fast)):
+        try:
+            eq[whose] = jax.jit(f, compiler_options=DETERMINISTIC)(state)
+        except Exception as e:  # noqa: BLE001 - refused with the reason, never checked without them
+            refused = det_failed(whose, e)
+            log(f"{row.name}: {zipped.label} refused: {refused}")
+            break
+    if refused is None:
+        eq = compare(eq["the candidate"], eq["the baseline (two loops)"], zipped.tolerance)
     chain_steps = 2 * steps
-    kept = times["streams"] < times[base_name] and eq["equal"]  # kept only where faster and equal
+    # kept only where faster and equal
+    kept = refused is None and times["streams"] < times[base_name] and eq["equal"]
+    # the row's equal / bitwise / max_abs_diff are the plan's: with no plan kept nothing was compared
+    # (None, "not checked"); the candidate's own comparison (or refusal) stays as candidate_*
+    row_eq = eq if kept else {
+        "equal": None,
+        "bitwise": None,
+        "max_abs_diff": None,
+        **({"candidate_refused": refused} if refused else {f"candidate_{k}": v for k, v in eq.items()}),
+    }
     return {
         "baseline_env_steps_per_s": chain_steps / times[base_name],
         "single_jit_env_steps_per_s": chain_steps / times[base_name],
@@ -346,10 +370,10 @@ def run_micro(row: Row, args, iso: Isolation) -> dict:
         "times_ms": {k: v * 1e3 for k, v in times.items()},
         "speedup_vs_two_loops": times["two loops"] / times["streams"],
         "plan": zipped.label if kept else "none",
-        "plan_detail": why,
+        "plan_detail": why if refused is None else f"refused: {refused}",
         "isolation": None if check is None else check.reason,
         "search_s": time.perf_counter() - t0,
-        **eq,
+        **row_eq,
     }
 
 
@@ -525,9 +549,11 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
         except Exception as e:  # noqa: BLE001 - one failing candidate is recorded, the row goes on
             rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
             log(f"{row.name}: {c.label} failed: {rec['error']}")
-    # equality of the fastest faster candidates: one iteration from the same state, deterministic ops
+    # equality of the fastest faster candidates: one iteration from the same state, deterministic ops;
+    # where compiling (or running) either side under them fails, the candidate is refused with that
+    # reason (never checked without them)
     kept = None
-    ref = ref2 = None
+    ref = ref2 = ref_error = None
     for c in sorted(timed, key=lambda c: -c.record["speedup"]):
         if c.record["speedup"] <= 1.0:
             c.record["reason"] = "not faster than the single-jit loop"
@@ -535,13 +561,28 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
         if deadline - time.perf_counter() < 2.0 * compile_s:
             c.record["reason"] = "faster, but no time left to check equality"
             continue
-        if ref is None:
-            ref = jax.block_until_ready(base_det(_copy(s_ref)))
-            ref2 = base_det(_copy(s_ref))
-        if c.kind == "fn":
-            got = jax.jit(c.fn, compiler_options={**c.options, **DETERMINISTIC})(_copy(s_ref, commit=True))
-        else:
-            got = c.record["step"].with_compiler_options(DETERMINISTIC)(_copy(s_ref))
+        if ref is None and ref_error is None:
+            try:  # the iteration's state ([0]), what the optimizer's check compares too (its
+                # metrics are not state; their episode_return is NaN while no episode has finished)
+                ref = jax.block_until_ready(base_det(_copy(s_ref))[0])
+                ref2 = base_det(_copy(s_ref))[0]
+            except Exception as e:  # noqa: BLE001 - every candidate to check is refused with it
+                ref, ref_error = None, det_failed("the single-jit baseline", e)
+                log(f"{row.name}: {ref_error}")
+        why = ref_error
+        if why is None:
+            try:
+                if c.kind == "fn":
+                    det = jax.jit(c.fn, compiler_options={**c.options, **DETERMINISTIC})
+                    got = det(_copy(s_ref, commit=True))[0]
+                else:
+                    got = c.record["step"].with_compiler_options(DETERMINISTIC)(_copy(s_ref))[0]
+            except Exception as e:  # noqa: BLE001 - refused with the reason
+                why = det_failed("the candidate", e)
+        if why is not None:
+            c.record.update(refused=why, reason=f"refused: {why}")
+            log(f"{row.name}: {c.label} refused: {why}")
+            continue
         c.record.update(compare(got, ref, c.tolerance))
         if c.record["equal"]:
             c.record["reason"] = "kept: faster and equal"
@@ -596,8 +637,8 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
     }
     if kept:
         row_out.update({key: kept.record[key] for key in ("equal", "bitwise", "max_abs_diff")})
-    else:
-        row_out.update(equal=True, bitwise=True, max_abs_diff=0.0)  # the plan is the baseline itself
+    else:  # the plan is the baseline itself: nothing was compared ("not checked")
+        row_out.update(equal=None, bitwise=None, max_abs_diff=None)
     row_out["_config_env"] = (config, env)
     return row_out
 
@@ -650,7 +691,7 @@ def _table_rows(rows: list[dict]) -> list[list[str]]:
                 fmt(r["baseline_env_steps_per_s"], ",.0f"),
                 fmt(r["rose_env_steps_per_s"], ",.0f"),
                 fmt(r["speedup"], ".3f") + "x",
-                str(r["equal"]) + (" (bitwise)" if r.get("bitwise") else ""),
+                common.fmt_equal(r.get("equal")) + (" (bitwise)" if r.get("bitwise") else ""),
                 fmt(r["max_abs_diff"], ".3g"),
                 r["plan"],
                 fmt(r["search_s"], ".0f"),
@@ -669,7 +710,8 @@ def markdown(rows: list[dict], machine: dict, args) -> str:
         "baseline = the better of our single-jit loop and Brax's own trainer (when it ran: "
         "`brax_env_steps_per_s`); rose = the fastest candidate that is faster than the single-jit loop and "
         "equal to it (one iteration from the same state under `xla_gpu_deterministic_ops`, within the "
-        "candidate's tolerance); plan `none` = no candidate qualified (rose = single-jit loop). The micro "
+        "candidate's tolerance; a candidate whose compile under them fails is refused); plan `none` = no "
+        "candidate qualified (rose = single-jit loop; equal: not checked, nothing was kept). The micro "
         "row counts chain steps.\n"
     )
     for r in rows:

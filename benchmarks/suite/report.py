@@ -278,7 +278,7 @@ def _details(row: dict) -> list[str]:
                         c.get("label"),
                         c.get("stage"),
                         _fmt(c.get("speedup")),
-                        c.get("equal"),
+                        common.fmt_equal(c.get("equal")),
                         c.get("kept"),
                         str(c.get("reason", "")).replace("|", "/")[:120],
                     ]
@@ -519,7 +519,7 @@ def experiment_headline(name: str, title: str, root: str | None = None) -> str |
             + (" (Brax)" if r.get("baseline") == "Brax train" else ""),
             _fmt_rate(r.get("rose_env_steps_per_s")),
             "—" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
-            r.get("equal"),
+            common.fmt_equal(r.get("equal")),
             r.get("plan") or "none",
         ]
         for r in rows

@@ -62,6 +62,8 @@ class PlanReport:
     plan: list[dict] = dataclasses.field(default_factory=list)
     optimized_s: float | None = None
     speedup: float | None = None
+    # the plan's equality with the baseline; None: not checked (no plan was kept, so nothing was
+    # compared: the plan is the baseline itself)
     equal: bool | None = None
     max_abs_diff: float | None = None
     max_rel_diff: float | None = None
@@ -107,6 +109,10 @@ def _fmt_s(x: float | None) -> str:
     return f"{x * 1e3:.3f}ms" if abs(x) < 1 else f"{x:.3f}s"
 
 
+def _fmt_equal(x: bool | None) -> str:
+    return "not checked" if x is None else str(x)
+
+
 def format_report(report: PlanReport) -> str:
     """A human-readable table of the report."""
     head = (
@@ -114,7 +120,7 @@ def format_report(report: PlanReport) -> str:
         f"{'CACHE HIT' if report.cache_hit else f'search {report.search_time_s:.1f}s'}\n"
         f"baseline {_fmt_s(report.baseline_s)}/iter (spread {_fmt_s(report.baseline_spread_s)}), "
         f"optimized {_fmt_s(report.optimized_s)}/iter, speedup "
-        f"{'-' if report.speedup is None else f'{report.speedup:.3f}x'}, equal={report.equal} "
+        f"{'-' if report.speedup is None else f'{report.speedup:.3f}x'}, equal={_fmt_equal(report.equal)} "
         f"({report.equality}; baseline reproducible={report.baseline_reproducible}, max|d| "
         f"{'-' if report.baseline_max_abs_diff is None else f'{report.baseline_max_abs_diff:.2g}'})\n"
         f"plan: {', '.join(t['label'] for t in report.plan) or '(none: baseline kept)'}"

@@ -26,6 +26,11 @@ Equality (``equality=``, recorded in the report and in every candidate record):
 * ``"trajectory"``: the final states after ``n_iters`` iterations from the same start are
   compared (the baseline's reproducibility: its two timed runs' final states).
 
+Under ``equality_options`` (on a GPU :data:`DETERMINISTIC` by default) both sides are recompiled
+with them for the check. If that fails for the baseline or for a candidate, the candidate is
+refused with that reason (``"refused: equality options ... failed ..."``); it is never checked
+without the options. With no plan kept the report's ``equal`` is None: nothing was compared.
+
 A host-level candidate whose env state stays in its worker processes is compared after its
 ``sync_state`` (the full state).
 
@@ -99,7 +104,9 @@ class OptimizeOptions:
       docstring.
     equality_options: XLA compiler options under which equality is checked (baseline and
       candidates recompiled with them; timing always uses the plain programs). ``"auto"``:
-      :data:`DETERMINISTIC` on a GPU, None elsewhere.
+      :data:`DETERMINISTIC` on a GPU, None elsewhere. Where compiling or running the baseline or
+      a candidate with them fails, every candidate whose check needs it is refused with the
+      reason (never checked without them).
     equality_iters: states (stepwise) or iterations (trajectory) of the equality check
       (default ``n_iters``).
     check_slower: also check the equality of candidates that were not faster (the report then
@@ -311,26 +318,45 @@ def _reference(mode, base_step, state, n_iters, final, final_again, reuse_final=
     return _Reference(mode, starts, outputs, repro, what)
 
 
+class EqualityRefused(Exception):
+    """The equality check cannot run as asked: compiling (or running) the baseline or the
+    candidate under the equality options failed. The candidate is refused with this reason; it
+    is never checked without the options."""
+
+
+def _options_failed(options: dict, whose: str, e: BaseException) -> str:
+    msg = str(e).splitlines()[0][:160] if str(e) else ""
+    return f"equality options {options} failed for {whose} ({type(e).__name__}: {msg})"
+
+
 def _check_equal(
     ref: _Reference, step, final, tol: Tolerance, transformed=None, host=False, options=None
 ) -> measure.Comparison:
     """The candidate ``step`` against the baseline (``final``: its state after the timed runs).
 
     With ``options`` the candidate is recompiled with them (``transformed``) for the check and,
-    in trajectory mode, run again for as many iterations as the reference."""
-    check = step
-    if options:
-        check = compile_step(transformed, host=host, compiler_options=options)
+    in trajectory mode, run again for as many iterations as the reference; if that recompile (or
+    its run) fails, :class:`EqualityRefused` says why (the candidate already ran without them)."""
+    if not options:
+        return _compare(ref, step, final, tol)
+    check = None
     try:
-        if ref.mode == "trajectory":
-            if not ref.reuse_final:
-                final = measure.run_iterations(check, ref.start, ref.n_iters)[0]
-            return measure.compare_trees(base.synced(check, final), ref.outputs[0], tol.rtol, tol.atol)
-        outs = measure.step_outputs(check, ref.starts, sync=lambda s: base.synced(check, s))
-        return measure.compare_each(outs, ref.outputs, tol.rtol, tol.atol)
+        check = compile_step(transformed, host=host, compiler_options=options)
+        return _compare(ref, check, final, tol)  # (trajectory: run again, reuse_final is False)
+    except Exception as e:  # noqa: BLE001 - refused with the reason, never checked without them
+        raise EqualityRefused(_options_failed(options, "the candidate", e)) from e
     finally:
-        if check is not step:
+        if check is not None and check is not step:
             base.close(check)
+
+
+def _compare(ref: _Reference, check, final, tol: Tolerance) -> measure.Comparison:
+    if ref.mode == "trajectory":
+        if not ref.reuse_final:
+            final = measure.run_iterations(check, ref.start, ref.n_iters)[0]
+        return measure.compare_trees(base.synced(check, final), ref.outputs[0], tol.rtol, tol.atol)
+    outs = measure.step_outputs(check, ref.starts, sync=lambda s: base.synced(check, s))
+    return measure.compare_each(outs, ref.outputs, tol.rtol, tol.atol)
 
 
 # ------------------------------------------------------------------------------- legality
@@ -422,9 +448,12 @@ class _Search:
         self.target, self.state, self.opts, self.report = target, state, opts, report
         self.program = target if isinstance(target, Program) else None
         self.say = opts.log or (lambda s: None)
-        self.eq_options = opts.resolved_equality_options()  # dropped if they fail
+        self.eq_options = opts.resolved_equality_options()
         self.local_base: dict[str, tuple] = {}
         self._ref: _Reference | None = None
+        # why the reference could not be built under the equality options (then every candidate
+        # whose equality is checked is refused with it)
+        self.reference_error: str | None = None
         self.base_step = compile_step(target)
         # the baseline, measured twice (the spread decides what "faster" means)
         n, r = opts.n_iters, opts.repeats
@@ -442,9 +471,14 @@ class _Search:
         return self._ref is not None
 
     def reference(self) -> _Reference:
-        """The equality reference, built on first use (see ``check_slower``)."""
+        """The equality reference, built on first use (see ``check_slower``).
+
+        Raises :class:`EqualityRefused` (now and on every later call) when the baseline cannot be
+        compiled or run under the equality options: nothing is checked without them."""
         if self._ref is not None:
             return self._ref
+        if self.reference_error is not None:
+            raise EqualityRefused(self.reference_error)
         opts, report = self.opts, self.report
         eq_iters, options = opts.eq_iters, self.eq_options
         r_state, r_again, base_eq = self.ref_state, self.ref_again, self.base_step
@@ -454,11 +488,16 @@ class _Search:
                     base_eq = compile_step(self.target, compiler_options=options)
                     jax.block_until_ready(base_eq(self.state))
                 except Exception as e:  # noqa: BLE001 - e.g. an op without a deterministic GPU kernel
-                    why = f"equality options {options} failed ({type(e).__name__}: {str(e)[:160]})"
-                    report.notes.append(f"{why}: not used")
-                    self.say(f"[optimize] {why}; checking without them")
-                    base_eq, options = self.base_step, None
-                    self.eq_options = None
+                    why = _options_failed(options, "the baseline", e)
+                    report.notes.append(
+                        f"{why}: every candidate whose equality was to be checked is refused "
+                        "(never checked without them)"
+                    )
+                    self.say(f"[optimize] {why}; candidates that need the equality check are refused")
+                    if base_eq is not self.base_step:
+                        base.close(base_eq)
+                    self.reference_error = why
+                    raise EqualityRefused(why) from e
             report.notes.append(f"equality checked over {eq_iters} iteration(s) under XLA options {options}")
             if opts.equality == "trajectory":
                 r_state = measure.run_iterations(base_eq, self.state, eq_iters)[0]
@@ -520,11 +559,16 @@ class _Search:
             recompile = _env_groups_in_processes(transforms) and bool(self.eq_options)
             if (always_check and not recompile) or gain > noise:
                 rec.equality = opts.equality
-                ref = self.reference()
-                cmp, what = (
-                    _check_equal(ref, step, state_c, tolerance, transformed, host, self.eq_options),
-                    ref.what,
-                )
+                try:
+                    ref = self.reference()
+                    cmp = _check_equal(ref, step, state_c, tolerance, transformed, host, self.eq_options)
+                except EqualityRefused as e:  # not checked without the options: refused
+                    rec.e2e_time_s, rec.e2e_baseline_s = tc.median, tb.median
+                    rec.speedup = tb.median / tc.median if tc.median > 0 else None
+                    rec.reason = f"refused: {e}"
+                    self.say(f"[optimize] {rec.label}: {rec.reason}")
+                    return None
+                what = ref.what
         except Exception as e:  # noqa: BLE001 - a failing candidate is logged, not fatal
             rec.reason = _failure(e)
             self.say(f"[optimize] {rec.label}: {rec.reason}")
@@ -809,6 +853,8 @@ def optimize(
         result = apply_plan(target, transforms)
         old = PlanReport.from_json(cached["report"])
         old.cache_hit, old.measurements, old.search_time_s = True, 0, time.perf_counter() - t_start
+        if not old.plan:
+            old.equal = None  # (a report cached before empty plans said "not checked")
         old.cache_path = opts.cache_dir
         say(f"[optimize] cache hit for {name}: plan {[t.label for t in transforms] or 'baseline'}")
         return compile_step(result, host=_is_host(transforms)), old
@@ -818,7 +864,10 @@ def optimize(
     search = _Search(target, example_state, opts, report)
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
     if opts.check_slower:
-        search.reference()
+        try:
+            search.reference()
+        except EqualityRefused:
+            pass  # noted in the report; each candidate is refused with the reason
 
     tree = rtrace.trace(base_fn, example_state, arg_names=["state"])
     ptree = trace_program(program, example_state) if program is not None else None
@@ -834,14 +883,14 @@ def optimize(
         if q["status"] == "applied" and q["e2e_without_s"]:
             best_time *= q["e2e_with_s"] / q["e2e_without_s"]
 
-    if not search.reference_built:
+    if not search.reference_built and search.reference_error is None:
         report.notes.append(
             "equality not checked: no candidate was faster than the spread (check_slower=False)"
         )
     report.plan = [t.to_json() for t in plan]
     report.optimized_s = best_time
     report.speedup = search.baseline / best_time if best_time else None
-    report.equal = True if not plan else best_cmp.equal
+    report.equal = None if not plan else best_cmp.equal  # None: nothing kept, nothing compared
     if best_cmp is not None:
         report.max_abs_diff, report.max_rel_diff = best_cmp.max_abs, best_cmp.max_rel
     result = apply_plan(target, plan)
