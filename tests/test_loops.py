@@ -648,6 +648,20 @@ def test_loops_experiment_refuses_variants_whose_equality_compile_fails(monkeypa
     assert row["equality_ops"] == "xla_gpu_deterministic_ops"
 
 
+def test_loops_compare_never_counts_nan_as_equal():
+    """loops.compare: a NaN equals nothing, not even a NaN (bitwise or within any tolerance)."""
+    from benchmarks.experiments import loops as B
+
+    a = {"x": jnp.array([1.0, jnp.nan]), "n": jnp.array([1, 2])}
+    equal, diff, within = B.compare(a, a, 1.0)
+    assert equal is False and diff == float("inf") and within is False
+    assert B.compare({"x": jnp.array([1.0, jnp.inf])}, {"x": jnp.array([1.0, jnp.inf])}, 0.0) == (
+        True,
+        0.0,
+        True,
+    )
+
+
 def test_a_failing_brax_baseline_is_reported_and_the_row_kept(monkeypatch):
     """loops.run_row with --brax: Brax's trainer raising leaves the row measured, with brax_error.
     Stand-ins: a synthetic bounded loop replaces the MJX env (build_case) and a raising function

@@ -719,6 +719,23 @@ def test_compare_trees_scales_per_leaf():
     assert not cmp.equal and "non-float" in cmp.reason
 
 
+def test_compare_trees_never_counts_nan_as_equal():
+    """A NaN equals nothing, not even a NaN, whatever the tolerance: a tree with a NaN leaf is not
+    equal (to itself either); equal infinities still are."""
+    nan = {"x": jnp.array([1.0, jnp.nan]), "i": jnp.arange(2)}
+    for rtol, atol in ((0.0, 0.0), (1.0, 1e30)):
+        cmp = measure.compare_trees(nan, nan, rtol, atol)
+        assert not cmp.equal and cmp.max_abs == float("inf") and cmp.worst == "['x']", cmp
+        assert "['x']: NaN in 1 element(s)" in cmp.reason, cmp.reason
+    finite = {"x": jnp.array([1.0, 2.0]), "i": jnp.arange(2)}
+    assert not measure.compare_trees(nan, finite, 1.0, 1e30).equal
+    assert not measure.compare_trees(finite, nan, 1.0, 1e30).equal
+    assert not measure.compare_each([finite, nan], [finite, nan]).equal
+    assert not measure.compare_trees(jnp.float32(jnp.nan), jnp.float32(jnp.nan)).equal  # a scalar leaf
+    inf = {"x": jnp.array([1.0, jnp.inf]), "i": jnp.arange(2)}
+    assert measure.compare_trees(inf, inf).equal
+
+
 # ------------------------------------------------------------------- stepwise equality
 
 

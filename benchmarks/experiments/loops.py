@@ -247,7 +247,8 @@ def time_calls(compiled, args: tuple, chain, repeats: int) -> tuple[float, list[
 
 
 def compare(a, b, rtol: float) -> tuple[bool, float, bool]:
-    """``(bitwise equal, max abs diff, within rtol of each leaf's max magnitude)`` of two pytrees."""
+    """``(bitwise equal, max abs diff, within rtol of each leaf's largest finite magnitude)`` of two
+    pytrees. A NaN equals nothing, not even a NaN: its diff counts as infinite (never within)."""
     import jax
 
     equal, worst, within = True, 0.0, True
@@ -255,13 +256,20 @@ def compare(a, b, rtol: float) -> tuple[bool, float, bool]:
         if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
             x, y = jax.random.key_data(x), jax.random.key_data(y)
         x, y = np.asarray(x), np.asarray(y)
-        same = np.array_equal(x, y, equal_nan=x.dtype.kind == "f")
-        equal &= bool(same)
+        same = x.shape == y.shape and bool(np.array_equal(x, y))  # (NaN != NaN)
+        equal &= same
         if not same:
-            d = np.abs(x.astype(np.float64) - y.astype(np.float64))
-            diff = float(np.nanmax(d)) if d.size else 0.0
+            if x.shape != y.shape:
+                worst, within = float("inf"), False
+                continue
+            x64, y64 = x.astype(np.float64), y.astype(np.float64)
+            with np.errstate(invalid="ignore"):  # inf - inf (equal infinities: 0)
+                d = np.where(x64 == y64, 0.0, np.abs(x64 - y64))
+            d = np.where(np.isnan(d), np.inf, d)  # a NaN on either side
+            diff = float(d.max()) if d.size else 0.0
             worst = max(worst, diff)
-            scale = float(np.nanmax(np.abs(y.astype(np.float64)))) if y.size else 0.0
+            finite = np.abs(y64[np.isfinite(y64)])
+            scale = float(finite.max()) if finite.size else 0.0
             within &= x.dtype.kind == "f" and diff <= rtol * scale
     return equal, worst, within
 

@@ -113,7 +113,9 @@ class Comparison(NamedTuple):
     ``equal``: same structure and shapes; every other-than-float leaf (ints, bools, keys)
     identical; every float leaf within ``|a - r| <= atol + rtol * max|r|`` elementwise, where
     ``max|r|`` is the largest magnitude in that reference leaf (so an Adam second moment of 1e-5
-    and a summed variance of 1e3 are each judged in their own units; NaN equals NaN).
+    and a summed variance of 1e3 are each judged in their own units). A NaN equals nothing, not
+    even a NaN: a float leaf with a NaN on either side is unequal (its diff counts as infinite),
+    whatever the tolerance.
     ``max_abs``: largest ``|a - r|``; ``max_rel``: largest ``max|a - r| / max|r|`` over leaves;
     ``worst``: the path of the leaf with the largest ``max_rel``.
     """
@@ -159,9 +161,11 @@ def compare_trees(actual: Any, reference: Any, rtol: float = 0.0, atol: float = 
         if not r_np.size:
             continue
         a64, r64 = a_np.astype(np.float64), r_np.astype(np.float64)
-        same = (a64 == r64) | (np.isnan(a64) & np.isnan(r64))  # equal infinities and NaNs included
-        diff = np.where(same, 0.0, np.abs(a64 - r64))
-        diff = np.where(np.isnan(diff), np.inf, diff)
+        nan = np.isnan(a64) | np.isnan(r64)  # NaN equals nothing, not even NaN
+        same = (a64 == r64) & ~nan  # equal infinities included
+        with np.errstate(invalid="ignore"):  # inf - inf (equal infinities: same, 0)
+            diff = np.where(same, 0.0, np.abs(a64 - r64))
+        diff = np.where(np.isnan(diff), np.inf, diff)  # a NaN's diff counts as infinite
         finite = np.abs(r64[np.isfinite(r64)])
         scale = float(finite.max()) if finite.size else 0.0
         leaf_abs = float(diff.max())
@@ -169,7 +173,10 @@ def compare_trees(actual: Any, reference: Any, rtol: float = 0.0, atol: float = 
         if leaf_rel > max_rel or not worst:
             worst = name if leaf_abs > 0 else worst
         max_abs, max_rel = max(max_abs, leaf_abs), max(max_rel, leaf_rel)
-        if equal and leaf_abs > atol + rtol * scale:
+        if equal and nan.any():
+            equal = False
+            reason = f"{name}: NaN in {int(nan.sum())} element(s) (a NaN equals nothing, not even a NaN)"
+        elif equal and leaf_abs > atol + rtol * scale:
             equal = False
             reason = (
                 f"{name}: max |diff| {leaf_abs:.3g} > atol {atol:g} + rtol {rtol:g} * max|ref| {scale:.3g}"

@@ -560,6 +560,25 @@ def compare_outputs(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> dict:
     # package at module level would add its start-up cost to every profiler import
     from rose_jax.optimize import measure  # noqa: PLC0415
 
+    # a NaN equals nothing in compare_trees; here a NaN at the same place on both sides (e.g. an RL
+    # iteration's episode_return while no episode has finished) is the same output, compared as 0
+    # (a NaN on one side only stays unequal); nan_pairs says how many such elements there were
+    def both_nan(x, y):
+        dtype = getattr(x, "dtype", None)
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating) or jnp.shape(x) != jnp.shape(y):
+            return None
+        return np.isnan(np.asarray(x)) & np.isnan(np.asarray(y))
+
+    def fill(x, y):
+        m = both_nan(x, y)
+        return x if m is None or not m.any() else np.where(m, 0.0, np.asarray(x)).astype(x.dtype)
+
+    nan_pairs = 0
+    if jax.tree.structure(a) == jax.tree.structure(b):
+        masks = [both_nan(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)]
+        nan_pairs = sum(int(m.sum()) for m in masks if m is not None)
+        if nan_pairs:
+            a, b = jax.tree.map(fill, a, b), jax.tree.map(fill, b, a)
     exact = measure.compare_trees(a, b)
     close = exact if exact.equal else measure.compare_trees(a, b, rtol, atol)
     return {
@@ -567,6 +586,7 @@ def compare_outputs(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> dict:
         "bitwise_equal": exact.equal,
         "max_abs_diff": exact.max_abs,
         "num_leaves": len(jax.tree.leaves(a)),
+        "nan_pairs": nan_pairs,
     }
 
 
