@@ -135,24 +135,24 @@ def test_mjx_envs_train_to_completion_and_play_back(env, tmp_path):
         strict_json((run_dir / "metrics.json").read_text())
         assert not [p for p in run_dir.iterdir() if p.name.startswith(".tmp-")], name
 
-    # the policies load in fresh processes: load_policy + make_env + act, and `rose-jax play`
-    load = (
+    # the policies load in fresh processes (one per run): load_policy + make_env + act, then the
+    # `rose-jax play` command in the same process
+    load_and_play = (
         "import sys, jax, jax.numpy as jnp, algos\n"
+        "from rose_jax import cli\n"
         "act = algos.load_policy(sys.argv[1]); env = act.make_env()\n"
         "state = env.reset(jax.random.PRNGKey(0)); a = act(state.obs)\n"
         "assert a.shape == (env.action_size,) and bool(jnp.all(jnp.abs(a) <= 1)), a\n"
-        "print('loaded', act.meta['env'], act.meta['final_eval_return'])\n"
+        "print('loaded', act.meta['env'], act.meta['final_eval_return'], flush=True)\n"
+        "sys.exit(cli.main(['play', sys.argv[1], '--episodes', '1', '--max-steps', '20']))\n"
     )
-    commands = {}
-    for name in runs:
-        commands[f"load-{name}"] = ([sys.executable, "-c", load, str(dirs[name])], env)
-        commands[f"play-{name}"] = (
-            [sys.executable, "-m", "rose_jax.cli", "play", str(dirs[name]), "--episodes", "1",
-             "--max-steps", "20"], env)
-    done = run_together(commands, cwd=str(REPO), timeout=600)
+    done = run_together(
+        {name: ([sys.executable, "-c", load_and_play, str(dirs[name])], env) for name in runs},
+        cwd=str(REPO), timeout=600,
+    )
     for name, proc in done.items():
         assert proc.returncode == 0, (name, proc.stderr[-3000:])
-        assert ("loaded" if name.startswith("load") else "return") in proc.stdout, (name, proc.stdout)
+        assert "loaded" in proc.stdout and "return" in proc.stdout.split("loaded", 1)[1], (name, proc.stdout)
 
 
 # ------------------------------------------------------------------ one run directory, one process
