@@ -40,7 +40,7 @@ from rose_jax.io import atomic_write_json, atomic_write_text
 from rose_jax.program import Program
 
 from benchmarks import common
-from benchmarks.common import fmt, log
+from benchmarks.common import fmt, fmt_equal, log
 
 # group_rollout(..., "processes") starts worker JAX processes on the same GPU: this driver must not
 # grab 75% of the GPU memory at its first JAX call (read when JAX starts its GPU backend).
@@ -284,8 +284,11 @@ def _epoch_row(
         "baseline_ms": base_s * 1e3, "optimized_ms": opt_s * 1e3, "candidate_ms": (tried_s or 0) * 1e3,
         "baseline_steps_per_s": per_call / base_s, "optimized_steps_per_s": per_call / opt_s,
         "speedup": base_s / opt_s, "plan": [p["label"] for p in report.plan],
-        "equal": bool(ref.equal) if ref else True,
-        "max_abs_diff": ref.max_abs_diff if ref else 0.0, "max_rel_diff": ref.max_rel_diff if ref else 0.0,
+        # equality of the kept plan; None ("not checked") when nothing was kept (a tried candidate's
+        # comparison is not the row's)
+        "equal": bool(best.equal) if best else None,
+        "max_abs_diff": best.max_abs_diff if best else None,
+        "max_rel_diff": best.max_rel_diff if best else None,
         "tolerance_rtol": 0.0, "sm_activity_before": base_act, "sm_activity_after": opt_act,
         "search_s": search_s, "offload": stats, "cache_hit": report.cache_hit,
         "report": report.to_json(), "report_text": O.format_report(report),
@@ -304,7 +307,7 @@ def table(rows: list[dict]) -> str:
                ("equal", "l"), ("SM % before", "r"), ("SM % after", "r"), ("search s", "r"), ("plan", "l")]
     return common.config_table(columns, rows, lambda r: [
         f"{r['baseline_steps_per_s']:,.0f}", f"{r['optimized_steps_per_s']:,.0f}", f"{r['speedup']:.3f}x",
-        str(r["equal"]), fmt(r["sm_activity_before"]), fmt(r["sm_activity_after"]),
+        fmt_equal(r["equal"]), fmt(r["sm_activity_before"]), fmt(r["sm_activity_after"]),
         f"{r['search_s']:.1f}", ", ".join(r["plan"]) or "-",
     ])
 
