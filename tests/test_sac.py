@@ -327,25 +327,48 @@ def test_driver_argument_errors():
 
 @pytest.mark.slow
 def test_sac_learns_pendulum():
-    # A random policy scores about -1200 per 200-step episode; solved is above about -200.
-    state, history = sac.train(
-        "pendulum",
-        num_timesteps=10_000,
-        seed=0,
-        num_envs=16,
-        grad_updates_per_step=16,
-        batch_size=256,
-        min_replay_size=512,
-        policy_hidden_sizes=(64, 64),
-        q_hidden_sizes=(64, 64),
-        learning_rate=1e-3,
-        num_evals=5,
-        num_eval_envs=128,
-    )
-    returns = [m["eval_episode_return"] for m in history]
-    assert returns[0] < -600, returns  # it starts out bad (after ~2k steps)
-    assert returns[-1] >= -400, returns
-    assert history[-1]["alpha"] < 0.5  # the temperature was tuned down
+    # A random policy scores about -1200 per 200-step episode; solved is above about -200. 4 seeds,
+    # one after another (the epoch is compiled once, ~10 s of CPU; each seed then costs ~2.3 s; a
+    # vmapped algos.train_many of 4 seeds cost 2.6x one seed here (10k steps): no gain on 2 cores).
+    pendulum = envs.make("pendulum")  # one Env object: the seeds share the compiled programs
+    first, final, alpha = [], [], []
+    for seed in range(4):
+        _, history = sac.train(
+            pendulum,
+            num_timesteps=8_000,
+            seed=seed,
+            num_envs=16,
+            grad_updates_per_step=16,
+            batch_size=128,
+            min_replay_size=512,
+            policy_hidden_sizes=(64, 64),
+            q_hidden_sizes=(64, 64),
+            learning_rate=1e-3,
+            num_evals=4,
+            num_eval_envs=128,
+        )
+        returns = [m["eval_episode_return"] for m in history]
+        print(f"\nseed {seed}: eval returns {np.round(returns, 1)}, alpha {history[-1]['alpha']:.3f}")
+        first.append(returns[0])
+        final.append(returns[-1])
+        alpha.append(history[-1]["alpha"])
+    # Thresholds on the median of 4 seeds. Measured 2026-12-04 on the 2-core x86 CPU (jax 0.12),
+    # this config, seeds 0-15:
+    #   first (after 2k steps) -1080.9 -1163.1 -1033.5 -1158.8 -1134.6 -946.6 -1169.6 -1061.1 -994.8
+    #         -1112.3 -1080.8 -1002.0 -1156.0 -922.1 -1102.9 -1018.0 (median -1080.9, max -922.1)
+    #   final (8k steps) -143.4 -150.5 -152.6 -136.4 -140.2 -147.6 -148.8 -150.7 -144.5 -218.6 -157.1
+    #         -148.1 -333.9 -170.7 -532.8 -156.8 (median -150.6); alpha 0.25-0.30
+    # SAC's evaluations swing (seeds at -400 to -600 one epoch, -150 the next), so one seed can end
+    # low: here 1 of 16 ended below -400. Another CPU re-draws each seed's run from the same
+    # distribution; the median of 4 (the mean of the middle two) falls below -400 only if two seeds
+    # end below it, the better of them near -650: of the 1820 sets of 4 of these 16 seeds, the
+    # worst median is -276.
+    # (At 6k steps, 2 of 16 ended below -400, too many for a median of 4.) Other x86 instruction sets
+    # (XLA_FLAGS=--xla_cpu_max_isa=AVX, SSE4_2) re-drew seeds 0-3: final -142.1 -150.8 -152.1 -135.8
+    # and -141.4 -151.4 -153.0 -136.9.
+    assert np.median(first) < -600, first  # it starts out bad (after 2k steps)
+    assert np.median(final) >= -400, final
+    assert np.median(alpha) < 0.5, alpha  # the temperature was tuned down
 
 
 def test_vmap_over_seeds_equals_separate_runs(pendulum, tiny_step):
