@@ -95,10 +95,14 @@ def strict_json(text: str):
 
 
 MJX_RUNS = {
-    # name: (argv after `train`, whether it renders)
-    "mjcf-ppo": ["--env", "mjx_cartpole", "--algo", "ppo", "--steps", "512", "--set", "num_envs=8",
-                 "--set", "unroll_length=8", "--set", "num_minibatches=4", "--set", "num_epochs=1"],
-    "brax-mjx-sac": ["--env", "inverted_pendulum", "--backend", "mjx", "--algo", "sac", "--steps", "384",
+    # name: argv after `train`
+    # episode_length=100 (the envs' default is 1000): the final policy evaluation and SAC's evaluations
+    # run that many steps
+    "mjcf-ppo": ["--env", "mjx_cartpole", "--env-arg", "episode_length=100", "--algo", "ppo",
+                 "--steps", "512", "--set", "num_envs=8", "--set", "unroll_length=8",
+                 "--set", "num_minibatches=4", "--set", "num_epochs=1"],
+    "brax-mjx-sac": ["--env", "inverted_pendulum", "--backend", "mjx", "--env-arg", "episode_length=100",
+                     "--algo", "sac", "--steps", "384",
                      "--set", "num_envs=8", "--set", "batch_size=32", "--set", "min_replay_size=64",
                      "--set", "num_evals=2", "--set", "num_eval_envs=4"],
     "playground-ppo": ["--env", "playground:CartpoleBalance", "--env-arg", "episode_length=100",
