@@ -126,6 +126,30 @@ def welch(a, b) -> tuple[float, float]:
     return float(result.statistic), float(result.pvalue)
 
 
+def difference_interval(a, b, level: float = 0.90) -> tuple[float, float]:
+    """The ``level`` confidence interval of ``mean(b) - mean(a)`` (Welch's standard error and
+    degrees of freedom): the interval of a two one-sided tests (TOST) equivalence check at
+    ``(1 - level) / 2`` each side."""
+    from scipy import stats
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = float(np.sqrt(va + vb))
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if se > 0 else 1.0
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    diff = float(b.mean() - a.mean())
+    return diff - half, diff + half
+
+
+# Equivalence margin, as a share of Brax's own mean improvement (final minus initial evaluation):
+# the drop-in's mean final return must lie within it of Brax's, with 90 % confidence (TOST at 5 %
+# each side). Measured here (2-core x86 CPU, 8 seeds): PPO improvement ~140, SAC ~100; the SAC
+# difference was 10.2 +- 3.8 (s.e.). A significance test of "no difference" (Welch p > 0.01, the
+# earlier criterion) sat at p = 0.017 for SAC's seeds 0-7 and could fail on another CPU's rounding
+# without anything being wrong; an equivalence margin does not depend on that luck.
+EQUIVALENCE_SHARE = 0.5
+
+
 @pytest.fixture(scope="module")
 def children(tmp_path_factory) -> dict:
     """Both algorithms' children, started together (the PPO and SAC comparisons overlap on 2 cores);
@@ -165,8 +189,12 @@ def test_final_eval_return_matches_brax_over_seeds(children, algo):
     # both learned: the mean final evaluation is well above the mean initial one, on each side
     for name, runs in (("brax", brax), ("rose-jax", ours)):
         assert runs[:, 1].mean() > runs[:, 0].mean() + MIN_IMPROVEMENT, f"{name} did not learn: {summary}"
-    # and no significant difference between them
-    assert p > 0.01, summary
+    # and equivalent: the 90 % interval of the difference of the means inside +-EQUIVALENCE_SHARE of
+    # Brax's improvement (Welch's p is printed, not asserted)
+    margin = EQUIVALENCE_SHARE * (brax[:, 1].mean() - brax[:, 0].mean())
+    low, high = difference_interval(brax[:, 1], ours[:, 1])
+    interval = f"difference interval [{low:.1f}, {high:.1f}], margin {margin:.1f}"
+    assert -margin < low and high < margin, f"{summary}; {interval}"
 
 
 if __name__ == "__main__":  # the child: python tests/test_brax_seeds.py CACHE_DIR SEEDS ALGO
