@@ -65,10 +65,7 @@ def all_steps(directory: str | os.PathLike) -> list[int]:
 
 def score(directory: str | os.PathLike, step: int) -> float | None:
     """The score stored with checkpoint ``step`` (None if it has none or it is not finite)."""
-    try:
-        value = json.loads((Path(directory) / str(int(step)) / _META).read_text()).get("score")
-    except (OSError, ValueError):
-        return None
+    value = _read_meta(Path(directory) / str(int(step))).get("score")
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
@@ -225,6 +222,21 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _checkpoint_path(directory: str | os.PathLike, step: int | None, who: str) -> tuple[Path, int]:
+    """The folder of checkpoint ``step`` (None: the latest) and its step; one-line ValueErrors."""
+    directory = Path(directory).absolute()
+    if step is None:
+        step = latest_step(directory)
+        if step is None:
+            raise ValueError(f"{who}: no checkpoint in {str(directory)!r}")
+    path = directory / str(int(step))
+    if not path.is_dir():
+        raise ValueError(
+            f"{who}: no checkpoint for step {step} in {str(directory)!r} (available: {all_steps(directory)})"
+        )
+    return path, int(step)
+
+
 def restore(directory: str | os.PathLike, like: Any, step: int | None = None) -> tuple[Any, int]:
     """Read checkpoint ``step`` (default: the latest) of ``directory`` into the structure of ``like``.
 
@@ -237,17 +249,7 @@ def restore(directory: str | os.PathLike, like: Any, step: int | None = None) ->
     Returns:
       ``(state, step)``: the restored pytree (jax arrays, same treedef as ``like``) and its step.
     """
-    directory = Path(directory).absolute()
-    if step is None:
-        step = latest_step(directory)
-        if step is None:
-            raise ValueError(f"checkpoint.restore: no checkpoint in {str(directory)!r}")
-    path = directory / str(int(step))
-    if not path.is_dir():
-        raise ValueError(
-            f"checkpoint.restore: no checkpoint for step {step} in {str(directory)!r} "
-            f"(available: {all_steps(directory)})"
-        )
+    path, step = _checkpoint_path(directory, step, "checkpoint.restore")
     import orbax.checkpoint as ocp
 
     like_leaves, treedef = jax.tree.flatten(like)
@@ -278,21 +280,14 @@ def restore(directory: str | os.PathLike, like: Any, step: int | None = None) ->
                 f"`like` expects {want_dtype}{list(want_shape)}"
             )
         out.append(jax.numpy.asarray(got))
-    return jax.tree.unflatten(treedef, out), int(step)
+    return jax.tree.unflatten(treedef, out), step
 
 
 def read(directory: str | os.PathLike, step: int | None = None) -> tuple[Any, int]:
     """Read checkpoint ``step`` (default: the latest) as orbax stores it: nested dicts and lists of
     numpy arrays, without a ``like`` tree (e.g. a saved policy, whose structure is plain dicts).
     Zero-size arrays come back with their saved shapes. Returns ``(tree, step)``."""
-    directory = Path(directory).absolute()
-    if step is None:
-        step = latest_step(directory)
-        if step is None:
-            raise ValueError(f"checkpoint.read: no checkpoint in {str(directory)!r}")
-    path = directory / str(int(step))
-    if not path.is_dir():
-        raise ValueError(f"checkpoint.read: no checkpoint for step {step} in {str(directory)!r}")
+    path, step = _checkpoint_path(directory, step, "checkpoint.read")
     tree = _checkpointer().restore(path)
     empty = _read_meta(path).get("empty") or {}
     if empty:
@@ -302,7 +297,7 @@ def read(directory: str | os.PathLike, step: int | None = None) -> tuple[Any, in
             return leaf if spec is None else np.zeros(tuple(spec["shape"]), np.dtype(spec["dtype"]))
 
         tree = jax.tree_util.tree_map_with_path(fill, tree)
-    return tree, int(step)
+    return tree, step
 
 
 def newest_restorable(

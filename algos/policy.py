@@ -101,15 +101,6 @@ class Policy:
         return env
 
 
-def _env_factory(name: str) -> str | None:
-    """``module:function`` of an env registered from outside the package (``envs.register``), so
-    a fresh process can rebuild it; None for the package's own envs."""
-    import envs
-
-    factory = envs.factory_path(name) or None
-    return factory if factory and not factory.startswith("envs.") else None
-
-
 def evaluate(act: Callable[..., jax.Array], env: Any, num_envs: int, key: jax.Array) -> float:
     """Mean first-episode return of ``act`` (deterministic, ``act(obs)``) over ``num_envs`` fresh
     envs run for ``env.episode_length`` steps from ``jax.vmap(env.reset)(split(key, num_envs))``."""
@@ -149,6 +140,7 @@ def save(
     final evaluation (``eval_envs`` envs, deterministic, key ``PRNGKey(FINAL_EVAL_SEED)``) is
     stored as ``final_eval_return``; ``eval_envs=0`` skips it.
     """
+    import envs
     from algos import checkpoint
     from rose_jax.io import atomic_write_json
 
@@ -163,7 +155,7 @@ def save(
         "algo": algo,
         "env": env_name or env.name,
         "env_kwargs": dict(env_kwargs or {}),
-        "env_factory": _env_factory(env_name or env.name),
+        "env_factory": envs.user_factory(env_name or env.name),
         "observation_size": int(env.observation_size),
         "action_size": int(env.action_size),
         "policy_hidden_sizes": list(config.policy_hidden_sizes),

@@ -64,11 +64,10 @@ def train(
     if run.read_run() is not None:
         raise ValueError(f"runs.train: {run_dir!r} already holds a run; choose another directory")
     rundir.check_writable(run_dir)
-    factory = envs.factory_path(env_name) or None
     info = {
         "algo": algo,
         "env": env_name,
-        "env_factory": factory if factory and not factory.startswith("envs.") else None,
+        "env_factory": envs.user_factory(env_name),
         "env_kwargs": json.loads(json.dumps(env_kwargs, default=str)),
         "preset": preset,
         "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),

@@ -57,6 +57,14 @@ def factory_path(name: str) -> str:
     return _REGISTRY.get(name, "")
 
 
+def user_factory(name: str) -> str | None:
+    """The ``"module:function"`` of an env registered from outside the package (:func:`register`),
+    which a run records so that a fresh process can rebuild it (:func:`ensure_registered`); None
+    for the package's own envs and unknown names."""
+    factory = factory_path(name)
+    return factory if factory and not factory.startswith("envs.") else None
+
+
 def _check_target(name: str, target: object, what: str) -> None:
     module_name, sep, function_name = target.partition(":") if isinstance(target, str) else ("", "", "")
     if not (sep and module_name and function_name and ":" not in function_name):
@@ -146,4 +154,5 @@ __all__ = [
     "make",
     "names",
     "register",
+    "user_factory",
 ]

@@ -474,11 +474,10 @@ def _run_info(job: Job) -> dict[str, Any]:
     (``env_factory``: its ``module:function``; None for the package's own envs)."""
     import envs
 
-    factory = envs.factory_path(job.env_name) or None
     return {
         "algo": job.algo.name,
         "env": job.env_name,
-        "env_factory": factory if factory and not factory.startswith("envs.") else None,
+        "env_factory": envs.user_factory(job.env_name),
         "env_kwargs": _jsonable(job.env_kwargs),
         "config": _jsonable(dataclasses.asdict(job.config)),
     }

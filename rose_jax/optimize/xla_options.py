@@ -236,10 +236,9 @@ def sets_from_spec(spec: str) -> dict[str, dict[str, Any]]:
             return {str(k): dict(v) for k, v in sets.items()}
         return candidate_sets()
     names = tuple(n.strip() for n in spec.split(",") if n.strip())
-    unknown = [n for n in names if n not in SETS]
-    if not names or unknown:
+    if not names or any(n not in SETS for n in names):
         raise ValueError(f"--xla-options must be auto, default or names of {', '.join(SETS)}; got {spec!r}")
-    return {n: SETS[n] for n in names if n != "default"} if jax.default_backend() == "gpu" else {}
+    return candidate_sets(names)
 
 
 __all__ = [
