@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rose_jax.optimize import measure
+from rose_jax.compare import compare_trees
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("rose_jax", "algos", "envs", "benchmarks")
@@ -205,6 +205,19 @@ def test_library_does_not_import_algorithms_or_environments():
     assert not bad, "the runtime library imports algorithms/environments:\n" + "\n".join(bad)
 
 
+def test_profiler_does_not_import_the_optimizer():
+    # the profiler and the optimizer share the jaxpr layer and rose_jax.compare; the optimizer uses
+    # the profiler (windows="profile"), never the other way round
+    bad = [
+        f"{module.path}:{imp.line} imports {imp.target}"
+        for name, module in MODULES.items()
+        if name == "rose_jax.profile" or name.startswith("rose_jax.profile.")
+        for imp in imports_of(module)
+        if imp.target == "rose_jax.optimize" or imp.target.startswith("rose_jax.optimize.")
+    ]
+    assert not bad, "rose_jax/profile imports rose_jax/optimize:\n" + "\n".join(bad)
+
+
 def private_uses(module: Module) -> list[str]:
     """``module._name`` / ``from m import _name`` on another internal module (dunders excepted)."""
     tree = _parse(module)
@@ -293,7 +306,7 @@ def _bitwise_equal(a, b) -> bool:
     def fill(m):
         return m._replace(episode_return=jnp.where(jnp.isnan(m.episode_return), 0.0, m.episode_return))
 
-    cmp = measure.compare_trees((sa, fill(ma)), (sb, fill(mb)))
+    cmp = compare_trees((sa, fill(ma)), (sb, fill(mb)))
     return cmp.equal and cmp.max_abs == 0.0
 
 

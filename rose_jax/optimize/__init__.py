@@ -16,10 +16,10 @@ cached plans and workers; :mod:`~.search` measures candidates (:mod:`~.candidate
 them (:mod:`~.report`).
 """
 
+from rose_jax.compare import Comparison, compare_trees
 from rose_jax.optimize.base import EXACT, FUSION_TOLERANCE, HostStep, Tolerance, Transform, compose
 from rose_jax.optimize.fuse import overlap_independent
 from rose_jax.optimize.group_rollout import ProgramTree, check_collect, group_rollout, trace_program
-from rose_jax.optimize.measure import Comparison, compare_trees
 from rose_jax.optimize.offload import Deferred, OffloadedStep, offload_component, resolve
 from rose_jax.optimize.registry import known_transforms, register_transform, transform_by_name
 from rose_jax.optimize.report import CandidateRecord, PlanReport, format_report

@@ -32,7 +32,7 @@ LEVELS = ("fn", "program", "host")
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
     """How far results may move: ``|a - b| <= atol + rtol * max|b|`` in every float leaf (scaled by
-    the leaf's largest magnitude, see :func:`rose_jax.optimize.measure.compare_trees`); int, bool
+    the leaf's largest magnitude, see :func:`rose_jax.compare.compare_trees`); int, bool
     and key leaves must be identical. ``reason`` says why the transform needs it."""
 
     rtol: float = 0.0

@@ -58,6 +58,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 
 from rose_jax import profile as rp
+from rose_jax.compare import Comparison, compare_each, compare_trees
 from rose_jax import trace as rtrace
 from rose_jax.optimize import base, isolate, measure, quotas
 from rose_jax.optimize import cache as plan_cache
@@ -298,7 +299,7 @@ class _Reference(NamedTuple):
     mode: str
     starts: list
     outputs: list
-    reproducibility: measure.Comparison  # the baseline against itself, bitwise
+    reproducibility: Comparison  # the baseline against itself, bitwise
     what: str  # for reasons: "after 3 iterations" / "stepwise (one iteration from ...)"
     start: Any = None  # trajectory mode: the state the reference started from
     n_iters: int = 0
@@ -307,13 +308,13 @@ class _Reference(NamedTuple):
 
 def _reference(mode, base_step, state, n_iters, final, final_again, reuse_final=True) -> _Reference:
     if mode == "trajectory":
-        repro = measure.compare_trees(final_again, final)
+        repro = compare_trees(final_again, final)
         what = f"after {n_iters} iterations"
         return _Reference(mode, [], [final], repro, what, state, n_iters, reuse_final)
     states = measure.trajectory(base_step, state, n_iters)
     starts = states[:-1]
     outputs = measure.step_outputs(base_step, starts)  # the baseline from s_k a second time
-    repro = measure.compare_each(outputs, states[1:])
+    repro = compare_each(outputs, states[1:])
     what = f"stepwise (one iteration from each of the baseline's states s_0..s_{n_iters - 1})"
     return _Reference(mode, starts, outputs, repro, what)
 
@@ -331,7 +332,7 @@ def _options_failed(options: dict, whose: str, e: BaseException) -> str:
 
 def _check_equal(
     ref: _Reference, step, final, tol: Tolerance, transformed=None, host=False, options=None
-) -> measure.Comparison:
+) -> Comparison:
     """The candidate ``step`` against the baseline (``final``: its state after the timed runs).
 
     With ``options`` the candidate is recompiled with them (``transformed``) for the check and,
@@ -350,13 +351,13 @@ def _check_equal(
             base.close(check)
 
 
-def _compare(ref: _Reference, check, final, tol: Tolerance) -> measure.Comparison:
+def _compare(ref: _Reference, check, final, tol: Tolerance) -> Comparison:
     if ref.mode == "trajectory":
         if not ref.reuse_final:
             final = measure.run_iterations(check, ref.start, ref.n_iters)[0]
-        return measure.compare_trees(base.synced(check, final), ref.outputs[0], tol.rtol, tol.atol)
+        return compare_trees(base.synced(check, final), ref.outputs[0], tol.rtol, tol.atol)
     outs = measure.step_outputs(check, ref.starts, sync=lambda s: base.synced(check, s))
-    return measure.compare_each(outs, ref.outputs, tol.rtol, tol.atol)
+    return compare_each(outs, ref.outputs, tol.rtol, tol.atol)
 
 
 # ------------------------------------------------------------------------------- legality
@@ -434,7 +435,7 @@ class _Trial(NamedTuple):
     cand: measure.Timing
     scaled_s: float  # the candidate's median in the units of the search's baseline
     noise: float  # the spread a gain must exceed
-    cmp: measure.Comparison | None  # None: equality not checked (check_slower=False, not faster)
+    cmp: Comparison | None  # None: equality not checked (check_slower=False, not faster)
     what: str  # how equality was decided, for reasons
     unchecked: str = "check_slower=False"  # why equality was not checked (when cmp is None)
     settled: dict | None = None  # parameters the step chose by measuring (HostStep.measured_params)
@@ -663,7 +664,7 @@ class _Search:
                 def norm(o, collect=collect):  # env state in workers: synced and pruned alike
                     return collect.comparable(o) if isinstance(collect, ProcessCollect) else o
 
-                cmp = measure.compare_trees(
+                cmp = compare_trees(
                     norm(out), norm(self.local_base[piece][1]), t.tolerance.rtol, t.tolerance.atol
                 )
                 if not cmp.equal:
@@ -720,7 +721,7 @@ class _Search:
         """Each legal candidate (up to ``max_candidates``) alone; returns the kept ones with their
         time in baseline units and their comparison."""
         opts, report = self.opts, self.report
-        kept: list[tuple[Transform, float, measure.Comparison]] = []
+        kept: list[tuple[Transform, float, Comparison]] = []
         measured = 0
         for cand in cands:
             t = cand.transform

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rose_jax.compare import compare_trees
 from rose_jax.jaxpr import compat, dataflow
 from rose_jax.jaxpr import cut as J
 from rose_jax.profile.timeline import ActivitySeries, Phase, Timeline
@@ -553,13 +554,9 @@ class SegmentedProgram:
 def compare_outputs(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> dict:
     """``{'match', 'bitwise_equal', 'max_abs_diff', 'num_leaves'}`` of two output pytrees.
 
-    :func:`rose_jax.optimize.measure.compare_trees` (each float leaf within ``atol + rtol * max|b|``
+    :func:`rose_jax.compare.compare_trees` (each float leaf within ``atol + rtol * max|b|``
     for ``match``; every leaf bitwise for ``bitwise_equal``; int, bool and key leaves exactly).
     """
-    # the optimizer's comparator, imported when outputs are compared: importing the optimizer
-    # package at module level would add its start-up cost to every profiler import
-    from rose_jax.optimize import measure  # noqa: PLC0415
-
     # a NaN equals nothing in compare_trees; here a NaN at the same place on both sides (e.g. an RL
     # iteration's episode_return while no episode has finished) is the same output, compared as 0
     # (a NaN on one side only stays unequal); nan_pairs says how many such elements there were
@@ -579,8 +576,8 @@ def compare_outputs(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> dict:
         nan_pairs = sum(int(m.sum()) for m in masks if m is not None)
         if nan_pairs:
             a, b = jax.tree.map(fill, a, b), jax.tree.map(fill, b, a)
-    exact = measure.compare_trees(a, b)
-    close = exact if exact.equal else measure.compare_trees(a, b, rtol, atol)
+    exact = compare_trees(a, b)
+    close = exact if exact.equal else compare_trees(a, b, rtol, atol)
     return {
         "match": close.equal,
         "bitwise_equal": exact.equal,
