@@ -50,17 +50,16 @@ class Algo:
     unit: str
 
     def program(self, config: Any, env: Any, **kwargs: Any) -> Any:
-        """The algorithm's :class:`rose_jax.program.Program` of one iteration (for the optimizer).
-
-        The module's own ``program(config, env)`` when it has one, else the adapter that
-        ``rose_jax.optimize`` provides for it.
-        """
+        """The algorithm's :class:`rose_jax.program.Program` of one iteration (for the optimizer):
+        its module's own ``program(config, env)`` adapter. A module without one is a one-line
+        ValueError (the optimizer has no adapters of its own)."""
         own = getattr(self.module, "program", None)
-        if own is not None:
-            return own(config, env, **kwargs)
-        from rose_jax import optimize
-
-        return getattr(optimize, f"{self.name}_program")(config, env, **kwargs)
+        if own is None:
+            raise ValueError(
+                f"algorithm {self.name!r} ({self.module.__name__}) has no program(config, env): the "
+                "optimizer needs its Program adapter (see docs/ARCHITECTURE.md, how to add an algorithm)"
+            )
+        return own(config, env, **kwargs)
 
     def unit_program(self, config: Any, env: Any, **kwargs: Any) -> Any:
         """What ``train`` runs once per progress report, for the optimizer: PPO's iteration
