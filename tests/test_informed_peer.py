@@ -1,0 +1,110 @@
+"""benchmarks/experiments/informed_peer.py: the rules behind its table (no training here; the
+experiment's whole path runs with ``--smoke``, ~5 min on a 2-core CPU, and on the H200)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from benchmarks.experiments import informed_peer as ip
+
+
+@pytest.mark.parametrize("name", ["sac-hopper", "sac-ant", "ppo-ant", "ppo-humanoid", "smoke"])
+def test_every_brax_keyword_reaches_the_rose_run(name):
+    """Each published Brax keyword becomes a --set of a config field (or --steps/--seed/--env-arg),
+    and the CLI resolves the whole command to a config holding those values."""
+    from rose_jax import cli
+
+    w = ip.workloads()[name]
+    argv = ip.rose_argv(w, 1000, smoke=name == "smoke")
+    ns = cli.build_parser().parse_args(["train", *argv, "--run-dir", "/nonexistent/x"])
+    assert ns.env == w["env"] and ns.algo == w["algo"] and ns.preset == "brax"
+    sets = dict(a.split("=", 1) for a in argv[argv.index("--set") + 1::2] if "=" in a and not a.startswith("--"))
+    for key, value in w["kwargs"].items():
+        if key in ("num_timesteps", "seed", "max_devices_per_host") or (w["algo"] == "sac" and key in (
+                "episode_length", "action_repeat")):
+            continue
+        assert sets[key] == ip._cli_value(value), key
+    assert f"episode_length={w['kwargs'].get('episode_length', 1000)}" in argv
+
+
+def test_unknown_keyword_is_refused():
+    w = dict(ip.workloads()["ppo-ant"])
+    w["kwargs"] = dict(w["kwargs"], not_a_field=1)
+    with pytest.raises(ValueError, match="not_a_field"):
+        ip.rose_argv(w, 1000, smoke=False)
+
+
+def test_peer_steady_leaves_out_brax_two_compile_epochs():
+    # step-0 eval, epoch 1 (compile: 50 s), epoch 2 (recompile: 40 s), then 4 epochs of 1 s per 1M steps
+    t, reports = 0.0, [{"env_steps": 0, "t": 5.0, "sps": None}]
+    t = 5.0
+    for i, dt in enumerate([50, 40, 1, 1, 1.25, 1]):
+        t += dt
+        reports.append({"env_steps": (i + 1) * 1_000_000, "t": t, "sps": 1e6 / dt})
+    median, rates, sps = ip._peer_steady(reports)
+    assert len(rates) == 4  # the two compile epochs are out
+    assert median == pytest.approx(1e6)
+    assert sps == pytest.approx(1e6)  # Brax's own training/sps of epochs 3..6
+
+
+def test_peer_steady_needs_three_intervals():
+    reports = [{"env_steps": i * 10, "t": float(i), "sps": 1.0} for i in range(4)]
+    assert ip._peer_steady(reports)[0] is None
+
+
+def test_rose_steady_leaves_out_the_option_trial():
+    info = {"xla_options": {"rounds": 1, "median_ms": {"default": 12.0, "concurrent_scheduling": 10.0,
+                                                       "concurrent_no_loops": 11.0}, "chosen": "concurrent_scheduling"}}
+    rows, t = [], 0.0
+    for i, dt in enumerate([30, 12, 11, 10, 10, 10, 10]):  # unit 1 compiles; units 1-3 are the trial
+        t += dt
+        rows.append({"env_steps": (i + 1) * 100, "wall_s": t})
+    median, rates = ip._rose_steady(rows, info)
+    assert len(rates) == 4 and median == pytest.approx(10.0)
+    assert ip._trial_cost_s(info) == pytest.approx((0.002 + 0.0 + 0.001))
+    cached = {"xla_options": {**info["xla_options"], "cached": True}}
+    assert len(ip._rose_steady(rows, cached)[1]) == 6
+    assert ip._trial_cost_s(cached) == 0.0
+
+
+def _rec(variant, wall, rate, repeat=1, call="c1", **kw):
+    return {"workload": "ppo-ant", "variant": variant, "repeat": repeat, "call": call, "num_timesteps": 1000,
+            "returncode": 0, "end_to_end_s": wall, "steady_env_steps_per_s": rate, "command": "cmd", **kw}
+
+
+def test_summary_compares_with_the_faster_peer_and_reports_spread(tmp_path):
+    xo = {"chosen": "concurrent_scheduling", "options": {}, "rounds": 1,
+          "median_ms": {"default": 2.0, "concurrent_scheduling": 1.0}}
+    recs = [
+        _rec("peer_default", 100, 900.0), _rec("peer_default", 110, 910.0, 2),
+        _rec("peer_flags", 90, 1000.0), _rec("peer_flags", 94, 1010.0, 2),
+        _rec("rose_first", 60, 1100.0, xla_options=xo, trial_cost_s=0.5),
+        _rec("rose_first", 70, 1100.0, 2, xla_options=xo, trial_cost_s=0.7),
+        _rec("rose_cached", 40, 1100.0, xla_options=xo), _rec("rose_cached", 44, 1100.0, 2, xla_options=xo),
+        {**_rec("rose_cached", 1, None, 3), "returncode": 1},  # a failed run: counted as failed, not timed
+    ]
+    (row,) = ip.summarize(recs, {"ppo-ant": {"equal": True, "max_abs_diff": 0.0}})
+    assert row["speedup_vs_informed_peer"] == pytest.approx(1100 / 1005, abs=1e-3)
+    assert row["end_to_end_s"] == {"peer_default": 105, "peer_flags": 92, "rose_first": 65, "rose_cached": 42}
+    assert row["spread"]["rose_cached"] == [40, 44]
+    assert row["repeats"]["rose_cached"] == 2 and row["failed"]["rose_cached"] == 1
+    assert row["same_call"] is True
+    assert row["plan"] == "concurrent_scheduling" and row["equal"] is True
+    assert row["search_s"] == pytest.approx(0.6)
+    assert row["breakeven_env_steps"] == round(0.6 / (1 / 1005 - 1 / 1100))
+    assert row["rose_cached_vs_peer_flags"] == pytest.approx(92 / 42, abs=1e-3)
+    recs[0]["call"] = "c2"
+    assert ip.summarize(recs)[0]["same_call"] is False
+
+    ip.write(str(tmp_path), recs, {}, "test")
+    data = json.loads((tmp_path / "results.json").read_text())
+    for field in ("workload", "num_timesteps", "peer", "peer_flags", "peer_default_env_steps_per_s",
+                  "peer_flags_env_steps_per_s", "rose_env_steps_per_s", "speedup_vs_informed_peer", "end_to_end_s",
+                  "spread", "repeats", "same_call", "search_s", "breakeven_env_steps", "plan", "equal",
+                  "max_abs_diff", "command", "date"):
+        assert field in data["summary"][0], field
+    assert "| ppo-ant |" in (tmp_path / "results.md").read_text()
+    assert os.path.getsize(tmp_path / "results.png") > 1000
