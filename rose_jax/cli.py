@@ -271,6 +271,12 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def train_job(argv: Sequence[str]) -> Job:
+    """The job ``rose-jax train ARGV`` would run: algorithm, env and validated config, resolved
+    exactly as the command does (no file is touched). For tools that rebuild a run's program."""
+    return _train_job(build_parser().parse_args(["train", *argv]), None)
+
+
 def _train_job(args, stored: dict[str, Any] | None) -> Job:
     if stored is not None:
         return _resolve(args, flags=(("--steps", "num_timesteps", args.steps), ("--seed", "seed", args.seed)),

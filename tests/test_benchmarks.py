@@ -228,7 +228,26 @@ def test_headline_names_the_baselines_a_row_did_not_measure():
     assert "0.95x" in line and "(b) single-jit" in line
     full = _row(brax=100.0, single_jit=200.0, rose_jax=190.0)
     lines = report.headline({"rows": [full]}, "x.json").splitlines()
-    assert next(ln for ln in lines if ln.startswith("| r |")).endswith("| — |")
+    assert next(ln for ln in lines if ln.startswith("| r |")).endswith("| — | not measured | not measured |")
+
+
+def test_every_speedup_table_has_the_informed_peer_and_end_to_end_columns(tmp_path):
+    """Rows measured with the informed-peer method fill the two columns; older rows say so."""
+    assert report.peer_cells({}) == ["not measured", "not measured"]
+    cells = report.peer_cells({"rose_env_steps_per_s": 1100.0, "informed_peer_env_steps_per_s": 1000.0,
+                               "end_to_end_s": 50.0, "peer_end_to_end_s": 100.0})
+    assert cells == ["1,000 (1.10x)", "50 vs 100 (2.00x)"]
+    from benchmarks.experiments import informed_peer as ip
+
+    recs = [{"workload": "ppo-ant", "variant": v, "repeat": r, "call": "c", "num_timesteps": 1000, "returncode": 0,
+             "end_to_end_s": wall + r, "steady_env_steps_per_s": rate, "command": "cmd"}
+            for r in (1, 2) for v, wall, rate in (("peer_default", 100, 900.0), ("peer_flags", 90, 1000.0),
+                                                   ("rose_first", 60, 1100.0), ("rose_cached", 40, 1100.0))]
+    ip.write(str(tmp_path / "informed_peer"), recs, {}, "test")
+    block = report.informed_peer_headline(str(tmp_path))
+    assert "Against the informed peer" in block and "| ppo-ant | 1,000 | 900 | 1,000 | 1,100 | 1.10x |" in block
+    assert "42 (41-42, n=2)" in block  # rose_cached: median 41.5, min-max, repeats
+    assert report.informed_peer_headline(str(tmp_path / "none")) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -737,9 +756,9 @@ def test_multiprocess_headline_puts_end_to_end_beside_the_timed_window(tmp_path)
     lines = [ln for ln in text.splitlines() if ln.startswith("| ") and "workload" not in ln]
     what, mps = "| 4 seeds of PPO ant 2048 envs:", "MPS processes, slack-aware quotas (25/25/25/25 %)"
     assert lines == [
-        f"{what} vmapped (one program), timed | 500 | 1,000 | 2.00x |",
-        f"{what} vmapped (one program), end to end | 200 | 230 | 1.15x |",
-        f"{what} {mps}, timed | 500 | 900 | 1.80x |",
-        f"{what} {mps}, end to end | 200 | 170 | 0.85x |",
+        f"{what} vmapped (one program), timed | 500 | 1,000 | 2.00x | not measured | the next row |",
+        f"{what} vmapped (one program), end to end | 200 | 230 | 1.15x | not measured | this row |",
+        f"{what} {mps}, timed | 500 | 900 | 1.80x | not measured | the next row |",
+        f"{what} {mps}, end to end | 200 | 170 | 0.85x | not measured | this row |",
     ]
     assert "each run 150 iterations (3,072,000 env steps)" in text

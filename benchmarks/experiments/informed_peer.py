@@ -180,10 +180,9 @@ def child_equal(argv: list[str], options: dict[str, Any], result: str) -> int:
     import jax
 
     from rose_jax import cli
-    from rose_jax.optimize.measure import compare_trees
+    from rose_jax.compare import compare_trees
 
-    ns = cli.build_parser().parse_args(["train", *argv])
-    job = cli._train_job(ns, None)
+    job = cli.train_job(argv)
     fn = job.algo.unit_fn(job.config, job.env)
     det = {"xla_gpu_deterministic_ops": True} if jax.default_backend() == "gpu" else {}
     state0 = job.algo.init(job.config, job.env, jax.random.PRNGKey(job.config.seed))

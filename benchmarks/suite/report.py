@@ -302,6 +302,24 @@ def _not_measured(row: dict) -> str:
     return ", ".join(out) or "—"
 
 
+NOT_MEASURED = "not measured"
+PEER_COLUMNS = ["informed peer env-steps/s (rose-jax vs it)", "end to end s (rose-jax vs peer)"]
+
+
+def peer_cells(row: dict) -> list[str]:
+    """The informed-peer and end-to-end cells of a speedup table's row: from the row's
+    ``informed_peer_env_steps_per_s`` (the peer run with the best global XLA flags) and
+    ``end_to_end_s`` / ``peer_end_to_end_s`` (whole runs, compile included) where the row has them,
+    else "not measured" (rows measured before the informed-peer method, issue 30)."""
+    rose = row.get("rose_env_steps_per_s")
+    peer = row.get("informed_peer_env_steps_per_s")
+    a = NOT_MEASURED if not peer else (
+        f"{_fmt_rate(peer)}" + (f" ({rose / peer:.2f}x)" if rose else ""))
+    e2e, peer_e2e = row.get("end_to_end_s"), row.get("peer_end_to_end_s")
+    b = NOT_MEASURED if not (e2e and peer_e2e) else f"{e2e:.0f} vs {peer_e2e:.0f} ({peer_e2e / e2e:.2f}x)"
+    return [a, b]
+
+
 def headline(results: dict, source: str) -> str:
     """The README block: one line of setting and a short table (workload, best baseline, rose-jax, ratio)."""
     rows = results.get("rows", [])
@@ -319,12 +337,13 @@ def headline(results: dict, source: str) -> str:
                 _fmt(s["search_overhead_s"]),
                 _plan(row),
                 _not_measured(row),
+                *peer_cells(row),
             ]
         )
     table = common.markdown_table(
         [
             "workload", "best baseline env-steps/s", "rose-jax env-steps/s", "ratio",
-            "SM % best -> rose-jax", "search s", "plan", "baselines not measured",
+            "SM % best -> rose-jax", "search s", "plan", "baselines not measured", *PEER_COLUMNS,
         ],
         body,
     )
@@ -535,6 +554,9 @@ def experiment_headline(name: str, title: str, root: str | None = None) -> str |
                 if brax and r.get("rose_env_steps_per_s")
                 else ""
             )
+    header += PEER_COLUMNS
+    for line, r in zip(body, rows, strict=True):
+        line += peer_cells(r)
     table = common.markdown_table(header, body)
     gpu = machine.get("gpu") or machine.get("platform", "?")
     when = f"{doc.get('date') or machine.get('date', '?')} on {gpu}"
@@ -592,6 +614,85 @@ def parity_headline(root: str | None = None) -> str | None:
         f"\"s to it\": median seconds from `train()` to the mean of Brax's final returns, over the runs "
         f"that reached it (in brackets: runs that reached it / runs). Generated from "
         f"`{source}`; details in `{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
+    )
+
+
+def informed_peer_headline(root: str | None = None) -> str | None:
+    """``benchmarks/results/informed_peer`` (Brax's trainers as shipped and with the best flag vs
+    ``rose-jax train`` first and cached, whole runs) as the README's first table."""
+    path = os.path.join(root or common.RESULTS_DIR, "informed_peer", "results.json")
+    if not os.path.exists(path):
+        return None
+    doc = load(path)
+    rows = doc.get("summary") or []
+    if not rows:
+        return None
+
+    def e2e(r, v):
+        m, sp = (r.get("end_to_end_s") or {}).get(v), (r.get("spread") or {}).get(v)
+        n = (r.get("repeats") or {}).get(v, 0)
+        return "—" if m is None else f"{m:.0f} ({sp[0]:.0f}-{sp[1]:.0f}, n={n})"
+
+    body = [[r["workload"], f"{r['num_timesteps']:,}" if r.get("num_timesteps") else "—",
+             _fmt_rate(r.get("peer_default_env_steps_per_s")), _fmt_rate(r.get("peer_flags_env_steps_per_s")),
+             _fmt_rate(r.get("rose_env_steps_per_s")),
+             "—" if r.get("speedup_vs_informed_peer") is None else f"{r['speedup_vs_informed_peer']:.2f}x",
+             e2e(r, "peer_default"), e2e(r, "peer_flags"), e2e(r, "rose_first"), e2e(r, "rose_cached"),
+             r.get("plan") or "—", common.fmt_equal(r.get("equal"))] for r in rows]
+    table = common.markdown_table(
+        ["workload", "env steps", "Brax as shipped", "Brax + flag", "rose-jax", "vs informed peer",
+         "Brax s", "Brax + flag s", "rose-jax first s", "rose-jax cached s", "plan", "equal"], body)
+    machine = doc.get("machine") or {}
+    source = os.path.relpath(path, os.path.dirname(README))
+    return (
+        "Against the informed peer, end to end (`python -m benchmarks.experiments.informed_peer`): "
+        f"{machine.get('date', '?')} on {machine.get('gpu') or machine.get('backend', '?')}; jax "
+        f"{machine.get('jax', '?')}, brax {machine.get('brax', '?')}. Brax's own trainer with Brax's published "
+        "keywords as shipped and with `XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT`, vs "
+        "`rose-jax train` with the same keywords (first run on empty caches, then cached); steady env-steps/s "
+        "and whole runs in their own processes (s: median, min-max, n repeats). Generated from "
+        f"`{source}`; details in `{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
+    )
+
+
+def default_options_headline(root: str | None = None) -> str | None:
+    """``benchmarks/results/default_options`` (``rose-jax train`` as shipped vs XLA's defaults and
+    the informed user's flag on the same loop, whole runs) as a README table."""
+    path = os.path.join(root or common.RESULTS_DIR, "default_options", "results.json")
+    if not os.path.exists(path):
+        return None
+    doc = load(path)
+    rows = doc.get("summary") or []
+    if not rows:
+        return None
+
+    def cell(e, v):
+        x = e.get(v) or {}
+        m, sp = x.get("end_to_end_s"), x.get("end_to_end_spread")
+        return "—" if m is None else f"{m:.1f} ({sp[0]:.1f}-{sp[1]:.1f}, n={x.get('repeats')})"
+
+    body = []
+    for e in rows:
+        rates = {v: (e.get(v) or {}).get("steady_env_steps_per_s") for v in ("xla_defaults", "peer_flags",
+                                                                               "rose_default")}
+        sp, ee = e.get("speedup_vs_informed_peer"), e.get("end_to_end_vs_informed_peer")
+        body.append([e["workload"], _fmt_rate(rates["xla_defaults"]), _fmt_rate(rates["peer_flags"]),
+                     _fmt_rate(rates["rose_default"]), "—" if sp is None else f"{sp:.2f}x",
+                     cell(e, "xla_defaults"), cell(e, "peer_flags"), cell(e, "rose_default"),
+                     "—" if ee is None else f"{ee:.2f}x"])
+    table = common.markdown_table(
+        ["workload", "XLA defaults env-steps/s", "informed peer (flag) env-steps/s", "rose-jax env-steps/s",
+         "vs informed peer", "XLA defaults s", "informed peer s", "rose-jax s", "end to end vs informed peer"],
+        body)
+    machine = doc.get("machine") or {}
+    source = os.path.relpath(path, os.path.dirname(README))
+    return (
+        "`rose-jax train` as shipped vs the same loop under XLA's defaults and under the informed user's "
+        "flag (`python -m benchmarks.experiments.default_options`): "
+        f"{machine.get('date', '?')} on {machine.get('gpu') or machine.get('backend', '?')}; jax "
+        f"{machine.get('jax', '?')}. Whole runs in their own processes, compile cache off (s: median, "
+        f"min-max, n repeats). Generated from `{source}`; details in `{os.path.splitext(source)[0]}.md`."
+        f"\n\n{table}\n"
     )
 
 
@@ -691,7 +792,11 @@ def multiprocess_headline(root: str | None = None) -> str | None:
     if not body:
         return None
     machine, date = when
-    table = common.markdown_table(["workload", "baseline", "rose-jax", "speedup"], body)
+    for line in body:  # the sweep's end-to-end rows are their own rows; no informed peer ran here
+        label = line[0]
+        line += [NOT_MEASURED, "this row" if label.endswith("end to end") else
+                 "the next row" if label.endswith(", timed") else NOT_MEASURED]
+    table = common.markdown_table(["workload", "baseline", "rose-jax", "speedup", *PEER_COLUMNS], body)
     return (
         "Several processes on one GPU (`python -m benchmarks.experiments.sweep`, "
         f"`python -m benchmarks.experiments.env_groups --mps-client`): {date} on "
@@ -719,8 +824,9 @@ def readme_block(suite: str = "auto", root: str | None = None) -> str:
             raise ValueError(f"no results for suite {suite!r} under {suite_dir(suite, root)}")
         return block
     main = _suite_headline("full", root, complete_only=True) or _suite_headline("quick", root)
-    blocks = [b for b in (main, _suite_headline("epoch", root)) if b]
     results_root = None if root is None else os.path.dirname(root)
+    blocks = [b for b in (informed_peer_headline(results_root), default_options_headline(results_root)) if b]
+    blocks += [b for b in (main, _suite_headline("epoch", root)) if b]
     blocks += [b for b in (experiment_headline(n, t, results_root) for n, t in EXPERIMENTS) if b]
     blocks += [b for b in (multiprocess_headline(results_root), parity_headline(results_root)) if b]
     if blocks:
