@@ -802,6 +802,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_arguments(w)
     w.set_keys = True
     w.set_defaults(func=sweep.main_sweep)
+
+    from algos import bench  # envs x algos x seeds x settings, packed, with one report
+
+    b = sub.add_parser("bench", help="a benchmark: envs x algos x seeds x settings on one GPU, one report",
+                       description=bench.DESCRIPTION)
+    bench.add_arguments(b)
+    b.set_keys = True
+    b.set_defaults(func=bench.main_bench)
     return p
 
 

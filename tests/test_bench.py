@@ -1,0 +1,124 @@
+"""``rose-jax bench`` (algos/bench.py): expansion, packing, the mode decision, failure containment,
+resume and the report, on tiny CPU configs (real training, real run directories)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from algos import bench
+
+TINY = ["num_envs=4", "unroll_length=4", "num_minibatches=1", "num_epochs=1", "policy_hidden_sizes=[8]",
+        "value_hidden_sizes=[8]"]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_broken_env(**_):
+    """An env factory that raises (a user's broken env): its group fails when it starts."""
+    raise RuntimeError("broken env factory (test)")
+
+
+def test_expand_and_plan_pack_data_settings_into_one_program():
+    runs = bench.expand(["pendulum", "cartpole"], ["ppo"], [0, 1], sets=TINY,
+                        grid=["learning_rate=1e-3,3e-4", "entropy_cost=0.0,0.01"], steps=64)
+    assert len(runs) == 2 * 4 * 2
+    assert len({r.run_dir("/r") for r in runs}) == len(runs)
+    groups = bench.plan(runs)
+    # learning_rate and entropy_cost are data: one program per env, 8 runs each
+    assert [len(g.runs) for g in groups] == [8, 8] and {g.env for g in groups} == {"pendulum", "cartpole"}
+    g = groups[0]
+    assert sorted(dict(g.settings[0])) == ["entropy_cost", "learning_rate"]
+    assert len({(r.seed, s) for r, s in zip(g.runs, g.settings)}) == 8
+    # a shape field in the grid splits programs
+    runs = bench.expand(["pendulum"], ["ppo"], [0], sets=TINY[1:], grid=["num_envs=4,8"], steps=64)
+    assert [len(g.runs) for g in bench.plan(runs)] == [1, 1]
+    # --max-group splits a large group in order
+    runs = bench.expand(["pendulum"], ["ppo"], [0, 1, 2, 3, 4], sets=TINY, steps=64)
+    assert [len(g.runs) for g in bench.plan(runs, max_group=2)] == [2, 2, 1]
+
+
+def test_scoped_settings_and_bad_requests_are_one_line():
+    runs = bench.expand(["pendulum"], ["ppo", "sac"], [0], sets=["ppo.num_envs=4", "learning_rate=1e-3"], steps=64)
+    ppo_run = next(r for r in runs if r.algo == "ppo")
+    sac_run = next(r for r in runs if r.algo == "sac")
+    assert dict(ppo_run.overrides)["num_envs"] == 4 and "num_envs" not in dict(sac_run.overrides)
+    with pytest.raises(ValueError, match="not a sac config field.*sac.unroll_length|unroll_length"):
+        bench.expand(["pendulum"], ["ppo", "sac"], [0], sets=["unroll_length=4"])
+    with pytest.raises(ValueError, match="distinct"):
+        bench.expand(["pendulum"], ["ppo"], [1, 1])
+    with pytest.raises(ValueError, match="max-group"):
+        bench.plan(runs, max_group=0)
+
+
+def test_choose_mode_follows_the_measured_probe():
+    # two programs that slow each other down little: side by side wins
+    mode, why = bench.choose_mode([0.010, 0.020], [0.012, 0.024], [100, 100])
+    assert mode == "processes" and "side by side" in why
+    # a GPU already full: together each takes twice as long -> one after another
+    mode, _ = bench.choose_mode([0.010, 0.010], [0.020, 0.021], [100, 100])
+    assert mode == "sequential"
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_cli_bad_input_is_one_line_and_makes_nothing(tmp_path, capsys):
+    for argv, match in ((["--algo", "ppo"], "--env is required"), (["--env", "pendulum", "--algo", "nope"], "nope"),
+                        (["--env", "pendulum", "--seeds", "1,1"], "distinct"),
+                        (["--env", "pendulum", "--set", "nosuch=1"], "nosuch"),
+                        (["--env", "pendulum", "--steps", "0"], "> 0")):
+        assert bench.main_bench(_parse([*argv, "--run-dir", str(tmp_path / "b")])) == 2, argv
+        err = capsys.readouterr().err
+        assert match in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "b").exists()
+    assert bench.main_bench(_parse(["--resume", "--run-dir", str(tmp_path / "b")])) == 2
+    assert "holds no benchmark" in capsys.readouterr().err
+
+
+def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path):
+    """Two programs (pendulum: 2 seeds x 2 learning rates vmapped; a broken env's group) one after
+    another; the broken group is reported failed, the other finishes; the report aggregates the
+    four runs; --resume redoes nothing that finished."""
+    root = tmp_path / "b"
+    broken = "tests.test_bench:make_broken_env"
+    argv = ["--env", f"pendulum,{broken}", "--algo", "ppo", "--seeds", "2", "--steps", "64",
+            "--grid", "learning_rate=1e-3,3e-4", "--run-dir", str(root), *sum((["--set", s] for s in TINY), [])]
+    r = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", *argv], cwd=REPO, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    plan = json.loads((root / "bench.json").read_text())
+    assert plan["mode"] == "sequential" and "cpu backend" in plan["why"]
+    assert len(plan["groups"]) == 2 and [len(g["runs"]) for g in plan["groups"]] == [4, 4]
+    ok = [v for k, v in plan["statuses"].items() if k.startswith("pendulum")]
+    bad = [v for k, v in plan["statuses"].items() if not k.startswith("pendulum")]
+    assert ok == ["finished"] and bad[0].startswith("failed") and "broken env factory" in bad[0]
+    pendulum_runs = sorted(p.parent for p in (root / "pendulum").rglob("summary.json"))
+    assert len(pendulum_runs) == 4
+    for d in pendulum_runs:  # each run directory holds that run's own config
+        info = json.loads((d / "run.json").read_text())
+        lr = float(d.parent.name.split("=")[1])
+        assert info["config"]["learning_rate"] == pytest.approx(lr)
+        assert info["config"]["seed"] == int(d.name.split("-")[1])
+        assert json.loads((d / "summary.json").read_text())["status"] == "finished"
+    report = (root / "report" / "report.md").read_text()
+    assert "learning_rate=0.001" in report and "learning_rate=0.0003" in report
+    assert "broken env factory" in report  # the failed runs, listed with their error
+    scores = json.loads((root / "report" / "scores.json").read_text())
+    assert scores and (root / "report" / "curves.png").stat().st_size > 1000
+    before = {d: (d / "metrics.jsonl").stat().st_mtime_ns for d in pendulum_runs}
+    r2 = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
+                        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 1, r2.stderr[-2000:]  # the broken group fails again; nothing else is redone
+    plan2 = json.loads((root / "bench.json").read_text())
+    assert [v for k, v in plan2["statuses"].items() if k.startswith("pendulum")] == ["finished (already)"]
+    assert before == {d: (d / "metrics.jsonl").stat().st_mtime_ns for d in pendulum_runs}
+    assert os.path.exists(root / "report" / "report.md")
