@@ -31,6 +31,7 @@ import optax
 import rose_jax
 from algos import driver, networks, normalize, ppo_brax, registry
 from algos.ppo_core import (  # the pieces both layouts share; re-exported as algos.ppo's
+    DATA_FIELDS,
     Learner,
     LossMetrics,
     Metrics,
@@ -529,6 +530,7 @@ train.__signature__ = registry.train_signature(train_with_config)
 
 
 __all__ = [
+    "DATA_FIELDS",
     "Batch",
     "LossMetrics",
     "Metrics",

@@ -226,6 +226,28 @@ class PPOConfig:
                 )
 
 
+# The config fields that may be vmapped as data (``algos.sweep.train_many(..., settings=...)``):
+# each enters the iteration only as arithmetic on a scalar (learning_rate: Adam's step size, the
+# multiplier of optax.scale; discounting / gae_lambda: GAE (both layouts); clipping_epsilon,
+# entropy_cost, value_cost: the loss; reward_scaling: the rewards before GAE; max_grad_norm: the
+# threshold of optax.clip_by_global_norm, a ``select`` on the gradient norm), never a shape, a
+# loop count or Python control flow, and ``init`` does not read it (Adam's and the clip's
+# states do not depend on their scalars). A data value must be a number: ``max_grad_norm=None``
+# (no clipping) changes the program and is a config, not data. Not data: the sizes and counts
+# (shapes, scan lengths), normalize_observations / normalize_advantage (Python branches),
+# activation and the network sizes, seed (the init key), and the driver's fields.
+DATA_FIELDS = (
+    "learning_rate",
+    "discounting",
+    "gae_lambda",
+    "clipping_epsilon",
+    "entropy_cost",
+    "value_cost",
+    "reward_scaling",
+    "max_grad_norm",
+)
+
+
 def program_key(config: PPOConfig) -> PPOConfig:
     """``config`` without the fields compiled programs do not read (a cache key for them)."""
     return dataclasses.replace(config, num_timesteps=1, seed=0)

@@ -171,6 +171,27 @@ class SACConfig:
         return self.num_envs * self.steps_per_iteration
 
 
+# The config fields that may be vmapped as data (``algos.sweep.train_many(..., settings=...)``):
+# each enters the iteration only as arithmetic on a scalar (the three Adam step sizes, the
+# multipliers of optax.scale; discounting and reward_scaling: the critic target; tau: Polyak
+# averaging; target_entropy: the alpha loss), never a shape, a loop count or Python control flow,
+# and ``init`` (with its prefill) does not read it. A data value must be a number:
+# ``critic_learning_rate=None`` (the critic uses learning_rate) and ``target_entropy=None``
+# (-action_size) are resolved when the program is built. Not data: init_alpha (read by init
+# only, which a vmapped group shares), the sizes and counts (shapes, scan lengths),
+# normalize_observations (a Python branch), activation and the network sizes, seed (the init
+# key), and the driver's fields.
+DATA_FIELDS = (
+    "learning_rate",
+    "critic_learning_rate",
+    "alpha_learning_rate",
+    "discounting",
+    "tau",
+    "reward_scaling",
+    "target_entropy",
+)
+
+
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -247,7 +268,7 @@ class SAC(NamedTuple):
     critic_optimizer: optax.GradientTransformation
     alpha_optimizer: optax.GradientTransformation
     buffer: replay.Buffer
-    target_entropy: float
+    target_entropy: float  # a traced scalar when vmapped as data (algos.sweep)
 
 
 def make(config: SACConfig, env: Env) -> SAC:
@@ -268,6 +289,9 @@ def make(config: SACConfig, env: Env) -> SAC:
     critic_lr = (
         config.critic_learning_rate if config.critic_learning_rate is not None else config.learning_rate
     )
+    target_entropy = config.target_entropy if config.target_entropy is not None else -act_size
+    if not isinstance(target_entropy, jax.Array):  # a traced value (a vmapped setting) stays one
+        target_entropy = float(target_entropy)
     return SAC(
         config=config,
         env=env,
@@ -277,7 +301,7 @@ def make(config: SACConfig, env: Env) -> SAC:
         critic_optimizer=optax.adam(critic_lr),
         alpha_optimizer=optax.adam(config.alpha_learning_rate),
         buffer=replay.uniform(config.replay_capacity, example),
-        target_entropy=float(config.target_entropy if config.target_entropy is not None else -act_size),
+        target_entropy=target_entropy,
     )
 
 
@@ -937,6 +961,7 @@ train.__signature__ = registry.train_signature(train_with_config)
 
 
 __all__ = [
+    "DATA_FIELDS",
     "Learner",
     "Metrics",
     "SAC",

@@ -4,14 +4,22 @@ Two paths, one run directory per run (:mod:`rose_jax.rundir`'s layout: ``run.jso
 ``metrics.jsonl``, derived ``metrics.json`` / ``learning_curve.png`` / ``summary.json``, and
 ``checkpoints/<env steps>/``):
 
-* :func:`train_many` ``(config, env, seeds)``: the algorithm's init is vmapped over ``K`` keys
-  and its jitted step (PPO: one iteration; SAC: one epoch, as their ``train`` drivers use) is
-  vmapped over the leading seed axis of the stacked TrainState: one compile, one dispatch per
-  step for all seeds. Each seed has its own run directory; its metrics rows and checkpoints are
-  slices of the vmapped state and metrics, so a seed's checkpoint restores into a solo run.
-  Per-seed results equal solo runs up to the summation order of batched vs unbatched kernels
-  (on a CPU: within rtol 1e-5 / atol 1e-6 after a few PPO iterations, tests/test_sweep.py). The
-  seeds share fate: one program, one process.
+* :func:`train_many` ``(config, env, seeds, settings=None)``: the algorithm's init is vmapped
+  over ``K`` keys and its jitted step (PPO: one iteration; SAC: one epoch, as their ``train``
+  drivers use) is vmapped over the leading run axis of the stacked TrainState: one compile, one
+  dispatch per step for all runs. ``settings`` (one dict per run) adds per-run values of the
+  algorithm's data fields (``DATA_FIELDS`` of :mod:`algos.ppo_core` / :mod:`algos.sac`: the
+  scalars that enter the program only as arithmetic, e.g. learning rates, entropy cost,
+  discount, tau, reward scaling): the step is built by :func:`settings_step` with those fields
+  as traced values (:func:`settings_config`), so they are vmapped data, and the compile cache key
+  holds the field names, not the values: any values of the same fields (and shapes) reuse one
+  program. Each run has its own run directory, whose ``run.json`` holds that run's own config
+  (seed and settings values); its metrics rows and checkpoints are slices of the vmapped state
+  and metrics, so a run's checkpoint restores into a solo run of its config. Per-run results
+  equal solo runs up to the summation order of batched vs unbatched kernels and the rounding of
+  scalar constants folded in float64 vs float32 data (on a CPU: within rtol 1e-5 / atol 1e-6
+  after a few steps, tests/test_sweep.py, tests/test_sweep_settings.py). The runs share fate:
+  one program, one process.
 * :class:`ProcessSweep` ``(runs, run_root)``: one OS process per :class:`RunSpec` (a config and
   its seeds, each process itself a :func:`train_many`), under one MPS daemon where MPS is
   available, each with its SM quota (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` in the environment it
@@ -127,23 +135,109 @@ def _algo_of(config: Any, env: Any) -> tuple[Any, Any, Callable, int]:
     return record, env, step, record.num_units(config)
 
 
-def _check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
+def _check_seeds(seeds: Sequence[int], distinct: bool = True) -> tuple[int, ...]:
     seeds = tuple(seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in seeds):
         raise ValueError(f"seeds must be a non-empty sequence of non-negative ints, got {seeds!r}")
-    if len(set(seeds)) != len(seeds):
+    if distinct and len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct, got {seeds!r}")
     return tuple(int(s) for s in seeds)
+
+
+# ----------------------------------------------------------------------------------------------
+# Settings: config fields vmapped as data
+
+
+def data_fields(config: Any) -> tuple[str, ...]:
+    """The fields of ``config``'s algorithm that may be vmapped as data: its module's
+    ``DATA_FIELDS`` (``algos.ppo_core.DATA_FIELDS``, ``algos.sac.DATA_FIELDS``; () if it has none)."""
+    return tuple(getattr(_record_of(config).module, "DATA_FIELDS", ()))
+
+
+def settings_config(config: Any, values: Mapping[str, Any]) -> Any:
+    """A copy of ``config`` with the fields ``values`` replaced, WITHOUT ``__post_init__``.
+
+    For the program of a settings group: ``values`` are tracers (one scalar per run under vmap),
+    which the config's validation cannot check; :func:`train_many` validates every run's
+    concrete values first (``dataclasses.replace``). ``config`` itself is not changed.
+    """
+    import copy
+
+    out = copy.copy(config)  # a frozen dataclass: copied without __init__ / __post_init__
+    for name, value in values.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
+def settings_step(config: Any, env: Any) -> Callable[[Any, Mapping[str, Any]], tuple[Any, Any]]:
+    """``step(state, values) -> (state, metrics)``: the step of :func:`train_many` (PPO: one
+    iteration; SAC: one epoch) of ``config`` on ``env`` with the fields in ``values`` (a dict
+    ``{field: scalar array}``, fields of :func:`data_fields`) read from ``values`` as traced data:
+    jit it (and vmap it over a leading run axis of ``state`` and ``values``) once, and any values
+    of those fields run in that one compiled program. ``config``'s own values of those fields are
+    not read. A field outside :func:`data_fields` is a one-line ValueError (when traced).
+    """
+    record, env, _, _ = _algo_of(config, env)  # validates; resolves the env (PPO) once
+    allowed = data_fields(config)
+
+    def step(state: Any, values: Mapping[str, Any]) -> tuple[Any, Any]:
+        _check_fields(record, values, allowed)
+        cfg = settings_config(config, values)
+        unit = record.epoch(cfg, env) if record.unit == "epoch" else record.iteration(cfg, env)
+        return unit(state)
+
+    return step
+
+
+def _check_fields(record: Any, keys: Any, allowed: Sequence[str]) -> None:
+    for name in keys:
+        if name not in allowed:
+            raise ValueError(f"train_many: settings field {name!r} is not data of {record.name} (a shape, "
+                             f"loop count, branch or init input); allowed: {', '.join(allowed)}")
+
+
+def _check_settings(config: Any, seeds: tuple[int, ...], settings: Sequence[Mapping[str, Any]]
+                    ) -> tuple[tuple[dict, ...], tuple[Any, ...]]:
+    """(the settings as dicts, each run's validated concrete config); one-line ValueErrors."""
+    record = _record_of(config)
+    if isinstance(settings, Mapping) or not isinstance(settings, Sequence):
+        raise ValueError(f"train_many: settings must be a sequence of dicts (one per run), got "
+                         f"{type(settings).__name__}")
+    settings = tuple(settings)
+    if len(settings) != len(seeds):
+        raise ValueError(f"train_many: settings must hold {len(seeds)} dicts (one per seed), "
+                         f"got {len(settings)}")
+    if not all(isinstance(s, Mapping) for s in settings):
+        raise ValueError("train_many: settings must be a sequence of dicts (one per run)")
+    keys = list(settings[0])
+    _check_fields(record, keys, data_fields(config))
+    out, configs = [], []
+    for i, (seed, one) in enumerate(zip(seeds, settings, strict=True)):
+        if set(one) != set(keys):
+            raise ValueError(f"train_many: every settings dict must have the same keys; settings[0] has "
+                             f"{sorted(keys)}, settings[{i}] has {sorted(one)}")
+        one = {k: (one[k].item() if isinstance(one[k], np.generic) else one[k]) for k in keys}
+        configs.append(dataclasses.replace(config, seed=seed, **one))  # the config's own errors
+        for k, v in one.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"train_many: settings[{i}][{k!r}] must be a number (data), got {v!r}")
+        out.append(one)
+    pairs = [(s, tuple(sorted(o.items()))) for s, o in zip(seeds, out, strict=True)]
+    if len(set(pairs)) != len(pairs):
+        raise ValueError(f"train_many: the runs' (seed, settings) pairs must be distinct, got "
+                         f"{list(zip(seeds, out, strict=True))!r}")
+    return tuple(out), tuple(configs)
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepResult:
     """What :func:`train_many` returns.
 
-    seeds: the K seeds. state: the final TrainStates stacked on a leading axis of size K (for
-    K = 1 too). metrics: per seed, the host rows (dicts of floats) of the steps run by this call.
-    run_dirs: per seed, its run directory (None when none was given). stopped: a ``progress_fn``
-    raised ``algos.driver.StopTraining`` (the run ended early, with checkpoints).
+    seeds: the K runs' seeds. state: the final TrainStates stacked on a leading axis of size K
+    (for K = 1 too). metrics: per run, the host rows (dicts of floats) of the steps run by this
+    call. run_dirs: per run, its run directory (None when none was given). stopped: a
+    ``progress_fn`` raised ``algos.driver.StopTraining`` (the run ended early, with checkpoints).
+    settings: per run, its settings dict (None when ``train_many`` got none).
     """
 
     seeds: tuple[int, ...]
@@ -151,9 +245,10 @@ class SweepResult:
     metrics: tuple[list[dict], ...]
     run_dirs: tuple[str | None, ...]
     stopped: bool = False
+    settings: tuple[dict, ...] | None = None
 
     def seed_state(self, i: int) -> Any:
-        """The final TrainState of seed index ``i`` (unstacked, as a solo run's)."""
+        """The final TrainState of run index ``i`` (unstacked, as a solo run's)."""
         return _slice(self.state, i)
 
 
@@ -162,6 +257,7 @@ def train_many(
     env: Any,
     seeds: Sequence[int],
     *,
+    settings: Sequence[Mapping[str, float]] | None = None,
     run_dirs: Sequence[str | os.PathLike] | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
     progress_fn: Callable[[int, list[dict]], None] | None = None,
@@ -170,26 +266,42 @@ def train_many(
     checkpoints: bool = True,
     resume: bool = False,
 ) -> SweepResult:
-    """Train ``len(seeds)`` seeds of one config as one vmapped, jitted program.
+    """Train K runs of one config (``len(seeds)``: seeds, and with ``settings`` the values of
+    data fields) as one vmapped, jitted program.
+
+    Run i is a solo run of ``dataclasses.replace(config, seed=seeds[i], **settings[i])``: the
+    same result up to the summation order of batched kernels (within rtol 1e-5 / atol 1e-6 after
+    a few steps on a CPU), the same run directory. The settings' values are data of the program
+    (vmapped arrays), not constants in it: one compile serves any values of the same fields.
 
     Args:
       config: an algorithm's config (``PPOConfig``, ``SACConfig``); its ``seed`` is replaced by
-        each of ``seeds``.
+        each of ``seeds``, its fields named in ``settings`` by each run's values.
       env: an ``envs.Env``, or a registry name (or ``"package.module:factory"``) built with
         ``env_kwargs``.
-      seeds: K distinct non-negative ints; seed s starts from ``PRNGKey(s)``, as ``train(seed=s)``.
-      run_dirs: one directory per seed (e.g. :func:`seed_dirs`), or None for no files. Each is a
-        ``rose_jax.rundir`` run directory: ``run.json``, the record ``metrics.jsonl`` (one row per
+      seeds: K non-negative ints; run i starts from ``PRNGKey(seeds[i])``, as ``train(seed=s)``.
+        Distinct without ``settings``; with it a seed may repeat, but the (seed, settings) pairs
+        must be distinct.
+      settings: None, or K dicts ``{field: number}`` (one per run, the same keys in each), each
+        field one of the algorithm's ``DATA_FIELDS`` (:func:`data_fields`: scalars that enter the
+        program only as arithmetic, e.g. PPO's learning_rate, entropy_cost, discounting; SAC's
+        learning rates, discounting, tau). Another field is a one-line ValueError naming the
+        allowed ones; a bad value (``discounting=1.5``) is the config's own one-line ValueError,
+        before anything compiles or is written. With K = 1 the run is the solo program itself.
+      run_dirs: one directory per run (e.g. :func:`seed_dirs` for distinct seeds), or None for no
+        files. Each is a ``rose_jax.rundir`` run directory: ``run.json`` (its ``config`` is the
+        run's own, seed and settings values included), the record ``metrics.jsonl`` (one row per
         step: ``env_steps``, ``wall_s`` since the start, ``time`` (unix seconds), the step's scalar
         metrics), the derived ``metrics.json`` / ``learning_curve.png`` / ``summary.json``, and
-        ``checkpoints/`` holding that seed's slices of the vmapped state (restorable by a solo run).
-      progress_fn: ``progress_fn(env_steps, rows)`` after each step, ``rows`` one dict per seed; it
+        ``checkpoints/`` holding that run's slices of the vmapped state (restorable by a solo run
+        of its config).
+      progress_fn: ``progress_fn(env_steps, rows)`` after each step, ``rows`` one dict per run; it
         may raise ``algos.driver.StopTraining`` to stop after the step in flight, with checkpoints.
       checkpoint_every: also checkpoint every N steps (PPO: iterations; SAC: epochs); with
         ``run_dirs`` a checkpoint is always written at the end (and on a stop).
-      keep_checkpoints: keep the N newest checkpoints per seed plus the best (None: all).
+      keep_checkpoints: keep the N newest checkpoints per run plus the best (None: all).
       checkpoints: False writes no checkpoint at all (records only; e.g. for benchmarks).
-      resume: continue from each seed's latest checkpoint (all seeds must be at the same step).
+      resume: continue from each run's latest checkpoint (all runs must be at the same step).
 
     Returns:
       a :class:`SweepResult`. On an exception every seed's summary says ``failed`` with the error.
@@ -203,19 +315,34 @@ def train_many(
         env = make_env(env, env_kwargs)
     else:
         env_name = getattr(env, "name", str(env))
-    seeds = _check_seeds(seeds)
+    seeds = _check_seeds(seeds, distinct=settings is None)
     k = len(seeds)
     record, _, _, num_steps = _algo_of(config, env)  # validates; _compiled resolves the env itself
+    configs = tuple(dataclasses.replace(config, seed=s) for s in seeds)
+    fields: tuple[str, ...] = ()
+    values = None
+    if settings is not None:
+        settings, configs = _check_settings(config, seeds, settings)
+        if k == 1:  # one run: its own config, the solo program
+            config = configs[0]
+        else:
+            fields = tuple(sorted(settings[0]))
+            values = {f: np.asarray([s[f] for s in settings], np.float32) for f in fields}
     if run_dirs is not None:
         run_dirs = [os.fspath(d) for d in run_dirs]
         if len(run_dirs) != k or len(set(map(os.path.abspath, run_dirs))) != k:
-            raise ValueError(f"run_dirs must be {k} distinct directories (one per seed), got {run_dirs!r}")
+            raise ValueError(f"run_dirs must be {k} distinct directories (one per run), got {run_dirs!r}")
     driver.check_loop_args(run_dirs if checkpoints else None, checkpoint_every, keep_checkpoints)
     if resume and (run_dirs is None or not checkpoints):
         raise ValueError("train_many: resume=True needs run_dirs with checkpoints")
 
     batched = k > 1
-    init_fn, step = _compiled(config, env, batched)
+    init_fn, step = _compiled(config, env, batched, fields)
+    if values is not None:
+        values_step, values = step, jax.device_put(values)  # one transfer; each step reads them
+
+        def step(state):
+            return values_step(state, values)
     keys = jax.numpy.stack([jax.random.PRNGKey(s) for s in seeds])
     state = init_fn(keys) if batched else init_fn(keys[0])
     ckpt_dirs = [os.path.join(d, CHECKPOINT_DIR) for d in run_dirs] if run_dirs and checkpoints else None
@@ -234,10 +361,11 @@ def train_many(
     history: list[list[dict]] = [[] for _ in seeds]
     try:
         if run_dirs is not None:
-            for d, s in zip(run_dirs, seeds, strict=True):
+            for d, run_config in zip(run_dirs, configs, strict=True):
                 info = {"algo": record.name, "env": env_name, "env_kwargs": dict(env_kwargs or {}),
-                        "config": dataclasses.asdict(dataclasses.replace(config, seed=s)),
-                        "sweep_seeds": list(seeds)}
+                        "config": dataclasses.asdict(run_config), "sweep_seeds": list(seeds)}
+                if settings is not None:
+                    info["sweep_settings"] = [dict(s) for s in settings]
                 runs.append(_open_run(d, json.loads(json.dumps(info, default=_json_default)), resume_step))
         t0 = time.perf_counter()
         first = _slice(state, 0) if batched else state
@@ -276,7 +404,8 @@ def train_many(
         for run in runs:
             run.finish("interrupted" if stop else "finished", title, {"seeds": list(seeds)})
         stacked = state if batched else jax.tree.map(lambda x: x[None], state)
-        return SweepResult(seeds, stacked, tuple(history), tuple(run_dirs) if run_dirs else (None,) * k, stop)
+        return SweepResult(seeds, stacked, tuple(history), tuple(run_dirs) if run_dirs else (None,) * k, stop,
+                           settings)
     except BaseException as e:
         status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
         for run in runs:
@@ -290,20 +419,28 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
-def _compiled(config: Any, env: Any, batched: bool) -> tuple[Callable, Callable]:
-    """(init, step), jitted and vmapped when ``batched``; cached per (config without seed, env)
-    (the seed only enters through the init key)."""
-    return _compiled_cached(dataclasses.replace(config, seed=0), env, batched)
+def _compiled(config: Any, env: Any, batched: bool,
+              fields: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
+    """(init, step), jitted and vmapped when ``batched``; cached per (config without seed and
+    without the values of ``fields``, env, fields): the seed only enters through the init key,
+    ``fields`` (data fields) through ``step(state, values)`` (:func:`settings_step`), so every
+    value of them shares one program. The key config holds the class defaults of ``fields``;
+    init reads no data field (``DATA_FIELDS``' rule), so its state is each run's."""
+    defaults = {f: type(config).__dataclass_fields__[f].default for f in fields}
+    return _compiled_cached(dataclasses.replace(config, seed=0, **defaults), env, batched, tuple(fields))
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_cached(config: Any, env: Any, batched: bool) -> tuple[Callable, Callable]:
+def _compiled_cached(config: Any, env: Any, batched: bool,
+                     fields: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
     import jax
 
-    record, env, step, _ = _algo_of(config, env)
+    record, env_resolved, step, _ = _algo_of(config, env)
+    if fields:
+        step = settings_step(config, env)  # resolves env itself (PPO's resolve_env wraps again)
 
     def init(key):
-        return record.init(config, env, key)
+        return record.init(config, env_resolved, key)
 
     donate = (0,) if jax.default_backend() != "cpu" else ()  # CPU cannot donate (it would warn)
     if not batched:
@@ -1179,7 +1316,10 @@ __all__ = [
     "read_summary",
     "run_processes",
     "search_run_quotas",
+    "data_fields",
     "seed_dirs",
+    "settings_config",
+    "settings_step",
     "train_many",
 ]
 
