@@ -101,38 +101,65 @@ def _scoped(items: Sequence[str], algo: str, record: Any) -> list[str]:
 
 def expand(envs: Sequence[str], algos: Sequence[str], seeds: Sequence[int], sets: Sequence[str] = (),
            grid: Sequence[str] = (), steps: int | None = None, preset: str | None = None,
-           env_kwargs: Mapping[str, Any] | None = None) -> list[BenchRun]:
-    """Every run of the request, in a stable order (env, algo, setting, seed); one-line ValueErrors."""
-    from algos import registry
-    from algos import sweep
+           env_kwargs: Mapping[str, Any] | None = None,
+           pairs: Sequence[tuple[str, str]] | None = None) -> list[BenchRun]:
+    """Every run of the request, in a stable order (env, algo, setting, seed); one-line ValueErrors.
 
+    ``pairs``: ``(algo, env)`` pairs to run instead of every env x every algo. ``preset``:
+    ``"brax"`` (Brax's defaults) or ``"published"`` (Brax's published configuration of each
+    (algo, env), :func:`algos.presets.published_run`; its length unless ``steps`` is given).
+    ``--set`` / ``--grid`` items go on top (``algo.key=...`` for one algorithm's runs)."""
     import envs as env_registry
+    from algos import presets, registry
+    from algos import sweep
 
     if not seeds:
         raise ValueError("a benchmark needs at least one seed")
-    for env in envs:
+    sweep._check_seeds(seeds)
+    pairs = list(pairs) if pairs else [(a, e) for e in envs for a in algos]
+    for _, env in pairs:
         if ":" not in env and not env_registry.known(env):
             raise ValueError(f"unknown env {env!r}; see `rose-jax envs` (or give a factory as package.module:function)")
-    sweep._check_seeds(seeds)
+    if preset not in (None, "brax", "published"):
+        raise ValueError(f"unknown preset {preset!r}; presets: brax, published")
     runs = []
-    for env in envs:
-        for algo in algos:
-            record = registry.get(algo)
-            base = record.parse_overrides(_scoped(sets, algo, record))
-            if "seed" in base:
-                raise ValueError("give seeds with --seeds, not --set seed=...")
-            if steps is not None:
-                base["num_timesteps"] = int(steps)
-            if preset:
-                base["preset"] = preset
-            combos = sweep._parse_grid(record, _scoped(grid, algo, record)) or [{}]
-            for combo in combos:
-                label = "_".join(f"{k}={v}" for k, v in combo.items())
-                over = tuple(sorted({**base, **combo}.items()))
-                for s in seeds:
-                    runs.append(BenchRun(env, algo, int(s), over, _safe(label) if label else "",
-                                         tuple(sorted((env_kwargs or {}).items()))))
+    for algo, env in pairs:
+        record = registry.get(algo)
+        base: dict[str, Any] = {}
+        run_env_kwargs = dict(env_kwargs or {})
+        if preset == "published":
+            base, published_env = presets.published_run(algo, env)
+            run_env_kwargs = {**published_env, **run_env_kwargs}
+        base.update(record.parse_overrides(_scoped(sets, algo, record)))
+        if "seed" in base and preset != "published":
+            raise ValueError("give seeds with --seeds, not --set seed=...")
+        base.pop("seed", None)
+        if steps is not None:
+            base["num_timesteps"] = int(steps)
+        if preset:
+            base["preset"] = "brax"  # "published" is Brax's defaults changed by the published keywords
+        combos = sweep._parse_grid(record, _scoped(grid, algo, record)) or [{}]
+        for combo in combos:
+            label = "_".join(f"{k}={v}" for k, v in combo.items())
+            over = tuple(sorted({**base, **combo}.items()))
+            for s in seeds:
+                runs.append(BenchRun(env, algo, int(s), over, _safe(label) if label else "",
+                                     tuple(sorted(run_env_kwargs.items()))))
     return runs
+
+
+def parse_pairs(text: str) -> list[tuple[str, str]]:
+    """``"ppo/ant,sac/hopper"`` -> ``[("ppo", "ant"), ("sac", "hopper")]``; one-line ValueError."""
+    from algos import registry
+
+    out = []
+    for item in _split_list(text, "runs"):
+        algo, sep, env = item.partition("/")
+        if not sep or not algo or not env:
+            raise ValueError(f"--runs expects ALGO/ENV pairs like ppo/ant,sac/hopper; got {item!r}")
+        registry.get(algo)
+        out.append((algo, env))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,7 +217,8 @@ def plan(runs: Sequence[BenchRun], max_group: int | None = None) -> list[Group]:
         shared = shape + tuple((k, v) for k, v in members[0].overrides if k in data and k not in differing)
         chunks = [members] if not max_group else [members[i:i + max_group] for i in range(0, len(members), max_group)]
         for j, chunk in enumerate(chunks):
-            name = f"{_safe(env)}-{algo}-{len(groups)}" + (f"-part{j}" if len(chunks) > 1 else "")
+            tail = f"-{algo}-{len(groups)}" + (f"-part{j}" if len(chunks) > 1 else "")
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", env)[:64 - len(tail)] + tail  # an MPS worker name
             settings = tuple(tuple((k, dict(r.overrides)[k]) for k in differing) for r in chunk)
             groups.append(Group(name, env, algo, tuple(sorted(shared)), tuple(chunk), settings, env_kwargs))
     return groups
@@ -259,15 +287,21 @@ def _num_units(group: Group) -> int:
     return registry.get(group.algo).num_units(group_config(group))
 
 
-def _run_spec(group: Group, checkpoint_every: int | None = None, keep: int | None = 3):
+def _run_spec(group: Group, checkpoint_every: int | None = None, keep: int | None = 3,
+              root: str | None = None, resume: bool = False):
+    """The group as a :class:`algos.sweep.RunSpec` (one process training its vmapped program)."""
     from algos import sweep
 
     over = dict(group.overrides)
     preset = over.pop("preset", None)
     if preset:
         over = {**group_preset(group, preset), **over}
+    settings = group.settings if any(group.settings) else ()
+    if settings:  # the config holds the first run's values (validated), settings every run's
+        over.update(dict(settings[0]))
     return sweep.RunSpec(group.name, group.algo, group.env, over, group.seeds, group.env_kwargs,
-                         checkpoint_every, keep, settings=group.settings if any(group.settings) else ())
+                         checkpoint_every, keep, settings=settings,
+                         dirs=tuple(r.run_dir(root) for r in group.runs) if root else (), resume=resume)
 
 
 def group_preset(group: Group, preset: str) -> dict[str, Any]:
@@ -373,12 +407,11 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
                         shutil.rmtree(r.run_dir(root))
             todo.append(g)
         if todo:
-            specs = [_run_spec(g, checkpoint_every, keep) for g in todo]
-            dirs = {g.name: [r.run_dir(root) for r in g.runs] for g in todo}
-            result = sweep.run_processes(specs, root, quotas=quotas, mps=mps, run_dirs=dirs,
-                                         resume={g.name: _group_state(g, root) == "resumable" for g in todo})
+            specs = [_run_spec(g, checkpoint_every, keep, root, resume and _group_state(g, root) == "resumable")
+                     for g in todo]
+            result = sweep.run_processes(specs, os.path.join(root, "processes"), quotas=quotas, mps=mps, log=log)
             for o in result.outcomes:
-                statuses[o.name] = o.status + (f": {o.error}" if getattr(o, "error", None) else "")
+                statuses[o.name] = o.status + (f": {o.error}" if o.status != "finished" and o.error else "")
         return statuses
     from tqdm import tqdm
 
@@ -428,6 +461,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from algos.registry import count_arg
 
     p.add_argument("--env", help="comma-separated environment names (see `rose-jax envs`)")
+    p.add_argument("--runs", metavar="ALGO/ENV,...",
+                   help="algorithm/env pairs instead of every --env x every --algo, e.g. ppo/ant,sac/hopper")
     p.add_argument("--algo", default="ppo", help="comma-separated algorithms (default: %(default)s)")
     p.add_argument("--seeds", default="4", help="N (seeds 0..N-1) or a comma-separated list (default: %(default)s)")
     p.add_argument("--steps", type=count_arg, metavar="N", help="environment steps per run, e.g. 1e6")
@@ -436,7 +471,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", action="append", default=[], metavar="[ALGO.]KEY=V1,V2",
                    help="every combination of the values; data fields (learning rates, discount, ...) "
                         "are vmapped as data in one program; repeatable")
-    p.add_argument("--preset", choices=["brax"], help="Brax's default hyperparameters below --set")
+    p.add_argument("--preset", choices=["brax", "published"],
+                   help="below --set: brax = Brax's defaults; published = Brax's published configuration of "
+                        "each algo/env (ppo/ant, ppo/humanoid, sac/hopper), its length unless --steps")
     p.add_argument("--backend", help="physics backend of Brax envs: mjx, generalized, positional, spring")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a keyword of every env's factory (repeatable)")
@@ -457,14 +494,18 @@ def _request(args) -> dict[str, Any]:
     from algos import registry
     from algos import sweep
 
-    if not args.env:
-        raise ValueError("--env is required (comma-separated names, see `rose-jax envs`)")
+    if not args.env and not args.runs:
+        raise ValueError("--env is required (comma-separated names, see `rose-jax envs`), or --runs ALGO/ENV,...")
+    if args.env and args.runs:
+        raise ValueError("give --env/--algo or --runs, not both")
     if args.steps is not None and args.steps <= 0:
         raise ValueError(f"--steps must be > 0, got {args.steps}")
-    algos = _split_list(args.algo, "algo")
+    pairs = parse_pairs(args.runs) if args.runs else None
+    algos = sorted({a for a, _ in pairs}) if pairs else _split_list(args.algo, "algo")
     for a in algos:
         registry.get(a)
-    return {"env": _split_list(args.env, "env"), "algo": algos, "seeds": list(sweep._parse_seeds(args.seeds)),
+    envs = list(dict.fromkeys(e for _, e in pairs)) if pairs else _split_list(args.env, "env")
+    return {"env": envs, "algo": algos, "pairs": pairs, "seeds": list(sweep._parse_seeds(args.seeds)),
             "steps": args.steps, "set": list(args.set), "grid": list(args.grid), "preset": args.preset,
             "env_kwargs": registry.parse_env_args(args.backend, args.env_arg), "mode": args.mode,
             "max_group": args.max_group}
@@ -493,7 +534,8 @@ def main_bench(args: argparse.Namespace) -> int:
                 return fail(f"{root!r} already holds a benchmark; pass --resume to finish it, or another --run-dir")
             request = _request(args)
         runs = expand(request["env"], request["algo"], request["seeds"], request["set"], request["grid"],
-                      request["steps"], request["preset"], request["env_kwargs"])
+                      request["steps"], request["preset"], request["env_kwargs"],
+                      [tuple(p) for p in request["pairs"]] if request.get("pairs") else None)
         groups = plan(runs, request.get("max_group"))
         for g in groups:
             group_config(g)  # every config validated before anything runs

@@ -133,6 +133,27 @@ def published(algo: str, env: str) -> dict[str, Any]:
         raise ValueError(f"no published Brax configuration for {algo}/{env}; known: {known}")
     return dict(PUBLISHED[(algo, env)])
 
+# Brax keywords of a published configuration that are not rose-jax config fields: the device count
+# (rose-jax trains on one device) and, for SAC, the env's time limit (an env argument there).
+_NOT_CONFIG = ("max_devices_per_host",)
+
+
+def published_run(algo: str, env: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Brax's published configuration of ``algo`` on ``env`` as (rose-jax config fields, env
+    arguments): ``episode_length`` becomes the env's time limit (and stays a PPO config field, as
+    Brax's PPO keeps it), the device count is dropped. Apply over the ``"brax"`` preset (the
+    published keywords are changes to Brax's defaults). One-line ValueError if none is published."""
+    kw = published(algo, env)
+    env_kwargs = {"episode_length": kw.get("episode_length", 1000)}
+    for key in _NOT_CONFIG:
+        kw.pop(key, None)
+    if algo == "sac":
+        kw.pop("episode_length", None)
+        if kw.pop("action_repeat", 1) != 1:
+            raise ValueError(f"published sac/{env}: action_repeat != 1 is not supported")
+    return kw, env_kwargs
+
+
 # The CLI's no-argument job (``rose-jax`` alone), per platform: on a CPU small enough to finish in
 # < 2 minutes on 2 cores and visibly learn; on a GPU a real MJX task.
 DEFAULT_JOBS: dict[str, dict[str, Any]] = {
@@ -195,4 +216,4 @@ def make_config(algo: str, preset: str | None, env: Any = None, config: Any = No
     return record.make_config(config, **{**base, **given})
 
 
-__all__ = ["PRESETS", "make_config", "names", "overrides"]
+__all__ = ["PRESETS", "PUBLISHED", "make_config", "names", "overrides", "published", "published_run"]

@@ -542,6 +542,10 @@ class RunSpec:
     env: a registry name (``envs.names()``) or ``"package.module:factory"``; ``env_kwargs`` go to it.
     overrides: config fields as ``{field: value}`` (JSON-able values), checked here.
     checkpoint_every / keep_checkpoints / checkpoints: as in :func:`train_many`.
+    settings: per seed, ``((field, value), ...)`` of data fields (:func:`train_many`'s
+      ``settings``; seeds may then repeat); () for none.
+    dirs: the runs' directories (one per seed) instead of the layout above (``rose-jax bench``).
+    resume: continue every run from its latest checkpoint (:func:`train_many`'s ``resume``).
     """
 
     name: str
@@ -553,6 +557,9 @@ class RunSpec:
     checkpoint_every: int | None = None
     keep_checkpoints: int | None = 3
     checkpoints: bool = True
+    settings: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    dirs: tuple[str, ...] = ()
+    resume: bool = False
 
     def __post_init__(self):
         from rose_jax.mps.plan import WorkerSpec
@@ -562,7 +569,15 @@ class RunSpec:
             value = getattr(self, field)
             items = value.items() if isinstance(value, Mapping) else value
             object.__setattr__(self, field, tuple(sorted((str(a), b) for a, b in items)))
-        object.__setattr__(self, "seeds", _check_seeds(self.seeds))
+        object.__setattr__(self, "seeds", _check_seeds(self.seeds, distinct=not self.settings))
+        object.__setattr__(self, "settings", tuple(tuple(sorted((str(a), b) for a, b in
+                                                                  (s.items() if isinstance(s, Mapping) else s)))
+                                                   for s in self.settings))
+        object.__setattr__(self, "dirs", tuple(os.fspath(d) for d in self.dirs))
+        for field, n in (("settings", len(self.settings)), ("dirs", len(self.dirs))):
+            if n and n != len(self.seeds):
+                raise ValueError(f"RunSpec {self.name!r}: {field} must hold one entry per seed ({len(self.seeds)}), "
+                                 f"got {n}")
         if not isinstance(self.env, str) or not self.env:
             raise ValueError(f"RunSpec {self.name!r}: env must be a registry name or 'module:factory'")
         import envs
@@ -588,13 +603,15 @@ class RunSpec:
         return algo_registry.get(self.algo).num_units(self.config())
 
     def run_dirs(self, root: str | os.PathLike) -> list[str]:
+        if self.dirs:
+            return list(self.dirs)
         base = os.path.join(os.fspath(root), self.name)
         return [base] if len(self.seeds) == 1 else seed_dirs(base, self.seeds)
 
     def branch_key(self) -> tuple:
         """Runs with equal keys are identical branches: one program and one length (only seeds differ)."""
         return (self.algo, self.env, self.env_kwargs, dataclasses.replace(self.config(), seed=0),
-                len(self.seeds))
+                len(self.seeds), self.settings)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -605,7 +622,12 @@ class RunSpec:
         for f in ("overrides", "env_kwargs"):
             d[f] = tuple((a, _tuplify(b)) for a, b in d.get(f, ()))
         d["seeds"] = tuple(d.get("seeds", (0,)))
+        d["settings"] = tuple(tuple((a, _tuplify(b)) for a, b in one) for one in d.get("settings", ()))
+        d["dirs"] = tuple(d.get("dirs", ()))
         return RunSpec(**d)
+
+    def settings_dicts(self) -> list[dict[str, Any]] | None:
+        return [dict(one) for one in self.settings] if self.settings else None
 
 
 def _tuplify(x: Any) -> Any:
@@ -1060,7 +1082,7 @@ def _child_main(job_path: str) -> int:
     try:
         train_many(run.config(), run.env, run.seeds, run_dirs=dirs, env_kwargs=dict(run.env_kwargs),
                    checkpoint_every=run.checkpoint_every, keep_checkpoints=run.keep_checkpoints,
-                   checkpoints=run.checkpoints)
+                   checkpoints=run.checkpoints, settings=run.settings_dicts(), resume=run.resume)
     except BaseException as e:  # noqa: BLE001 - reported in every run dir and the log, then exit 1
         traceback.print_exc()
         for d in dirs:  # train_many marks its run dirs; a failure before them is marked here

@@ -122,3 +122,24 @@ def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path)
     assert [v for k, v in plan2["statuses"].items() if k.startswith("pendulum")] == ["finished (already)"]
     assert before == {d: (d / "metrics.jsonl").stat().st_mtime_ns for d in pendulum_runs}
     assert os.path.exists(root / "report" / "report.md")
+
+
+def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
+    """--mode processes: one child process per program (plain processes on a CPU, MPS with quotas on a
+    GPU), each run in the benchmark's layout, a settings group vmapped inside its process."""
+    root = tmp_path / "b"
+    argv = ["--runs", "ppo/pendulum,ppo/cartpole", "--seeds", "1", "--steps", "64", "--mode", "processes",
+            "--grid", "ppo.learning_rate=1e-3,3e-4", "--run-dir", str(root), *sum((["--set", s] for s in TINY), [])]
+    r = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", *argv], cwd=REPO, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    plan = json.loads((root / "bench.json").read_text())
+    assert plan["mode"] == "processes" and plan["why"] == "--mode processes"
+    assert sorted(plan["statuses"].values()) == ["finished", "finished"]
+    for env in ("pendulum", "cartpole"):
+        for lr in ("0.001", "0.0003"):
+            d = root / env / "ppo" / f"learning_rate={lr}" / "seed-0"
+            assert json.loads((d / "summary.json").read_text())["status"] == "finished", d
+            assert json.loads((d / "run.json").read_text())["config"]["learning_rate"] == pytest.approx(float(lr))
+    assert len(list((root / "processes").glob("*/log.txt"))) == 2  # one process per program
+    assert "cartpole" in (root / "report" / "report.md").read_text()
