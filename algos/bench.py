@@ -389,7 +389,7 @@ def run_group(group: Group, root: str, *, resume: bool = False, progress=None,
 
 def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool = False, log=print,
                   checkpoint_every: int | None = None, keep: int | None = 3, quotas: Any = "auto",
-                  mps: Any = "auto") -> dict[str, str]:
+                  mps: Any = "auto", compile_cache_dir: str | None = None) -> dict[str, str]:
     """Every group, in ``mode``; ``{group name: status}`` (a failure is a status, not an exception)."""
     statuses: dict[str, str] = {}
     if mode == "processes":
@@ -409,7 +409,8 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
         if todo:
             specs = [_run_spec(g, checkpoint_every, keep, root, resume and _group_state(g, root) == "resumable")
                      for g in todo]
-            result = sweep.run_processes(specs, os.path.join(root, "processes"), quotas=quotas, mps=mps, log=log)
+            result = sweep.run_processes(specs, os.path.join(root, "processes"), quotas=quotas, mps=mps, log=log,
+                                         compile_cache_dir=compile_cache_dir)
             for o in result.outcomes:
                 statuses[o.name] = o.status + (f": {o.error}" if o.status != "finished" and o.error else "")
         return statuses
@@ -486,6 +487,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", metavar="DIR", help="the benchmark's root (default: runs/bench-<time>)")
     p.add_argument("--resume", action="store_true", help="finish the benchmark in --run-dir (finished runs kept)")
     p.add_argument("--checkpoint-every", type=count_arg, metavar="K", help="also checkpoint every K units")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="do not use JAX's persistent compile cache (on by default, as for `rose-jax train`; "
+                        "$ROSE_JAX_COMPILE_CACHE moves it)")
     p.add_argument("--keep-checkpoints", type=count_arg, default=3, metavar="N",
                    help="keep the N newest checkpoints per run plus the best; 0 keeps all (default: %(default)s)")
 
@@ -542,6 +546,14 @@ def main_bench(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:
         return fail(e)
     os.makedirs(root, exist_ok=True)
+    cache_dir = ""
+    if not args.no_compile_cache:  # a group's program compiles once; a rerun or resume finds it on disk
+        from rose_jax import startup
+
+        try:
+            cache_dir = startup.enable_compile_cache()
+        except ValueError as e:
+            print(f"rose-jax bench: compile cache off ({e})", flush=True)
     mode, why = decide(groups, request["mode"])
     record = {"request": request, "mode": mode, "why": why,
               "groups": [{**g.to_json(), "why": (f"{len(g.runs)} runs of one shape: one vmapped program"
@@ -553,7 +565,8 @@ def main_bench(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     statuses = run_benchmark(groups, root, mode, resume=args.resume,
                              checkpoint_every=args.checkpoint_every, keep=args.keep_checkpoints or None,
-                             quotas=args.quotas, mps=False if args.no_mps else "auto")
+                             quotas=args.quotas, mps=False if args.no_mps else "auto",
+                             compile_cache_dir=cache_dir or None)
     record.update(statuses=statuses, wall_s=round(time.perf_counter() - t0, 2), finished=time.time())
     atomic_write_json(plan_path, record)
     paths = benchreport.write_report([r.run_dir(root) for r in runs], os.path.join(root, REPORT_DIR),

@@ -121,18 +121,43 @@ def _record_of(config: Any):
     raise ValueError(f"train_many: config must be one of {known}, got {type(config).__name__}")
 
 
+def _evaluates(record: Any, config: Any) -> bool:
+    """PPO with ``num_evals``: the sweep's step is Brax's epoch (iterations, then the evaluation of
+    every run of the group, batched by the vmap), as ``ppo.train`` runs it."""
+    return record.unit == "iteration" and getattr(config, "num_evals", None) is not None
+
+
+def _unit(record: Any, config: Any, env: Any, resolved: Any) -> Callable:
+    """The step of one progress report: SAC's epoch, PPO's iteration or (with ``num_evals``) its
+    epoch with the evaluation (``eval_epoch`` resolves the env itself: given the unresolved one)."""
+    if record.unit == "epoch":
+        return record.epoch(config, resolved)
+    if _evaluates(record, config):
+        return record.module.eval_epoch(config, env)
+    return record.iteration(config, resolved)
+
+
+def _num_units(record: Any, config: Any) -> int:
+    # ppo_brax.train_with_evals: max(num_evals - 1, 1) epochs (its step-0 evaluation is not run here)
+    return max(config.num_evals - 1, 1) if _evaluates(record, config) else record.num_units(config)
+
+
+def _units_done(record: Any, config: Any, state: Any) -> int:
+    if _evaluates(record, config):
+        return int(state.iteration) // config.iterations_per_eval
+    return record.units_done(config, state)
+
+
 def _algo_of(config: Any, env: Any) -> tuple[Any, Any, Callable, int]:
     """(record, env, step, number of steps) of ``config`` on ``env``, validated."""
     record = _record_of(config)
-    if getattr(config, "num_evals", None) is not None and record.unit == "iteration":
-        raise ValueError(f"train_many: {type(config).__name__}.num_evals (an evaluation schedule) is not "
-                         "supported by sweeps; leave it None")
+    resolved = env
     if record.name == "ppo":  # as ppo.train does: Brax env objects, episode_length, action_repeat
         from algos import ppo_brax
 
-        env = ppo_brax.resolve_env(config, env)
-    step = record.epoch(config, env) if record.unit == "epoch" else record.iteration(config, env)
-    return record, env, step, record.num_units(config)
+        resolved = ppo_brax.resolve_env(config, env)
+    step = _unit(record, config, env, resolved)
+    return record, resolved, step, _num_units(record, config)
 
 
 def _check_seeds(seeds: Sequence[int], distinct: bool = True) -> tuple[int, ...]:
@@ -177,14 +202,13 @@ def settings_step(config: Any, env: Any) -> Callable[[Any, Mapping[str, Any]], t
     of those fields run in that one compiled program. ``config``'s own values of those fields are
     not read. A field outside :func:`data_fields` is a one-line ValueError (when traced).
     """
-    record, env, _, _ = _algo_of(config, env)  # validates; resolves the env (PPO) once
+    record, resolved, _, _ = _algo_of(config, env)  # validates; resolves the env (PPO) once
     allowed = data_fields(config)
 
     def step(state: Any, values: Mapping[str, Any]) -> tuple[Any, Any]:
         _check_fields(record, values, allowed)
         cfg = settings_config(config, values)
-        unit = record.epoch(cfg, env) if record.unit == "epoch" else record.iteration(cfg, env)
-        return unit(state)
+        return _unit(record, cfg, env, resolved)(state)
 
     return step
 
@@ -369,7 +393,7 @@ def train_many(
                 runs.append(_open_run(d, json.loads(json.dumps(info, default=_json_default)), resume_step))
         t0 = time.perf_counter()
         first = _slice(state, 0) if batched else state
-        start = record.units_done(config, jax.device_get(first))
+        start = _units_done(record, config, jax.device_get(first))
         pending, stop = None, False
 
         def flush(metrics) -> None:

@@ -19,6 +19,11 @@ TINY = ["num_envs=4", "unroll_length=4", "num_minibatches=1", "num_epochs=1", "p
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _env(tmp_path) -> dict:
+    """The CLI's environment: its persistent compile cache in the test's directory."""
+    return {**os.environ, "ROSE_JAX_COMPILE_CACHE": str(tmp_path / "xla-cache")}
+
+
 def make_broken_env(**_):
     """An env factory that raises (a user's broken env): its group fails when it starts."""
     raise RuntimeError("broken env factory (test)")
@@ -93,7 +98,7 @@ def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path)
     argv = ["--env", f"pendulum,{broken}", "--algo", "ppo", "--seeds", "2", "--steps", "64",
             "--grid", "learning_rate=1e-3,3e-4", "--run-dir", str(root), *sum((["--set", s] for s in TINY), [])]
     r = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", *argv], cwd=REPO, capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=600, env=_env(tmp_path))
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     plan = json.loads((root / "bench.json").read_text())
     assert plan["mode"] == "sequential" and "cpu backend" in plan["why"]
@@ -116,7 +121,7 @@ def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path)
     assert scores and (root / "report" / "curves.png").stat().st_size > 1000
     before = {d: (d / "metrics.jsonl").stat().st_mtime_ns for d in pendulum_runs}
     r2 = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
-                        cwd=REPO, capture_output=True, text=True, timeout=600)
+                        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
     assert r2.returncode == 1, r2.stderr[-2000:]  # the broken group fails again; nothing else is redone
     plan2 = json.loads((root / "bench.json").read_text())
     assert [v for k, v in plan2["statuses"].items() if k.startswith("pendulum")] == ["finished (already)"]
@@ -131,7 +136,7 @@ def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
     argv = ["--runs", "ppo/pendulum,ppo/cartpole", "--seeds", "1", "--steps", "64", "--mode", "processes",
             "--grid", "ppo.learning_rate=1e-3,3e-4", "--run-dir", str(root), *sum((["--set", s] for s in TINY), [])]
     r = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", *argv], cwd=REPO, capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=600, env=_env(tmp_path))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     plan = json.loads((root / "bench.json").read_text())
     assert plan["mode"] == "processes" and plan["why"] == "--mode processes"

@@ -107,6 +107,27 @@ def test_vmapped_ppo_seeds_equal_solo_runs_and_checkpoints_are_per_seed(tmp_path
     assert not np.allclose(p[0], p[1])
 
 
+def test_vmapped_ppo_with_evaluations_equals_solo_runs(tmp_path):
+    """num_evals set (Brax's run shape): the group's step is the epoch of iterations then the
+    evaluation, batched over the runs; each run equals its solo ``train_with_config`` (whose
+    step-0 evaluation a sweep does not run: its rows are compared from the first epoch)."""
+    env, seeds = ENV, (0, 5)
+    config = ppo.PPOConfig(num_timesteps=16 * 6, num_evals=4, num_eval_envs=2, **TINY)
+    dirs = sweep.seed_dirs(tmp_path, seeds)
+    result = sweep.train_many(config, env, seeds, run_dirs=dirs)
+    for i, seed in enumerate(seeds):
+        solo_state, solo_rows = ppo.train_with_config(dataclasses.replace(config, seed=seed), env)
+        _assert_close_trees(result.seed_state(i), solo_state, f"seed {seed} state")
+        rows = sweep.read_metrics(dirs[i])
+        solo_epochs = [r for r in solo_rows if r["env_steps"] > 0]
+        assert [r["env_steps"] for r in rows] == [r["env_steps"] for r in solo_epochs] == [32, 64, 96]
+        for mine, theirs in zip(rows, solo_epochs, strict=True):
+            assert np.isfinite(mine["eval_episode_return"])
+            np.testing.assert_allclose(mine["eval_episode_return"], theirs["eval_episode_return"], rtol=RTOL,
+                                       atol=ATOL)
+    assert result.metrics[0][-1]["eval_episode_return"] != result.metrics[1][-1]["eval_episode_return"]
+
+
 def test_vmapped_resume_continues_every_seed(tmp_path):
     env, config, seeds = ENV, ppo.PPOConfig(num_timesteps=16 * 6, **TINY), (0, 1, 2)
     dirs = sweep.seed_dirs(tmp_path, seeds)
