@@ -287,10 +287,10 @@ def test_where_variant_refuses_an_unbounded_inner_loop_cond_takes_it():
 
 
 def test_search_offers_masked_scans_only_for_small_bounds():
-    """The search's candidates stop at candidates.SEARCH_MAX_BOUND (a masked scan of MJX swimmer's
+    """The search's candidates stop at loops.SEARCH_MAX_BOUND (a masked scan of MJX swimmer's
     100-iteration solver loop measured 0.036x on the H200): a bound-4 loop gets the three variants,
     a bound-100 loop one refused candidate whose reason names the bound."""
-    from rose_jax.optimize import candidates as C
+    from rose_jax.optimize import loops as C
 
     def solver(bound):
         return lambda x: jax.lax.while_loop(

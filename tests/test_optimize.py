@@ -853,8 +853,9 @@ class _RecordingExecutor(processes.InlineExecutor):
         return super().run_resident(spec, sent, groups, layout, options)
 
 
-def _inline_processes(made: list, name: str = "toy_inline_processes", params: tuple = ()):
-    """A host-level transform: env groups in processes, run by the InlineExecutor (in process)."""
+def _inline_processes(made: list, name: str = "toy_inline_processes", params: tuple = (), **traits):
+    """A host-level transform: env groups in processes, run by the InlineExecutor (in process);
+    ``traits``: what it declares to the search (e.g. ``regroups_envs``, as group_rollout does)."""
 
     def to_host(p):
         pc = processes.ProcessCollect(p, 2, executor=_RecordingExecutor())
@@ -862,7 +863,11 @@ def _inline_processes(made: list, name: str = "toy_inline_processes", params: tu
         return p._replace(collect=pc, host=True, groups=2, mode="processes")
 
     return T.Transform(name, params, O.group_rollout(2).tolerance, "host",
-                       lambda tree: (True, "synthetic"), to_host)
+                       lambda tree: (True, "synthetic"), to_host, **traits)
+
+
+# what group_rollout(G, "processes") declares to the search and the quota step
+GROUPS_IN_PROCESSES = dict(needs_program_tree=True, regroups_envs=True, worker_quotas="even")
 
 
 CPU_OPTIONS = {"xla_llvm_disable_expensive_passes": True}  # any option the CPU compiler takes
@@ -913,7 +918,8 @@ def test_search_checks_a_processes_candidate_under_equality_options(toy_setup):
         return out.replace(x=out.x + _sleep(0.05)), data
 
     made: list = []
-    cand = _inline_processes(made, "group_rollout", (("groups", 2), ("mode", "processes")))
+    params = (("groups", 2), ("mode", "processes"))
+    cand = _inline_processes(made, "group_rollout", params, **GROUPS_IN_PROCESSES)
     _, report = O.optimize(
         program._replace(collect=slow_collect), state, candidates=[cand],
         n_iters=2, repeats=1, local=False, equality_options=CPU_OPTIONS,
@@ -951,7 +957,7 @@ def test_search_refuses_a_slower_processes_candidate_on_its_measured_time(toy_se
         return host._replace(collect=slow)
 
     t = T.Transform("group_rollout", (("groups", 2), ("mode", "processes")), O.group_rollout(2).tolerance,
-                    "host", lambda tree: (True, "synthetic"), slow_host)
+                    "host", lambda tree: (True, "synthetic"), slow_host, **GROUPS_IN_PROCESSES)
     _, report = O.optimize(
         program, state, candidates=[t], n_iters=1, repeats=2, local=False, equality_options=CPU_OPTIONS
     )
@@ -1178,7 +1184,7 @@ def test_a_kept_split_records_its_measured_options_and_a_cache_hit_measures_noth
     replaces the search's verdict with one that keeps every equal candidate; what happens after the
     verdict (the recorded options, the cache, the returned step) is the real code."""
     from rose_jax.optimize import search as S
-    from rose_jax.optimize import streams
+    from rose_jax.optimize import split_compile as SC
 
     ppo, config, env, state, _ = ppo_setup
 
@@ -1188,17 +1194,17 @@ def test_a_kept_split_records_its_measured_options_and_a_cache_hit_measures_noth
         return rec.kept
 
     monkeypatch.setattr(S._Search, "verdict", keep_if_equal)
-    opts = dict(candidates=[streams.split_compile()], n_iters=1, repeats=1, local=False, check_slower=True)
+    opts = dict(candidates=[SC.split_compile()], n_iters=1, repeats=1, local=False, check_slower=True)
     step, report = O.optimize(ppo.program(config, env), state, cache_dir=str(tmp_path), **opts)
     assert [p["params"]["options"] for p in report.plan] == [["default", "default"]]  # a CPU: XLA's defaults
-    assert isinstance(step, streams.ChainedStep) and step.options == ("default", "default")
+    assert isinstance(step, SC.ChainedStep) and step.options == ("default", "default")
     out = step(state)
     assert step.measured_params() == {} and step.timings == {}  # compiled, not measured
     chex.assert_trees_all_close(out[0], jax.jit(ppo.iteration(config, env))(state)[0], rtol=1e-4)
     again, cached = O.optimize(ppo.program(config, env), state, cache_dir=str(tmp_path), **opts)
     assert cached.cache_hit and again.options == ("default", "default")
     # the measuring step itself reports what it chose
-    measuring = streams.split_compile().apply(ppo.program(config, env))
+    measuring = SC.split_compile().apply(ppo.program(config, env))
     measuring(state)
     assert measuring.measured_params() == {"options": ("default", "default")}
 

@@ -1,7 +1,7 @@
-"""rose_jax.optimize.streams and .isolate: stream regions, zipped loops, per-component compilation
-and crash isolation. Every transformation is compared with the untransformed function on random
-inputs and on real PPO / SAC iterations (pendulum, tiny sizes); on a CPU the stream annotations
-are inert, so the transformed function must equal the original."""
+"""rose_jax.optimize.stream_overlap, .split_compile and .isolate: stream regions, zipped loops,
+per-component compilation and crash isolation. Every transformation is compared with the
+untransformed function on random inputs and on real PPO / SAC iterations (pendulum, tiny sizes);
+on a CPU the stream annotations are inert, so the transformed function must equal the original."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ import rose_jax
 import rose_jax.trace as rtrace
 from algos import ppo, sac
 from helpers_optimize import tiny_ppo_config
-from rose_jax.optimize import isolate, streams
-from rose_jax.optimize.measure import compare_trees
+from rose_jax.compare import compare_trees
+from rose_jax.optimize import isolate
+from rose_jax.optimize import split_compile as SC
+from rose_jax.optimize import stream_overlap as SO
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,7 +67,7 @@ def _no_episode_nans(actual, expected):
     return jax.tree_util.tree_unflatten(da, out_a), jax.tree_util.tree_unflatten(de, out_e)
 
 
-def _assert_same(actual, expected, tol=streams.STREAM_TOLERANCE):
+def _assert_same(actual, expected, tol=SO.STREAM_TOLERANCE):
     cmp = compare_trees(*_no_episode_nans(actual, expected), rtol=tol.rtol, atol=tol.atol)
     assert cmp.equal, cmp
 
@@ -156,12 +158,12 @@ def test_on_stream_is_inert_on_cpu_and_lowers_to_an_annotated_call():
     def f(x, w):
         return jnp.tanh(x @ w) * 2.0
 
-    g = streams.on_stream(f, 2)
+    g = SO.on_stream(f, 2)
     np.testing.assert_array_equal(jax.jit(g)(x, w), jax.jit(f)(x, w))
     text = jax.jit(g).lower(x, w).as_text()
     assert '_xla_stream_annotation = "2"' in text and 'inlineable = "false"' in text
     with pytest.raises(ValueError, match="stream must be an int >= 1"):
-        streams.on_stream(f, 0)
+        SO.on_stream(f, 0)
 
 
 # ------------------------------------------------------------------------------ components
@@ -169,7 +171,7 @@ def test_on_stream_is_inert_on_cpu_and_lowers_to_an_annotated_call():
 
 def test_sac_gradient_step_components_on_three_streams_equal(sac_setup, sac_reference):
     fn, state, tree = sac_setup
-    t = streams.stream_overlap("alpha_update", "critic_update", "actor_update")
+    t = SO.stream_overlap("alpha_update", "critic_update", "actor_update")
     ok, why = t.legal(tree)
     assert ok, why
     assert "alpha_update on stream 1, critic_update on stream 2, actor_update on stream 3" in why
@@ -181,10 +183,10 @@ def test_sac_gradient_step_components_on_three_streams_equal(sac_setup, sac_refe
 
 def test_dependent_components_are_refused_with_what_couples_them(sac_setup):
     fn, state, tree = sac_setup
-    ok, why = streams.stream_overlap("critic_update", "target_update").legal(tree)
+    ok, why = SO.stream_overlap("critic_update", "target_update").legal(tree)
     assert not ok
     assert "target_update reads the result of critic_update" in why and "dependent" in why
-    ok, why = streams.stream_overlap("critic_update", "no_such_component").legal(tree)
+    ok, why = SO.stream_overlap("critic_update", "no_such_component").legal(tree)
     assert not ok and "no loop holds components" in why
 
 
@@ -204,7 +206,7 @@ def test_region_holding_a_loop_is_refused():
 
     state = (jnp.ones((2, 2)), jnp.eye(2))
     tree = rtrace.trace(f, state, arg_names=["state"])
-    ok, why = streams.stream_overlap("inner", "other").legal(tree)
+    ok, why = SO.stream_overlap("inner", "other").legal(tree)
     assert not ok and "holds a loop" in why
 
 
@@ -213,7 +215,7 @@ def test_region_holding_a_loop_is_refused():
 
 def test_ppo_policy_value_coupled_by_global_norm_clip_is_refused(ppo_clipped):
     fn, state, tree = ppo_clipped
-    ok, why = streams.stream_overlap("policy", "value", mode="state", where="update/minibatch_step").legal(
+    ok, why = SO.stream_overlap("policy", "value", mode="state", where="update/minibatch_step").legal(
         tree
     )
     assert not ok
@@ -222,7 +224,7 @@ def test_ppo_policy_value_coupled_by_global_norm_clip_is_refused(ppo_clipped):
 
 def test_ppo_policy_value_without_clip_on_two_streams_equal(ppo_unclipped, ppo_reference):
     fn, state, tree = ppo_unclipped
-    t = streams.stream_overlap("policy", "value", mode="state", where="update/minibatch_step")
+    t = SO.stream_overlap("policy", "value", mode="state", where="update/minibatch_step")
     ok, why = t.legal(tree)
     assert ok, why
     assert "policy on stream 1, value on stream 2" in why
@@ -234,9 +236,9 @@ def test_ppo_policy_value_without_clip_on_two_streams_equal(ppo_unclipped, ppo_r
 
 def test_transform_params_round_trip_through_json(ppo_unclipped):
     _, _, tree = ppo_unclipped
-    t = streams.stream_overlap("policy", "value", mode="state", where="update/minibatch_step")
+    t = SO.stream_overlap("policy", "value", mode="state", where="update/minibatch_step")
     params = {k: (tuple(v) if isinstance(v, list) else v) for k, v in t.to_json()["params"].items()}
-    again = streams.stream_overlap(**params)
+    again = SO.stream_overlap(**params)
     assert again == t and again.legal(tree) == t.legal(tree)
 
 
@@ -247,7 +249,7 @@ def test_transform_params_round_trip_through_json(ppo_unclipped):
 def test_two_independent_loops_zipped_on_two_streams_equal(seed):
     fn, state = _two_chains(), _random_state(seed)
     tree = rtrace.trace(fn, state, arg_names=["state"])
-    t = streams.stream_overlap("chain_a", "chain_b", mode="loops")
+    t = SO.stream_overlap("chain_a", "chain_b", mode="loops")
     ok, why = t.legal(tree)
     assert ok, why
     fast = t.apply(fn)
@@ -260,7 +262,7 @@ def test_two_independent_loops_zipped_on_two_streams_equal(seed):
 def test_dependent_loops_are_refused():
     fn, state = _two_chains(dependent=True), _random_state(0)
     tree = rtrace.trace(fn, state, arg_names=["state"])
-    ok, why = streams.stream_overlap("chain_a", "chain_b", mode="loops").legal(tree)
+    ok, why = SO.stream_overlap("chain_a", "chain_b", mode="loops").legal(tree)
     assert not ok and "dependent" in why
 
 
@@ -269,32 +271,32 @@ def test_dependent_loops_are_refused():
 
 def test_split_compile_ppo_equals_the_fused_iteration(ppo_unclipped, ppo_reference):
     fn, state, tree = ppo_unclipped
-    t = streams.split_compile()
+    t = SC.split_compile()
     ok, why = t.legal(tree)
     assert ok and "rollout | normalizer+advantage+update" in why
     step = t.apply(fn)
     out, ref = step(state), ppo_reference
-    _assert_same(out, ref, streams.SPLIT_TOLERANCE)
+    _assert_same(out, ref, SC.SPLIT_TOLERANCE)
     assert step.stats()["stages"] == ["rollout", "normalizer+advantage+update"]
     assert step.stats()["options"] == ["default", "default"]  # a CPU: XLA's defaults
-    _assert_same(step(out[0])[0], jax.jit(fn)(ref[0])[0], streams.SPLIT_TOLERANCE)  # chained again
+    _assert_same(step(out[0])[0], jax.jit(fn)(ref[0])[0], SC.SPLIT_TOLERANCE)  # chained again
 
 
 def test_split_compile_sac_with_donation_and_named_options(sac_setup, sac_reference):
     fn, state, _ = sac_setup
     ref = sac_reference
-    step = streams.ChainedStep(fn, None, ("default", "concurrent"), donate=True)
+    step = SC.ChainedStep(fn, None, ("default", "concurrent"), donate=True)
     mine = jax.tree.map(jnp.copy, state)
     out = step(mine)
-    _assert_same(out, ref, streams.SPLIT_TOLERANCE)
+    _assert_same(out, ref, SC.SPLIT_TOLERANCE)
     assert step.stats()["stages"] == ["collect", "train_steps"]
     det = step.with_compiler_options({"xla_gpu_deterministic_ops": True})
     assert det.options == ("default", "concurrent") and det.extra_options == {
         "xla_gpu_deterministic_ops": True
     }
     with pytest.raises(ValueError, match="unknown option set"):
-        streams.ChainedStep(fn, None, ("default", "fastest"))
-    ok, why = streams.split_compile(("no_such",)).legal(rtrace.trace(fn, state, arg_names=["state"]))
+        SC.ChainedStep(fn, None, ("default", "fastest"))
+    ok, why = SC.split_compile(("no_such",)).legal(rtrace.trace(fn, state, arg_names=["state"]))
     assert not ok and "not a top-level component" in why
 
 
@@ -303,18 +305,18 @@ def test_split_compile_sac_with_donation_and_named_options(sac_setup, sac_refere
 
 def test_candidates_for_sac_and_ppo(sac_setup, ppo_clipped):
     _, _, tree = sac_setup
-    labels = [t.label for t in streams.candidates(tree)]
+    labels = [t.label for t in SO.transforms(tree) + SC.transforms(tree)]
     assert any("'alpha_update', 'critic_update', 'actor_update'" in lab for lab in labels)
     assert any(lab.startswith("split_compile") for lab in labels)
     _, _, ptree = ppo_clipped
-    cands = streams.candidates(ptree)
+    cands = SO.transforms(ptree)
     state = [t for t in cands if dict(t.params).get("mode") == "state"]
     assert state and dict(state[0].params)["groups"] == ("policy", "value")
     ok, why = state[0].legal(ptree)
     assert not ok and "global norm" in why  # kept as a candidate: the search logs the refusal
     fn, st = _two_chains(), _random_state(0)
     ctree = rtrace.trace(fn, st, arg_names=["state"])
-    assert any(dict(t.params).get("mode") == "loops" and t.legal(ctree)[0] for t in streams.candidates(ctree))
+    assert any(dict(t.params).get("mode") == "loops" and t.legal(ctree)[0] for t in SO.transforms(ctree))
 
 
 # ------------------------------------------------------------------------------ isolation
@@ -361,8 +363,8 @@ monitoring.register_event_listener(lambda name, **kw: events.append(name))
 import envs
 from algos import ppo
 from helpers_optimize import tiny_ppo_config
-from rose_jax.optimize import streams
-from rose_jax.optimize.measure import compare_trees
+from rose_jax.compare import compare_trees
+from rose_jax.optimize import split_compile as SC
 
 
 def fill(m):
@@ -379,13 +381,13 @@ def same(a, b):
 env, config = envs.make("pendulum"), tiny_ppo_config()
 state = ppo.init(config, env, jax.random.PRNGKey(0))
 fn = ppo.iteration(config, env)
-step = streams.ChainedStep(fn, None, "measure", isolate=True)
+step = SC.ChainedStep(fn, None, "measure", isolate=True)
 before = events.count("/jax/compilation_cache/cache_hits")
 out = step(state)
 hits = events.count("/jax/compilation_cache/cache_hits") - before
-direct = streams.ChainedStep(fn, None, "measure", isolate=False)(state)  # the stages compiled here
+direct = SC.ChainedStep(fn, None, "measure", isolate=False)(state)  # the stages compiled here
 again = step(out[0])  # the measured executables run again
-fixed = streams.ChainedStep(fn, None, ("default", "default"))(out[0])
+fixed = SC.ChainedStep(fn, None, ("default", "default"))(out[0])
 print("RESULT " + json.dumps({
     "loaded": step.from_children,
     "hits": hits,
@@ -432,7 +434,7 @@ def test_stream_regions_become_async_calls_on_gpu(sac_setup):
     if jax.default_backend() != "gpu":
         pytest.skip("needs a GPU: stream annotations are inert on a CPU")
     fn, state, _ = sac_setup
-    fast = streams.stream_overlap("alpha_update", "critic_update", "actor_update").apply(fn)
+    fast = SO.stream_overlap("alpha_update", "critic_update", "actor_update").apply(fn)
     text = jax.jit(fast).lower(state).compile().as_text()
     assert "call-start" in text and '_xla_stream_annotation="2"' in text
 

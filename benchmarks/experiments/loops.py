@@ -53,7 +53,7 @@ DEFAULT_OUT = os.path.join(common.RESULTS_DIR, "loops")
 ENVS = ("hopper", "walker2d", "halfcheetah", "mjx_swimmer", "humanoidstandup")
 KINDS = ("physics", "ppo_iteration", "sac_eval", "ppo_eval")
 # (variant name, bound_while_loops keywords or None for the original, XLA option set or None).
-# The option sets are rose_jax.optimize.streams.OPTION_SETS: on the H200 SAC hopper ran 1.35x faster
+# The option sets are rose_jax.optimize.xla_options.SETS: on the H200 SAC hopper ran 1.35x faster
 # with MJX's while loops captured as CUDA-graph conditionals (concurrent) but 1.49x without them
 # (concurrent_no_loops), so a bounded scan (a fixed trip count, capturable without conditionals)
 # under CONCURRENT command buffers is measured beside the options alone: the plan then says how much
@@ -335,12 +335,12 @@ def run_row(workload: str, args) -> dict:
 
     t0 = time.perf_counter()
     case = build_case(workload, args)
-    from rose_jax.optimize import streams
     from rose_jax.optimize.base import EXACT
+    from rose_jax.optimize.xla_options import SETS
 
     chosen_variants = [(n, kw, o) for n, kw, o in VARIANTS if n in args.variants]
     # masked-scan variants whose loops are all above --max-bound are not compiled (the search's own
-    # limit: candidates.SEARCH_MAX_BOUND); their reason is kept
+    # limit: loops.SEARCH_MAX_BOUND); their reason is kept
     tree = None
     if any(kw is not None for _, kw, _ in chosen_variants):
         from rose_jax import trace as rtrace
@@ -360,7 +360,7 @@ def run_row(workload: str, args) -> dict:
         built[name] = (
             t.apply(case.fn) if t else case.fn,
             t.tolerance if t else EXACT,
-            streams.OPTION_SETS[option_set] if option_set else {},
+            SETS[option_set] if option_set else {},
             option_set or "default",
         )
     fns = {"original": case.fn, **{name: b[0] for name, b in built.items()}}
@@ -624,7 +624,7 @@ def parse(argv=None):
         type=int,
         default=None,
         help="masked-scan variants only for while loops with at most this bound (default: the "
-        "search's candidates.SEARCH_MAX_BOUND); larger ones are reported as refused, not compiled",
+        "search's loops.SEARCH_MAX_BOUND); larger ones are reported as refused, not compiled",
     )
     p.add_argument(
         "--budget-s", type=float, default=400.0, help="start no row that would end after this (longest row)"
@@ -660,7 +660,7 @@ def parse(argv=None):
     args = p.parse_args(argv)
     args.brax = (not args.smoke) if args.brax is None else args.brax == "on"
     if args.max_bound is None:
-        from rose_jax.optimize.candidates import SEARCH_MAX_BOUND
+        from rose_jax.optimize.loops import SEARCH_MAX_BOUND
 
         args.max_bound = SEARCH_MAX_BOUND
     unknown = sorted(set(args.envs) - set(ENVS))

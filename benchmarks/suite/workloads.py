@@ -659,9 +659,9 @@ def _candidate_compiles(w: Workload) -> float:
     total = 0.0
     for name, params in o.candidates[:measured]:
         if name == "split_compile":
-            from rose_jax.optimize import streams  # noqa: PLC0415 - lazily: it imports JAX
+            from rose_jax.optimize.split_compile import MEASURED_SETS  # noqa: PLC0415 - lazily: JAX
 
-            sets = dict(params).get("option_sets") or tuple(streams.OPTION_SETS)
+            sets = dict(params).get("option_sets") or MEASURED_SETS
             total += SPLIT_COMPILES_PER_SET * len(sets)
             if dict(params).get("boundaries", None) != ():  # stages: the kept plan's recompile
                 total += SPLIT_PLAN_COMPILES

@@ -9,7 +9,7 @@ wants: a legality check may reject too much, never too little.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from rose_jax.jaxpr import compat
 
@@ -79,23 +79,27 @@ def tainted_outputs(closed: Any, tainted_inputs: Sequence[bool]) -> list[bool]:
     return [(not compat.is_literal(v)) and v in reached for v in jx.outvars]
 
 
-def read_set(eqns: Sequence) -> list:
-    """Vars read by ``eqns`` that they do not define, in first-use order."""
+def read_set(eqns: Sequence, is_value: Callable[[Any], bool] = compat.is_var) -> list:
+    """Vars read by ``eqns`` that they do not define, in first-use order.
+
+    ``is_value``: which operands are values (default: jaxpr Vars; a flattened body
+    (:mod:`rose_jax.jaxpr.regions`) passes its own, whose values are ``(instance, var)`` keys).
+    """
     defined, seen, order = set(), set(), []
     for e in eqns:
         for v in e.invars:
-            if compat.is_var(v) and v not in defined and v not in seen:
+            if is_value(v) and v not in defined and v not in seen:
                 seen.add(v)
                 order.append(v)
         for v in e.outvars:
-            if compat.is_var(v):
+            if is_value(v):
                 defined.add(v)
     return order
 
 
-def defined_vars(eqns: Sequence) -> list:
-    """Vars ``eqns`` define, in order."""
-    return [v for e in eqns for v in e.outvars if compat.is_var(v)]
+def defined_vars(eqns: Sequence, is_value: Callable[[Any], bool] = compat.is_var) -> list:
+    """Vars ``eqns`` define, in order (``is_value`` as in :func:`read_set`)."""
+    return [v for e in eqns for v in e.outvars if is_value(v)]
 
 
 def liveness(

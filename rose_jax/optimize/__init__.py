@@ -7,19 +7,23 @@
     print(optimize.format_report(report))
 
 The contract is :mod:`rose_jax.optimize.base` (``Transform``: ``legal(tree)``, ``apply(fn)``,
-``tolerance``; ``HostStep``); one module per transformation family: :mod:`~.scans`
-(``unroll_scans``, ``hoist_invariants``), :mod:`~.fuse` (``overlap_independent``),
-:mod:`~.group_rollout` (env groups, in one process or in worker processes via
-:mod:`~.processes`), :mod:`~.offload` (``offload_component``: a metrics-only component, e.g.
-the evaluation, in a worker process behind the next call). :mod:`~.registry` names them for
-cached plans and workers; :mod:`~.search` measures candidates (:mod:`~.candidates`) and logs
-them (:mod:`~.report`).
+``tolerance`` and what the search needs to know about it; ``HostStep``); one module per
+transformation family, each with its own ``candidates(ctx)``: :mod:`~.scans` (``unroll_scans``,
+``hoist_invariants``), :mod:`~.fuse` (``overlap_independent``), :mod:`~.offload`
+(``offload_component``: a metrics-only component, e.g. the evaluation, in a worker process
+behind the next call), :mod:`~.group_rollout` (env groups, in one process or in worker
+processes via :mod:`~.processes`), :mod:`~.split_compile` (per-component compilation with
+measured XLA options), :mod:`~.stream_overlap` (regions of a loop body on their own GPU
+streams), :mod:`~.loops` (``bound_while_loops``). :mod:`~.registry` lists the families and
+names their transforms for cached plans and workers; :mod:`~.candidates` asks every family;
+:mod:`~.search` measures the candidates and logs them (:mod:`~.report`).
 """
 
 from rose_jax.compare import Comparison, compare_trees
 from rose_jax.optimize.base import EXACT, FUSION_TOLERANCE, HostStep, Tolerance, Transform, compose
 from rose_jax.optimize.fuse import overlap_independent
-from rose_jax.optimize.group_rollout import ProgramTree, check_collect, group_rollout, trace_program
+from rose_jax.optimize.env_groups import ProgramTree, trace_program
+from rose_jax.optimize.group_rollout import check_collect, group_rollout
 from rose_jax.optimize.offload import Deferred, OffloadedStep, offload_component, resolve
 from rose_jax.optimize.registry import known_transforms, register_transform, transform_by_name
 from rose_jax.optimize.report import CandidateRecord, PlanReport, format_report

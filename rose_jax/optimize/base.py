@@ -1,8 +1,8 @@
 """The optimizer's contract: :class:`Tolerance`, :class:`Transform`, :func:`compose`, :class:`HostStep`.
 
-Every transformation module (``scans``, ``group_rollout``, ``offload``, ...) builds on this
-module and nothing else of the optimizer's, the way optax's transformations build on its
-``base``.
+Every transformation family (``scans``, ``group_rollout``, ``offload``, ...) builds on this
+module and the optimizer's shared layers (``interpret``, ``where``, ``predict``, ...), never on
+another family or on the search, the way optax's transformations build on its ``base``.
 
 A :class:`Transform` is frozen data (``name``, ``params``, ``tolerance``, ``level``) plus two
 pure functions:
@@ -65,12 +65,34 @@ def loosest(tolerances: Sequence[Tolerance], reason: str = "loosest of the combi
     return Tolerance(max(t.rtol for t in tolerances), max(t.atol for t in tolerances), reason)
 
 
+WORKER_QUOTAS = ("", "even", "probe")
+
+
 @dataclasses.dataclass(frozen=True)
 class Transform:
     """One candidate transformation (see the module docstring).
 
     ``params`` is a tuple of ``(name, value)`` pairs (JSON-able values); ``level`` is
     ``"fn"``, ``"program"`` or ``"host"``.
+
+    What the search and the quota step need to know about a transform, declared by its family
+    (so that they never ask for a transform by name):
+
+    * ``wraps_iteration``: ``apply`` wraps the whole iteration in a host step of its own
+      (offload_component, split_compile): applied after every other transform of a plan, and two
+      such transforms never share a plan;
+    * ``needs_program_tree``: ``legal`` is decided on the Program's ProgramTree
+      (:func:`rose_jax.optimize.env_groups.trace_program`: its collect's LoopTree with env masks)
+      instead of the iteration's LoopTree, and ``apply`` needs a Program;
+    * ``regroups_envs``: ``apply`` splits the Program's env batch into groups: the search compares
+      its collected data with the full batch's when it times the collect alone, and env groups in
+      worker processes (``level="host"``) are checked for equality only when faster (the check
+      would recompile every worker's rollout under the equality options);
+    * ``worker_quotas``: how the SM quotas of its concurrent worker processes are chosen
+      (:mod:`rose_jax.optimize.quotas`): ``""`` none run; ``"even"``: param ``groups`` identical
+      workers, the even split, written as param ``quotas``; ``"probe"``: ``quota_branches(fn,
+      state)`` gives the driver's and the worker's branches, each timed alone at a few quotas,
+      the worker's chosen quota written as param ``quota``.
     """
 
     name: str
@@ -80,10 +102,24 @@ class Transform:
     legal_fn: Callable[[Any], tuple[bool, str]] = dataclasses.field(compare=False, repr=False)
     apply_fn: Callable[[Any], Any] = dataclasses.field(compare=False, repr=False)
     summary: str = dataclasses.field(default="", compare=False)
+    wraps_iteration: bool = dataclasses.field(default=False, compare=False)
+    needs_program_tree: bool = dataclasses.field(default=False, compare=False)
+    regroups_envs: bool = dataclasses.field(default=False, compare=False)
+    worker_quotas: str = dataclasses.field(default="", compare=False)
+    quota_branches: Callable[[Any, Any], Sequence[Any]] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
 
     def __post_init__(self):
         if self.level not in LEVELS:
             raise ValueError(f"Transform {self.name!r}: level must be one of {LEVELS}, got {self.level!r}")
+        if self.worker_quotas not in WORKER_QUOTAS:
+            raise ValueError(
+                f"Transform {self.name!r}: worker_quotas must be one of {WORKER_QUOTAS}, "
+                f"got {self.worker_quotas!r}"
+            )
+        if (self.worker_quotas == "probe") != (self.quota_branches is not None):
+            raise ValueError(f"Transform {self.name!r}: worker_quotas='probe' goes with quota_branches")
 
     def legal(self, tree: Any) -> tuple[bool, str]:
         """``(True, why it is safe)`` or ``(False, why not)`` for the program traced as ``tree``."""
@@ -159,7 +195,10 @@ class HostStep:
     * ``with_compiler_options(options)``: the same step compiled with other XLA options;
     * ``measured_params()``: parameters of the transform that built it which the step settled by
       measuring on its first call (e.g. split_compile's per-stage XLA options): the search writes
-      them into the plan, so that applying the plan again (or from the plan cache) measures nothing.
+      them into the plan, so that applying the plan again (or from the plan cache) measures nothing;
+    * ``comparable(out)``: an output of this step, or of the untransformed piece it replaces, in
+      one form the two can be compared in (a collect whose env state stays in its workers: synced,
+      and data leaves the learn does not read dropped alike).
     """
 
     host = True
@@ -184,6 +223,9 @@ class HostStep:
 
     def measured_params(self) -> dict:
         return {}
+
+    def comparable(self, out: Any) -> Any:
+        return out
 
     def __enter__(self) -> "HostStep":
         return self

@@ -1,5 +1,6 @@
 """Env batches of a :class:`rose_jax.program.Program`: split a state into env groups, merge back,
-and one group's rollout.
+one group's rollout, and the Program traced with its env masks (:func:`trace_program`, what
+transforms with ``needs_program_tree`` are judged on).
 
 A group ``g`` of ``G`` holds envs ``g * N/G .. (g+1) * N/G - 1`` of the program's ``num_envs``
 (``N``); the other state leaves are shared by all groups. With ``program.rollout`` a group
@@ -10,11 +11,12 @@ worker processes of :mod:`rose_jax.optimize.processes`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from rose_jax import trace as rtrace
 from rose_jax.program import Data, Program, RolloutParts, State
 
 
@@ -84,3 +86,35 @@ def collect_group(program: Program, state_g: State, g: int, groups: int) -> tupl
     consts, carry, xs = parts.start(state_g)
     carry, ys = scan_group(parts, consts, carry, xs, g, groups)
     return parts.finish(state_g, carry, ys)
+
+
+# ------------------------------------------------------------------------ the traced program
+
+
+class ProgramTree(NamedTuple):
+    """What the legality of a transform with ``needs_program_tree`` reads (e.g.
+    :func:`rose_jax.optimize.group_rollout.group_rollout`): the program and its collect's LoopTree.
+
+    ``tree`` is ``rose_jax.trace.trace(program.collect, state)`` (paths ``state.<leaf>``);
+    ``env_inputs``/``env_outputs`` flag the env-batched input/output leaves in jaxpr order.
+    """
+
+    program: Program
+    tree: Any
+    env_inputs: tuple[bool, ...]
+    env_outputs: tuple[bool, ...]
+
+    def walk(self):
+        return self.tree.walk()
+
+
+def trace_program(program: Program, state: State) -> ProgramTree:
+    """Trace ``program.collect`` on ``state`` (nothing runs) into a :class:`ProgramTree`."""
+
+    tree = rtrace.trace(program.collect, state, arg_names=["state"])
+    env_in = tuple(bool(b) for b in jax.tree.leaves(env_mask(program, state)))
+    out_state, data = jax.eval_shape(program.collect, state)
+    env_out = tuple(bool(b) for b in jax.tree.leaves(env_mask(program, out_state))) + tuple(
+        ax is not None for ax in data_axes(program, data)
+    )
+    return ProgramTree(program, tree, env_in, env_out)

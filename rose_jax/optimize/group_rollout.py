@@ -12,25 +12,25 @@ collect's jaxpr (:func:`check_collect`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-from rose_jax import trace as rtrace
 from rose_jax.jaxpr import dataflow
 from rose_jax.optimize import processes
 from rose_jax.optimize.base import FUSION_TOLERANCE, Transform
-from rose_jax.optimize.env_groups import (
+from rose_jax.optimize.env_groups import (  # noqa: F401 - ProgramTree, trace_program: re-exported
+    ProgramTree,
     collect_group,
-    data_axes,
-    env_mask,
     merge_data,
     merge_states,
     split_envs,
     take_group,
+    trace_program,
 )
-from rose_jax.program import Program, State
+from rose_jax.optimize.predict import ASSUMED_IDLE_SHARE, Candidate, CandidateContext
+from rose_jax.program import Program
 
 # ------------------------------------------------------------------------------ collects
 
@@ -77,34 +77,6 @@ def interleaved_collect(program: Program, groups: int) -> Callable:
 
 
 # ------------------------------------------------------------------------------- legality
-
-
-class ProgramTree(NamedTuple):
-    """What :func:`group_rollout`'s legality check reads: the program and its collect's LoopTree.
-
-    ``tree`` is ``rose_jax.trace.trace(program.collect, state)`` (paths ``state.<leaf>``);
-    ``env_inputs``/``env_outputs`` flag the env-batched input/output leaves in jaxpr order.
-    """
-
-    program: Program
-    tree: Any
-    env_inputs: tuple[bool, ...]
-    env_outputs: tuple[bool, ...]
-
-    def walk(self):
-        return self.tree.walk()
-
-
-def trace_program(program: Program, state: State) -> ProgramTree:
-    """Trace ``program.collect`` on ``state`` (nothing runs) into a :class:`ProgramTree`."""
-
-    tree = rtrace.trace(program.collect, state, arg_names=["state"])
-    env_in = tuple(bool(b) for b in jax.tree.leaves(env_mask(program, state)))
-    out_state, data = jax.eval_shape(program.collect, state)
-    env_out = tuple(bool(b) for b in jax.tree.leaves(env_mask(program, out_state))) + tuple(
-        ax is not None for ax in data_axes(program, data)
-    )
-    return ProgramTree(program, tree, env_in, env_out)
 
 
 def check_collect(ptree: ProgramTree) -> tuple[bool, str]:
@@ -213,4 +185,43 @@ def group_rollout(
         legal,
         apply,
         summary=f"rollout in {groups} env groups ({mode})",
+        needs_program_tree=True,
+        regroups_envs=True,
+        worker_quotas="even" if mode == "processes" else "",
     )
+
+
+def candidates(ctx: CandidateContext) -> list[Candidate]:
+    """For a single-process Program with one env group: its rollout (the ``rollout`` or
+    ``collect`` component) in each of ``ctx.group_sizes`` groups that divide ``num_envs``, in each
+    of ``ctx.group_modes``. Model: env groups in processes reclaim ``(1 - 1/G)`` of the rollout
+    window's idle SM-seconds (profiled, else :data:`~rose_jax.optimize.predict.ASSUMED_IDLE_SHARE`
+    of its time); interleaving in one process a tenth of that (one stream only changes scheduling).
+    """
+    program, tree = ctx.program, ctx.tree
+    if program is None or program.groups != 1:
+        return []
+    rollout = [n for n in tree.walk() if n.kind == "component" and n.name in ("rollout", "collect")]
+    if not rollout:
+        return []
+    node = rollout[0]
+    idle = ctx.idle_for(node)
+    rollout_s = ctx.baseline_s * ctx.time_share(node)
+    assumed = idle is None
+    idle = rollout_s * ASSUMED_IDLE_SHARE if idle is None else idle
+    src = f"assumed {ASSUMED_IDLE_SHARE:.0%} idle SMs" if assumed else "profiled idle SM-seconds"
+    out = []
+    for g in ctx.group_sizes:
+        if program.num_envs % g:
+            continue
+        for mode in ctx.group_modes:
+            factor = (1.0 - 1.0 / g) * (1.0 if mode == "processes" else 0.1)
+            out.append(
+                Candidate(
+                    group_rollout(g, mode),
+                    node.name,
+                    idle * factor,
+                    f"{src} of {node.name} x {factor:.2f}",
+                )
+            )
+    return out

@@ -26,6 +26,7 @@ a finished state must not reach an unbounded inner loop).
 
     step = bound_while_loops("where").apply(env_step)    # fn -> fn; jit / vmap / grad compose
     loop_candidates(tree)                                 # the variants legal for a LoopTree
+    candidates(ctx)                                       # the search's, with predicted gains
 """
 
 from __future__ import annotations
@@ -39,12 +40,28 @@ from rose_jax.jaxpr import bounds as B
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import EXACT, FUSION_TOLERANCE, Transform
+from rose_jax.optimize.predict import (
+    LOOP_OVERHEAD_S,
+    Candidate,
+    CandidateContext,
+    idle_for,
+    outer_trips,
+    where_of,
+)
 from rose_jax.optimize.where import Where, matcher
 
 VARIANTS = ("where", "cond")
 # Larger static bounds are refused by default: a masked scan of thousands of steps runs the body
 # thousands of times where the loop may stop after a few.
 MAX_BOUND = 1024
+# Largest while-loop bound the search turns into a masked scan (bound_while_loops' own default,
+# MAX_BOUND, is wider for direct use). A masked scan runs its body ``bound`` times where a
+# loop with a tolerance exit may stop after a few: on the H200 (benchmarks/results/loops/,
+# 2026-12-04) the MJX swimmer's solver loop (bound 100, MuJoCo's default iterations) ran 0.036x as
+# a masked scan and took ~80 s per variant to compile and time, while bound 4 (hopper, walker2d,
+# halfcheetah) ran 1.01-1.05x and bound 8 (humanoidstandup) 0.96x. Above this bound the candidate
+# is refused with the reason, without compiling it.
+SEARCH_MAX_BOUND = 16
 # Primitives whose extra executions would be observable: host callbacks and stateful RNG.
 _IMPURE = C.CALLBACK_PRIMITIVES | frozenset({"rng_uniform", "debug_print"})
 
@@ -278,6 +295,43 @@ def loop_candidates(tree: Any, max_bound: int = MAX_BOUND) -> list[Transform]:
     return out
 
 
+def bounded_loop_candidates(
+    tree, baseline_s: float, by_path: dict[str, float], platform: str
+) -> list[Candidate]:
+    """:func:`loop_candidates` (while loops with a static bound as masked scans) with predicted
+    gains, for the search; where the tree holds while loops but none has a bound (or every bound
+    exceeds :data:`SEARCH_MAX_BOUND`), the ``"where"`` variant is still returned, so the search
+    logs why it is refused. ``by_path``: profiled idle SM-seconds by component path.
+
+    Model: each iteration of a while loop on a GPU waits for its predicate on the host
+    (:data:`rose_jax.optimize.predict.LOOP_OVERHEAD_S`); a masked scan of ``bound`` steps saves
+    that wait per iteration run (at most ``bound`` per execution, times the loops around it).
+    """
+    whiles = [n for n in tree.walk() if n.kind == "while"]
+    if not whiles:
+        return []
+    made = loop_candidates(tree, max_bound=SEARCH_MAX_BOUND) or [
+        bound_while_loops("where", max_bound=SEARCH_MAX_BOUND)
+    ]
+    overhead = LOOP_OVERHEAD_S.get(platform, LOOP_OVERHEAD_S["gpu"])
+    trips = sum((n.bound or n.trip_count or 0) * outer_trips(tree, n) for n in whiles)
+    by_idle = [v for v in (idle_for(n, by_path) for n in whiles) if v is not None]
+    window = "/".join(sorted({where_of(n) for n in whiles}))
+    out = []
+    for t in made:
+        gain = trips * overhead
+        model = f"{trips} while-loop iterations x {overhead * 1e6:.0f}us host round trip"
+        if by_idle:
+            gain, model = min(gain, sum(by_idle)), f"{model}, at most the profiled idle SM-seconds"
+        out.append(Candidate(t, window, gain, model))
+    return out
+
+
+def candidates(ctx: CandidateContext) -> list[Candidate]:
+    """The search's candidates of this family: :func:`bounded_loop_candidates`."""
+    return bounded_loop_candidates(ctx.tree, ctx.baseline_s, ctx.by_path, ctx.platform)
+
+
 def describe_loops(
     fn: Callable, *args, variant: str = "where", max_bound: int = MAX_BOUND, **kwargs
 ) -> list[LoopPlan]:
@@ -289,9 +343,12 @@ def describe_loops(
 
 __all__ = [
     "MAX_BOUND",
+    "SEARCH_MAX_BOUND",
     "VARIANTS",
     "LoopPlan",
     "bound_while_loops",
+    "bounded_loop_candidates",
+    "candidates",
     "describe_loops",
     "effects_reason",
     "loop_candidates",

@@ -51,10 +51,13 @@ from rose_jax.jaxpr import compat
 from rose_jax.jaxpr.cut import Split, split_component
 from rose_jax.mps import plan as mps_plan
 from rose_jax.optimize.base import EXACT, HostStep, Transform
+from rose_jax.optimize.predict import Candidate, CandidateContext
 from rose_jax.optimize.process_worker import RUN_EXPORTED
 from rose_jax.program import Program
 
 WORKER = "offload"
+# top-level components that produce only metrics by convention (what :func:`candidates` offloads)
+OFFLOAD_COMPONENTS = ("evaluate",)
 _BLOB = "rose.offload."
 
 
@@ -352,4 +355,34 @@ def offload_component(component: str = "evaluate", quota: int | None = None):
 
     summary = f"run component {component!r} in a worker process behind the next call"
     params = (("component", component), ("quota", quota))
-    return Transform("offload_component", params, EXACT, "host", legal, apply, summary=summary)
+    return Transform(
+        "offload_component",
+        params,
+        EXACT,
+        "host",
+        legal,
+        apply,
+        summary=summary,
+        wraps_iteration=True,
+        worker_quotas="probe",
+        quota_branches=lambda fn, state: branches(fn, component, state),
+    )
+
+
+def candidates(ctx: CandidateContext) -> list[Candidate]:
+    """Each top-level component named in :data:`OFFLOAD_COMPONENTS` (results that reach only
+    the metrics, e.g. an evaluation) in a worker behind the next call. Model: the component's
+    whole share of the iteration leaves the critical path."""
+    out = []
+    for node in ctx.tree.root.children:
+        if node.kind == "component" and node.name in OFFLOAD_COMPONENTS:
+            share = ctx.time_share(node)
+            out.append(
+                Candidate(
+                    offload_component(node.name),
+                    node.name,
+                    ctx.baseline_s * share,
+                    f"{node.name}'s share of the work ({share:.0%}) leaves the critical path",
+                )
+            )
+    return out

@@ -6,15 +6,18 @@ side by side). Under MPS each worker can be given an SM quota (``CUDA_MPS_ACTIVE
 read once when the worker starts). :func:`choose_plan_quotas` decides them, after the search
 chose the plan and inside its time:
 
-* ``offload_component``: two branches, the driver's rest of the step and the worker's component.
-  Each is exported (:func:`rose_jax.optimize.offload.branches`) and timed ALONE in a probe
-  worker at a few quotas (one worker per quota, a client of the plan's MPS daemon);
+Which transforms run such processes, and how, each declares (``Transform.worker_quotas``):
+
+* ``"probe"`` (``offload_component``): two branches, the driver's rest of the step and the
+  worker's part, from the transform's ``quota_branches(fn, state)`` (e.g.
+  :func:`rose_jax.optimize.offload.branches`, each exported with its inputs), each timed ALONE in
+  a probe worker at a few quotas (one worker per quota, a client of the plan's MPS daemon);
   :func:`rose_jax.mps.search.search_quotas` models ``t_i(q)`` and picks the split that minimises
   the join ``max_i t_i(q_i)`` with ``sum q_i <= 100``. Only the worker's quota can be applied
   (the driver's share is fixed when the driver starts): the driver is left unlimited and takes
   at least the rest while the worker runs, so the join is no longer than modelled.
-* ``group_rollout(G, "processes")``: G identical branches (same program, N/G envs each): the even
-  split is the slack-aware optimum by symmetry, nothing to probe.
+* ``"even"`` (``group_rollout(G, "processes")``): G identical branches (same program, N/G envs
+  each): the even split is the slack-aware optimum by symmetry, nothing to probe.
 
 Then the plan with the quotas is timed end to end in turns with the plan without them; the quotas
 stay in the plan (and so in the plan cache) unless they are measurably slower. Every step is a
@@ -34,7 +37,7 @@ import numpy as np
 from rose_jax import runtime
 from rose_jax.mps import mps_status, search_quotas
 from rose_jax.mps import plan as mps_plan
-from rose_jax.optimize import measure, offload
+from rose_jax.optimize import measure
 from rose_jax.optimize.base import Transform
 from rose_jax.optimize.process_worker import TIME_EXPORTED
 from rose_jax.optimize.registry import transform_by_name
@@ -80,15 +83,16 @@ def mps_available() -> tuple[bool, str]:
 
 def multi_process(t: Transform) -> bool:
     """A transform whose plan runs concurrent worker processes that quotas apply to."""
-    p = dict(t.params)
-    return t.name == "offload_component" or (t.name == "group_rollout" and p.get("mode") == "processes")
+    return bool(t.worker_quotas)
 
 
 def probe_branches(
-    branches: Sequence[offload.Branch], *, daemon: Any = None, repeats: int = 2, timeout: float = 900.0
+    branches: Sequence[Any], *, daemon: Any = None, repeats: int = 2, timeout: float = 900.0
 ) -> Callable[[Sequence[tuple[int, int]]], list[float]]:
     """A batched measure for :func:`rose_jax.mps.search.search_quotas`: for each distinct quota,
-    one probe worker started at that quota times every branch asked for there, alone, in turn."""
+    one probe worker started at that quota times every branch asked for there, alone, in turn.
+    A branch (e.g. :class:`rose_jax.optimize.offload.Branch`) has a ``name``, a ``jax.export``
+    ``blob``, its ``digest`` and example ``args``."""
 
     def measure_points(points: Sequence[tuple[int, int]]) -> list[float]:
         by_quota: dict[int, list[int]] = {}
@@ -195,7 +199,7 @@ def choose_plan_quotas(
 def _decide(t: Transform, target, state, rec: QuotaRecord, grid, refine_rounds, say) -> Transform:
     """Fill ``rec`` with the branches' search; the transform with the chosen quotas."""
     params = dict(t.params)
-    if t.name == "group_rollout":
+    if t.worker_quotas == "even":
         g = int(params["groups"])
         quotas = [100 // g] * g
         rec.branches = [f"worker: env group {k}" for k in range(g)]
@@ -206,9 +210,8 @@ def _decide(t: Transform, target, state, rec: QuotaRecord, grid, refine_rounds, 
             f"{quotas} is the slack-aware optimum, nothing to probe"
         )
         return transform_by_name(t.name, {**params, "quotas": tuple(quotas)})
-    component = params.get("component", "evaluate")
     fn = target.iteration() if isinstance(target, Program) else target
-    branches = offload.branches(fn, component, state)
+    branches = t.quota_branches(fn, state)  # worker_quotas == "probe"
     rec.branches = [b.name for b in branches]
     say(f"[optimize] quotas for {t.label}: timing {len(branches)} branches alone at quotas {list(grid)}")
     result = search_quotas(

@@ -1,4 +1,5 @@
-"""Loop-level rewrites of scans: :func:`unroll_scans` and :func:`hoist_invariants`.
+"""Loop-level rewrites of scans: :func:`unroll_scans` and :func:`hoist_invariants`, and their
+:func:`candidates`.
 
 Both are ``level="fn"`` transformations (jaxpr rewrites through
 :mod:`rose_jax.optimize.interpret`) that keep the order of operations; XLA may fuse the rewritten
@@ -12,6 +13,7 @@ from typing import Any
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import FUSION_TOLERANCE, Transform
+from rose_jax.optimize.predict import Candidate, CandidateContext, outer_trips, where_of
 from rose_jax.optimize.where import Where, site_select, tree_loops, where_label
 
 
@@ -164,3 +166,54 @@ def hoist_invariants(where: Where = None) -> Transform:
         apply,
         summary=f"hoist loop-invariant equations out of the scan(s) at {where_label(where)}",
     )
+
+
+def candidates(ctx: CandidateContext) -> list[Candidate]:
+    """Per scan of at least two steps (those in a profiled window; without windows every one),
+    most expensive first: :func:`unroll_scans` by each of ``ctx.unroll_factors`` and, where its
+    body has invariant equations, :func:`hoist_invariants`.
+
+    Models (seconds per iteration): unrolling saves ``trips * (1 - 1/f) * loop overhead``
+    (:data:`rose_jax.optimize.predict.LOOP_OVERHEAD_S`); hoisting saves the invariant share of
+    the loop's time.
+    """
+    tree, overhead = ctx.tree, ctx.loop_overhead_s
+    scans = [n for n in tree.walk() if n.kind == "scan" and (n.trip_count or 0) >= 2]
+    if ctx.by_path:
+        scans = [n for n in scans if ctx.idle_for(n) is not None] or scans
+    scans.sort(key=lambda n: -ctx.time_share(n))
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    for node in scans:
+        where = where_of(node)
+        if where in seen:
+            continue
+        seen.add(where)
+        trips = node.trip_count * outer_trips(tree, node)
+        for f in ctx.unroll_factors:
+            if f >= 2 and f <= node.trip_count:
+                gain = trips * (1.0 - 1.0 / f) * overhead
+                out.append(
+                    Candidate(
+                        unroll_scans(f, where),
+                        where,
+                        gain,
+                        f"{trips} loop iterations x (1-1/{f}) x {overhead * 1e6:.0f}us loop overhead",
+                    )
+                )
+        eqns = node.eqns()
+        if len(eqns) == 1 and eqns[0].primitive.name == "scan":
+            scan = C.scan_params(eqns[0].params)
+            n_inv = len(invariant_eqns(scan))
+            if n_inv:
+                share = n_inv / max(len(scan.body.eqns), 1)
+                gain = ctx.baseline_s * ctx.time_share(node) * share * (1.0 - 1.0 / node.trip_count)
+                out.append(
+                    Candidate(
+                        hoist_invariants(where),
+                        where,
+                        gain,
+                        f"{n_inv}/{len(scan.body.eqns)} body equations invariant x loop time",
+                    )
+                )
+    return out

@@ -65,8 +65,7 @@ from rose_jax.optimize import cache as plan_cache
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import HostStep, Tolerance, Transform
 from rose_jax.optimize.candidates import Candidate, generate_candidates
-from rose_jax.optimize.group_rollout import trace_program
-from rose_jax.optimize.processes import ProcessCollect
+from rose_jax.optimize.env_groups import trace_program
 from rose_jax.optimize.registry import known_transforms, transform_by_name
 from rose_jax.optimize.report import CandidateRecord, PlanReport, fmt_turns
 from rose_jax.optimize.where import site_select
@@ -234,16 +233,13 @@ class HostIteration(HostStep):
         return HostIteration(self.program, compiler_options)
 
 
-# Host-level transforms whose result is still a Program (its collect in worker processes): they
-# go first, like program-level ones; the other host-level ones wrap the whole iteration in a
-# HostStep (offload_component, split_compile) and go last, after the fn-level rewrites.
-_PROGRAM_RESULT = ("group_rollout",)
-
-
 def _apply_order(t: Transform) -> int:
+    """Program-level transforms (and host-level ones whose result is still a Program, e.g. its
+    collect in worker processes) first, then fn-level rewrites, then those that wrap the whole
+    iteration in a host step of their own (``Transform.wraps_iteration``)."""
     if t.level == "fn":
         return 1
-    return 0 if t.level == "program" or t.name in _PROGRAM_RESULT else 2
+    return 2 if t.wraps_iteration else 0
 
 
 def apply_plan(target: Any, transforms: Sequence[Transform]) -> Any:
@@ -251,7 +247,7 @@ def apply_plan(target: Any, transforms: Sequence[Transform]) -> Any:
     processes) first, then fn-level ones, then those that wrap the iteration in a host step."""
     ordered = sorted(transforms, key=_apply_order)
     for t in ordered:
-        if t.level != "fn" and not isinstance(target, Program) and t.name == "group_rollout":
+        if t.needs_program_tree and not isinstance(target, Program):
             raise ValueError(f"{t.label} needs a Program, got a plain function")
         target = t.apply(target)
     return target
@@ -284,7 +280,7 @@ def _is_host(transforms: Sequence[Transform]) -> bool:
 
 
 def _env_groups_in_processes(transforms: Sequence[Transform]) -> bool:
-    return any(t.name == "group_rollout" and dict(t.params).get("mode") == "processes" for t in transforms)
+    return any(t.regroups_envs and t.level == "host" for t in transforms)
 
 
 # ---------------------------------------------------------------------------- equality
@@ -364,9 +360,9 @@ def _compare(ref: _Reference, check, final, tol: Tolerance) -> Comparison:
 
 
 def _legal(transform: Transform, tree, ptree) -> tuple[bool, str]:
-    if transform.name == "group_rollout":
+    if transform.needs_program_tree:
         if ptree is None:
-            return False, "group_rollout needs a Program target"
+            return False, f"{transform.name} needs a Program target"
         return transform.legal(ptree)
     return transform.legal(tree)
 
@@ -398,18 +394,14 @@ def _time_piece(program: Program, piece: str, state, repeats: int):
     return measure.time_call(jax.jit(program.learn), (out_state, data), repeats), None
 
 
-_WRAPS_ITERATION = ("offload_component", "split_compile")
-
-
 def _conflict(a: Transform, b: Transform) -> bool:
-    """Two transforms that rewrite the same thing (same kind on the same loop / both regroup)."""
-    if a.name in _WRAPS_ITERATION and b.name in _WRAPS_ITERATION:
+    """Two transforms that rewrite the same thing (same kind on the same loop, or without a loop
+    to tell them apart: e.g. two env regroupings)."""
+    if a.wraps_iteration and b.wraps_iteration:
         return True  # each wraps the whole iteration in its own host step
     if a.name != b.name:
         return False
     pa, pb = dict(a.params), dict(b.params)
-    if a.name == "group_rollout":
-        return True
     return pa.get("where") == pb.get("where") and pa.get("a") == pb.get("a")
 
 
@@ -658,11 +650,11 @@ class _Search:
             report.measurements += repeats
             base_total += self.local_base[piece][0].median
             new_total += new_timing.median
-            if piece == "collect" and t.name == "group_rollout":
+            if piece == "collect" and t.regroups_envs:
                 collect = transformed.collect
 
                 def norm(o, collect=collect):  # env state in workers: synced and pruned alike
-                    return collect.comparable(o) if isinstance(collect, ProcessCollect) else o
+                    return collect.comparable(o) if isinstance(collect, HostStep) else o
 
                 cmp = compare_trees(
                     norm(out), norm(self.local_base[piece][1]), t.tolerance.rtol, t.tolerance.atol
@@ -873,9 +865,9 @@ def optimize(
     tree = rtrace.trace(base_fn, example_state, arg_names=["state"])
     ptree = trace_program(program, example_state) if program is not None else None
     if opts.candidates is None:
-        cands = generate_candidates(tree, program, search.baseline, windows, jax.default_backend())
-        if opts.families is not None:
-            cands = [c for c in cands if c.transform.name in opts.families]
+        cands = generate_candidates(
+            tree, program, search.baseline, windows, jax.default_backend(), families=opts.families
+        )
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
     plan, best_time, best_cmp = search.combine(search.measure_candidates(cands, tree, ptree))

@@ -1,8 +1,11 @@
-"""Fast by default: XLA option sets tried on a run's first units, kept only when not slower.
+"""XLA option sets: the one table of them (:data:`SETS`), and fast by default: the sets tried on
+a run's first units, kept only when not slower.
 
-What the search keeps on nearly every GPU workload is an XLA option set (command buffers
-scheduled ``CONCURRENT``: :data:`rose_jax.optimize.streams.OPTION_SETS`). ``rose-jax train``
-applies it without ``--optimize``, through :class:`TrialStep`:
+:data:`SETS` names every XLA option set the library uses: ``rose-jax train --xla-options`` takes
+its names, and ``split_compile`` (:mod:`rose_jax.optimize.split_compile`) measures each stage
+under some of them. What the search keeps on nearly every GPU workload is such a set (command
+buffers scheduled ``CONCURRENT``). ``rose-jax train`` applies it without ``--optimize``, through
+:class:`TrialStep`:
 
 1. The unit ``train`` runs per report (an iteration or an epoch) is traced and lowered once and
    compiled under the first candidate set, as the plain run compiles its one build; the other
@@ -33,19 +36,35 @@ from typing import Any, Callable
 
 import jax
 
-from rose_jax.optimize.streams import OPTION_SETS
+_COMMAND_BUFFER_ALL = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL"
+_COMMAND_BUFFER_NO_LOOPS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION"
 
-# The sets tried by default on a GPU, first to last. "concurrent_scheduling" is what an informed
-# user sets globally (XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT: XLA's default
-# command-buffer types, scheduled CONCURRENT); on the H200 (benchmarks/results/default_options/,
-# 2026-12-04) it ran PPO ant 4096's whole run at 1.11M env-steps/s against 1.03M with XLA's
-# defaults, and Brax's SAC hopper high-update at 9,624 vs 6,846 (issue 30's measurement).
-# "concurrent_no_loops" (the same with an explicit list of command types, loops not captured) is
-# what the search kept on SAC hopper and every MJX loops row (benchmarks/results/overlap/, loops/).
+# The XLA option sets by name (GPU options; on a CPU nothing uses them). "concurrent_scheduling" is
+# what an informed user sets globally (XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT:
+# XLA's default command-buffer types, scheduled CONCURRENT); on the H200
+# (benchmarks/results/default_options/, 2026-12-04) it ran PPO ant 4096's whole run at 1.11M
+# env-steps/s against 1.03M with XLA's defaults, and Brax's SAC hopper high-update at 9,624 vs
+# 6,846 (issue 30's measurement). "default": XLA's defaults. "concurrent": CUDA-graph command
+# buffers for every command type, loops (WHILE/CONDITIONAL) captured too, scheduled CONCURRENT
+# (independent kernels of a graph may run side by side): PPO ant 4096's learn 19.35 -> 16.00 ms on
+# the H200. "concurrent_no_loops": the same without capturing loops (each loop iteration launches
+# its graph from the host): what the search kept on SAC hopper and every MJX loops row
+# (benchmarks/results/overlap/, loops/). "no_command_buffers": every kernel launched by the
+# runtime (29.6 ms).
 SETS: dict[str, dict[str, Any]] = {
     "concurrent_scheduling": {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"},
-    **OPTION_SETS,
+    "default": {},
+    "concurrent": {
+        "xla_gpu_enable_command_buffer": _COMMAND_BUFFER_ALL,
+        "xla_gpu_command_buffer_scheduling_mode": "CONCURRENT",
+    },
+    "concurrent_no_loops": {
+        "xla_gpu_enable_command_buffer": _COMMAND_BUFFER_NO_LOOPS,
+        "xla_gpu_command_buffer_scheduling_mode": "CONCURRENT",
+    },
+    "no_command_buffers": {"xla_gpu_enable_command_buffer": ""},
 }
+# The sets tried by default on a GPU, first to last.
 DEFAULT_CANDIDATES = ("concurrent_scheduling", "concurrent_no_loops")
 DEFAULT_ROUNDS = 3
 # a candidate must beat the default build's median by this share to be kept (timing noise)
@@ -217,7 +236,7 @@ def sets_from_spec(spec: str) -> dict[str, dict[str, Any]]:
     """The candidate sets of ``rose-jax train --xla-options SPEC``: ``"auto"`` (the default
     candidates on a GPU, none on a CPU; ``$ROSE_JAX_XLA_OPTION_SETS``, a JSON object
     ``{name: {xla option: value}}``, replaces them, e.g. to try other sets), ``"default"`` (none:
-    XLA's defaults, no trial) or comma-separated names of :data:`OPTION_SETS`. One-line
+    XLA's defaults, no trial) or comma-separated names of :data:`SETS`. One-line
     ValueError for anything else."""
     import json
     import os
@@ -242,6 +261,6 @@ def sets_from_spec(spec: str) -> dict[str, dict[str, Any]]:
 
 
 __all__ = [
-    "DEFAULT_CANDIDATES", "DEFAULT_MARGIN", "DEFAULT_ROUNDS", "ENV_SETS", "TrialStep", "candidate_sets",
-    "sets_from_spec",
+    "DEFAULT_CANDIDATES", "DEFAULT_MARGIN", "DEFAULT_ROUNDS", "ENV_SETS", "SETS", "TrialStep",
+    "candidate_sets", "sets_from_spec",
 ]

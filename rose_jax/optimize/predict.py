@@ -1,0 +1,143 @@
+"""What every family's candidate generator shares: :class:`Candidate`, :class:`CandidateContext`
+and the LoopTree cost model behind predicted gains.
+
+Each transformation family (one module, listed in :mod:`rose_jax.optimize.registry`) exports
+``candidates(ctx: CandidateContext) -> list[Candidate]``: its transforms for the traced iteration,
+each with a predicted gain (seconds per iteration) and the model behind it.
+:func:`rose_jax.optimize.candidates.generate_candidates` loops over the families. Predictions are
+models, not measurements (the search measures every candidate it keeps); a generated candidate
+may be illegal (the search then refuses it with the reason).
+
+The shared model: a node's share of the iteration is its flops + bytes/4 (times the trip counts
+of the loops around it) over the root's (:func:`time_share`); a profiled low-activity window lies
+in a node when their component paths meet (:func:`idle_for`); without a window a loop is assumed
+:data:`ASSUMED_IDLE_SHARE` idle; a compiled loop costs :data:`LOOP_OVERHEAD_S` per iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from rose_jax.optimize.base import Transform
+from rose_jax.optimize.where import tree_loops
+from rose_jax.program import Program
+
+# Per-iteration cost of a compiled loop (s) used to predict unrolling gains: on GPU a while loop
+# copies its predicate to the host every iteration (~10 us with the launch gaps around it);
+# on CPU it is a branch and a few buffer assignments. A model, not a measurement.
+LOOP_OVERHEAD_S = {"gpu": 10e-6, "cpu": 1e-6}
+# Assumed idle SM share of a phase when no profiler window says otherwise.
+ASSUMED_IDLE_SHARE = 0.5
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A transformation to try, the window it targets and its predicted gain (s/iter) with the model."""
+
+    transform: Transform
+    window: str
+    predicted: float | None
+    model: str
+
+
+def where_of(node) -> str:
+    """A LoopTree node as a where spec: its component path and name, ``"rollout/step"``."""
+    return "/".join(tuple(node.component_path) + (node.name,))
+
+
+def outer_trips(tree, node) -> int:
+    """How often ``node`` runs per iteration because of the loops around it."""
+    trips = 1
+    for anc in tree.ancestors(node):
+        if anc.is_loop and anc.trip_count:
+            trips *= anc.trip_count
+    return trips
+
+
+def time_share(tree, node) -> float:
+    """A node's share of the iteration's work (flops + bytes/4, a crude roofline-free weight)."""
+
+    def w(n):
+        return float(n.cost.flops) + float(n.cost.bytes) / 4.0
+
+    total = w(tree.root)
+    return 0.0 if total <= 0 else min(1.0, w(node) * outer_trips(tree, node) / total)
+
+
+def windows_by_path(windows) -> dict[str, float]:
+    """Profiled windows (``path``, ``idle_sm_seconds_per_iteration``) as ``{path: idle SM-s}``."""
+    out: dict[str, float] = {}
+    for w in windows or ():
+        path = w.path if isinstance(w.path, str) else "/".join(w.path)
+        out[path] = out.get(path, 0.0) + float(w.idle_sm_seconds_per_iteration)
+    return out
+
+
+def idle_for(node, windows: dict[str, float]) -> float | None:
+    """Idle SM-seconds per iteration of the windows that lie in ``node`` (None: no window)."""
+    comps = set(node.component_path) | {node.name}
+    found = [v for path, v in windows.items() if set(path.split("/")) & comps]
+    return sum(found) if found else None
+
+
+def loop_time(tree, where, baseline_s: float, by_path: dict[str, float], kind: str = "scan"):
+    """``(seconds per iteration, idle SM-seconds or None)`` of the loops matching ``where``."""
+    nodes = tree_loops(tree, where, kind)
+    ids = {id(n) for n in nodes}
+    share = sum(time_share(tree, n) for n in nodes if not any(id(a) in ids for a in tree.ancestors(n)))
+    idle = [v for v in (idle_for(n, by_path) for n in nodes) if v is not None]
+    return baseline_s * min(share, 1.0), (max(idle) if idle else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateContext:
+    """What a family's ``candidates(ctx)`` reads.
+
+    ``tree``: the iteration's :class:`rose_jax.trace.LoopTree`; ``program``: the
+    :class:`~rose_jax.program.Program` it traces, or None for a plain function; ``baseline_s``:
+    the untransformed iteration's seconds (predictions are in seconds per iteration);
+    ``windows``: profiled low-activity windows or None (``by_path``: their idle SM-seconds by
+    component path); ``platform``: the JAX backend (``"cpu"``, ``"gpu"``); the rest are the
+    variants the search tries (unroll factors, env-group sizes and modes).
+    """
+
+    tree: Any
+    program: Program | None
+    baseline_s: float
+    windows: Sequence[Any] | None = None
+    platform: str = "cpu"
+    unroll_factors: Sequence[int] = (2, 4, 8)
+    group_sizes: Sequence[int] = (2, 4)
+    group_modes: Sequence[str] = ("interleaved", "processes")
+    by_path: dict = dataclasses.field(init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "by_path", windows_by_path(self.windows))
+
+    @property
+    def loop_overhead_s(self) -> float:
+        """:data:`LOOP_OVERHEAD_S` of this platform (a GPU's for an unknown one)."""
+        return LOOP_OVERHEAD_S.get(self.platform, LOOP_OVERHEAD_S["gpu"])
+
+    def idle_for(self, node) -> float | None:
+        """:func:`idle_for` of ``node`` in this context's windows."""
+        return idle_for(node, self.by_path)
+
+    def time_share(self, node) -> float:
+        """:func:`time_share` of ``node`` in this context's tree."""
+        return time_share(self.tree, node)
+
+
+__all__ = [
+    "ASSUMED_IDLE_SHARE",
+    "LOOP_OVERHEAD_S",
+    "Candidate",
+    "CandidateContext",
+    "idle_for",
+    "loop_time",
+    "outer_trips",
+    "time_share",
+    "where_of",
+    "windows_by_path",
+]
