@@ -5,9 +5,9 @@ would not fit):
 
 * ``components on streams (two MLP chains)``: two independent chains of 400 steps of
   ``tanh(x @ W)`` (512x256 @ 256x256); baseline: the better of the two loops one after the other
-  and the two zipped into one loop without annotation; rose: zipped, each step of each chain on
-  its own stream (``stream_overlap(mode="loops")``). The issue measured 7.69 -> 3.87 ms (1.99x).
-  Its "env steps" are chain steps.
+  and the two zipped into one loop without annotation; rose: the library's generated candidate,
+  zipped, each step of each chain on its own stream (``stream_overlap(mode="loops")``). The issue
+  measured 7.69 -> 3.87 ms (1.99x). Its "env steps" are chain steps.
 * ``sac-ant-128`` / ``sac-hopper-128``: SAC on MJX with Brax's published high-update config
   (128 envs, batch 512, 64 gradient updates per env step, replay 1M, min replay 8192, 256x256).
 * ``ppo-ant-4096`` / ``ppo-ant-2048`` (policy 4x32, value 5x256) and ``ppo-ant-4096-3x512``
@@ -15,14 +15,20 @@ would not fit):
 
 Per row: baseline = our single-jit loop (K iterations in one jitted ``lax.scan``, state donated)
 and, when ``--brax`` allows and time remains, Brax's own trainer (its ``training/sps`` after the
-compile epoch); the better one is ``baseline_env_steps_per_s``. Candidates come from
-``rose_jax.optimize.streams.candidates`` (stream regions) plus XLA option sets and
-``split_compile``; every candidate's compile (its K-loop, and its single iteration under
-deterministic ops) first runs in a child process (``rose_jax.optimize.isolate``), so an XLA
-abort is a refused candidate, not a dead run. A candidate is kept only if it is faster than
-the single-jit loop AND equal to it: one iteration from the same state compiled with
-``xla_gpu_deterministic_ops`` on both sides, its output state compared within the candidate's
-stated tolerance (``bitwise`` says whether it is bitwise equal). A candidate
+compile epoch); the better one is ``baseline_env_steps_per_s``. Candidates are the library's
+own: ``rose_jax.optimize.candidates.generate_candidates`` for the families of this question
+(:data:`FAMILIES`: ``split_compile``, the iteration as separately compiled stages with measured XLA
+options, ``boundaries=()`` being the whole iteration under its measured option set; and
+``stream_overlap``, regions of a loop body on their own streams), highest predicted gain first, the
+first ``--max-candidates`` legal ones timed (the illegal ones are listed with the generator's
+reason); no list of this experiment's own. A fn-level candidate runs as its transformed iteration
+in the K-loop; a ``split_compile`` step is called K times per block (state donated on a GPU, as in
+the single-jit loop). Every fn candidate's compile (its K-loop, and its single iteration under
+deterministic ops) first runs in a child process (``rose_jax.optimize.isolate``; a split step
+isolates its stages itself), so an XLA abort is a refused candidate, not a dead run. A candidate
+is kept only if it is faster than the single-jit loop AND equal to it: one iteration from the
+same state compiled with ``xla_gpu_deterministic_ops`` on both sides, its output state compared
+within the candidate's stated tolerance (``bitwise`` says whether it is bitwise equal). A candidate
 whose compile under deterministic ops fails is refused with that reason, never checked without
 them. A row with no plan kept has ``equal``/``bitwise``/``max_abs_diff`` null: not checked.
 ``search_s``: the row's candidate time (isolation, compiles, timing, equality).
@@ -208,7 +214,7 @@ def time_blocks(call: Callable, state: Any, blocks: int) -> tuple[float, float, 
 
 
 def compare(actual, expected, tol) -> dict:
-    from rose_jax.optimize.measure import compare_trees
+    from rose_jax.compare import compare_trees
 
     within = compare_trees(actual, expected, rtol=tol.rtol, atol=tol.atol)
     bitwise = compare_trees(actual, expected)
@@ -296,7 +302,8 @@ def run_micro(row: Row, args, iso: Isolation) -> dict:
 
     import rose_jax
     import rose_jax.trace as rtrace
-    from rose_jax.optimize import fuse, streams
+    from rose_jax.optimize.candidates import generate_candidates
+    from rose_jax.optimize.fusion import fuse_scans
 
     n, w, steps = row.batch, row.width, row.steps
 
@@ -318,15 +325,18 @@ def run_micro(row: Row, args, iso: Isolation) -> dict:
     )
     tree = rtrace.trace(chains, state, arg_names=["state"])
     t0 = time.perf_counter()
-    zipped = streams.stream_overlap("chain_a", "chain_b", mode="loops")
-    ok, why = zipped.legal(tree)
-    if not ok:
-        raise RuntimeError(f"the zipped-streams candidate is illegal: {why}")
+    # the library's candidate for the two loops: zipped, each step of each on its own stream
+    gen = generate_candidates(tree, None, 1.0, platform=jax.default_backend(), families=("stream_overlap",))
+    legal = [(c.transform, c.transform.legal(tree)) for c in gen]
+    legal = [(t, why) for t, (ok, why) in legal if ok]
+    if not legal:
+        raise RuntimeError(f"no legal stream_overlap candidate generated for the two chains: {gen}")
+    zipped, why = legal[0]
     fast = zipped.apply(chains)
     check = iso.submit(fast, (state,), {}, "micro:streams").result() if iso.wanted() else None
     if check is not None and not check.ok:
         return {"plan": "none", "refused": check.reason, "search_s": time.perf_counter() - t0}
-    one_loop = fuse.fuse_scans(chains, "chain_a", "chain_b")
+    one_loop = fuse_scans(chains, "chain_a", "chain_b")  # a baseline: one loop, no streams
     variants = {
         "two loops": jax.jit(chains),
         "one loop, no streams": jax.jit(one_loop),
@@ -394,6 +404,10 @@ def build(row: Row):
     return config, env, algo.iteration(config, env), state, env_steps
 
 
+# The library's families whose candidates this experiment times: overlap inside one program.
+FAMILIES = ("split_compile", "stream_overlap")
+
+
 @dataclasses.dataclass
 class Candidate:
     label: str
@@ -406,61 +420,45 @@ class Candidate:
     record: dict = dataclasses.field(default_factory=dict)
 
 
-def make_candidates(row: Row, fn, tree, max_candidates: int) -> tuple[list[Candidate], list[dict]]:
-    """The row's candidates, most promising first, and the generator's refusals."""
-    from rose_jax.optimize import streams
-    from rose_jax.optimize.base import EXACT
+def make_candidates(fn, tree, max_candidates: int, baseline_s: float) -> tuple[list[Candidate], list[dict]]:
+    """The row's candidates, the library's default generation for :data:`FAMILIES` on ``tree``
+    (highest predicted gain first, each with its model in its record), and the generator's
+    candidates refused by legality. ``baseline_s``: the untransformed iteration's seconds (the
+    predictions' scale). A host-level candidate (``split_compile``) donates its state on a GPU,
+    like the single-jit loop it is timed against."""
+    import jax
 
-    concurrent = streams.OPTION_SETS["concurrent"]
-    gen = streams.candidates(tree)
-    refused, stream_cands, split = [], [], None
-    for t in gen:
+    from rose_jax.optimize.candidates import generate_candidates
+    from rose_jax.optimize.registry import transform_by_name
+
+    gen = generate_candidates(tree, None, baseline_s, platform=jax.default_backend(), families=FAMILIES)
+    refused: list[dict] = []
+    out: list[Candidate] = []
+    for c in gen:
+        t = c.transform
         ok, why = t.legal(tree)
         if not ok:
             refused.append({"label": t.label, "reason": why})
             continue
-        if t.name == "split_compile":
-            split = streams.split_compile(option_sets=("default", "concurrent"), donate=_gpu())
+        if len(out) >= max_candidates:
             continue
-        stream_cands.append((t, why))
-    stream_cands.sort(key=lambda tw: -len(dict(tw[0].params)["groups"]))
-    # Order from the H200 (SAC ant, high-update): CONCURRENT command buffers for the whole iteration
-    # 1.48x, bitwise equal; stream regions alone 0.66x (each region is an async call per gradient
-    # step); PPO: the split (rollout | learn) measured per stage first, as the issue measured.
-    out: list[Candidate] = []
-    if split is not None and row.kind == "ppo":
-        out.append(Candidate(split.label, "host", split.tolerance, split.summary, split=split))
-    for name in ("concurrent", "concurrent_no_loops"):
-        out.append(
-            Candidate(
-                f"options({name})",
-                "fn",
-                EXACT,
-                f"the whole iteration compiled with XLA options {name!r}: {streams.OPTION_SETS[name]}",
-                fn=fn,
-                options=streams.OPTION_SETS[name],
-            )
-        )
-        if row.kind == "ppo":
-            break
-    for t, why in stream_cands[:1]:
-        out.append(
-            Candidate(
-                t.label + " + options(concurrent)", "fn", t.tolerance, why, fn=t.apply(fn), options=concurrent
-            )
-        )
-    for t, why in stream_cands[:2]:
-        out.append(Candidate(t.label, "fn", t.tolerance, why, fn=t.apply(fn)))
-    if split is not None and row.kind != "ppo":
-        out.append(Candidate(split.label, "host", split.tolerance, split.summary, split=split))
-    return out[:max_candidates], refused
+        if t.level == "fn":
+            cand = Candidate(t.label, "fn", t.tolerance, why, fn=t.apply(fn))
+        else:
+            params = dict(t.params)
+            if "donate" in params:
+                t = transform_by_name(t.name, {**params, "donate": _gpu()})
+            cand = Candidate(t.label, "host", t.tolerance, f"{t.summary} ({why})", split=t)
+        cand.record.update(predicted_gain_s=c.predicted, prediction=c.model)
+        out.append(cand)
+    return out, refused
 
 
 def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
     import jax
 
     import rose_jax.trace as rtrace
-    from rose_jax.optimize import streams
+    from rose_jax.optimize.stream_overlap import STREAM_TOLERANCE
 
     log(f"{row.name}: building env, config, initial state")
     config, env, fn, state0, env_steps = build(row)
@@ -478,7 +476,7 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
     )
     t_search = time.perf_counter()
     tree = rtrace.trace(fn, state0, arg_names=["state"])
-    cands, refused = make_candidates(row, fn, tree, args.max_candidates)
+    cands, refused = make_candidates(fn, tree, args.max_candidates, base_s / k)
     # isolation of every fn candidate's two compiles, in parallel, before any compiles here
     checks: dict[str, list] = {}
     for c in cands:
@@ -598,7 +596,7 @@ def run_algo(row: Row, args, iso: Isolation, deadline: float) -> dict:
             )
     for c in cands:
         c.record.pop("step", None)
-    repro = compare(ref2, ref, streams.STREAM_TOLERANCE) if ref is not None else None
+    repro = compare(ref2, ref, STREAM_TOLERANCE) if ref is not None else None
     split_rec = None
     if deadline - time.perf_counter() > 3.0 * compile_s + 10.0:
         try:
@@ -885,7 +883,10 @@ def parse_args(argv=None):
     p.add_argument("--rows", nargs="*", default=None, help="row name prefixes to run (micro, sac, ppo, ...)")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting work after this many seconds")
     p.add_argument(
-        "--max-candidates", type=int, default=None, help="candidates timed per row (default 3; smoke 1)"
+        "--max-candidates",
+        type=int,
+        default=None,
+        help="legal library candidates timed per row, highest predicted gain first (default 3)",
     )
     p.add_argument(
         "--brax",
@@ -915,7 +916,9 @@ def parse_args(argv=None):
         if args.brax == "off":
             p.error("--brax-only needs --brax on or auto")
     if args.max_candidates is None:
-        args.max_candidates = 1 if args.smoke else 3
+        # smoke too: on a CPU the split_compile candidates come first (every prediction is 0 there),
+        # the third is a stream region (a fn candidate, timed in the K-loop)
+        args.max_candidates = 3
     return args
 
 
