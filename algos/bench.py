@@ -288,7 +288,7 @@ def _num_units(group: Group) -> int:
 
 
 def _run_spec(group: Group, checkpoint_every: int | None = None, keep: int | None = 3,
-              root: str | None = None, resume: bool = False):
+              root: str | None = None, resume: bool = False, xla_options: str = "default"):
     """The group as a :class:`algos.sweep.RunSpec` (one process training its vmapped program)."""
     from algos import sweep
 
@@ -301,7 +301,8 @@ def _run_spec(group: Group, checkpoint_every: int | None = None, keep: int | Non
         over.update(dict(settings[0]))
     return sweep.RunSpec(group.name, group.algo, group.env, over, group.seeds, group.env_kwargs,
                          checkpoint_every, keep, settings=settings,
-                         dirs=tuple(r.run_dir(root) for r in group.runs) if root else (), resume=resume)
+                         dirs=tuple(r.run_dir(root) for r in group.runs) if root else (), resume=resume,
+                         xla_options=xla_options)
 
 
 def group_preset(group: Group, preset: str) -> dict[str, Any]:
@@ -367,9 +368,13 @@ def _group_state(group: Group, root: str) -> str:
 
 
 def run_group(group: Group, root: str, *, resume: bool = False, progress=None,
-              checkpoint_every: int | None = None, keep: int | None = 3) -> str:
-    """Train the group's runs as one vmapped program in this process; returns its status."""
+              checkpoint_every: int | None = None, keep: int | None = 3, xla_options: str = "auto",
+              log=print) -> str:
+    """Train the group's runs as one vmapped program in this process (under the fastest XLA option
+    set of a trial on its first steps, ``xla_options`` as ``rose-jax train --xla-options``);
+    returns its status."""
     from algos import sweep
+    from rose_jax.optimize import xla_options as xo
 
     dirs = [r.run_dir(root) for r in group.runs]
     state = _group_state(group, root) if resume else "fresh"
@@ -383,13 +388,15 @@ def run_group(group: Group, root: str, *, resume: bool = False, progress=None,
     config = group_config(group, env)
     sweep.train_many(config, env, group.seeds, settings=group.settings_dicts(), run_dirs=dirs,
                      env_kwargs=dict(group.env_kwargs), progress_fn=progress, resume=state == "resumable",
-                     checkpoint_every=checkpoint_every, keep_checkpoints=keep)
+                     checkpoint_every=checkpoint_every, keep_checkpoints=keep,
+                     xla_options=xo.sets_from_spec(xla_options), log=log)
     return "finished"
 
 
 def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool = False, log=print,
                   checkpoint_every: int | None = None, keep: int | None = 3, quotas: Any = "auto",
-                  mps: Any = "auto", compile_cache_dir: str | None = None) -> dict[str, str]:
+                  mps: Any = "auto", compile_cache_dir: str | None = None,
+                  xla_options: str = "auto") -> dict[str, str]:
     """Every group, in ``mode``; ``{group name: status}`` (a failure is a status, not an exception)."""
     statuses: dict[str, str] = {}
     if mode == "processes":
@@ -407,8 +414,8 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
                         shutil.rmtree(r.run_dir(root))
             todo.append(g)
         if todo:
-            specs = [_run_spec(g, checkpoint_every, keep, root, resume and _group_state(g, root) == "resumable")
-                     for g in todo]
+            specs = [_run_spec(g, checkpoint_every, keep, root, resume and _group_state(g, root) == "resumable",
+                               xla_options) for g in todo]
             result = sweep.run_processes(specs, os.path.join(root, "processes"), quotas=quotas, mps=mps, log=log,
                                          compile_cache_dir=compile_cache_dir)
             for o in result.outcomes:
@@ -429,7 +436,8 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
             t0 = time.perf_counter()
             try:
                 statuses[g.name] = run_group(g, root, resume=resume, progress=progress,
-                                             checkpoint_every=checkpoint_every, keep=keep)
+                                             checkpoint_every=checkpoint_every, keep=keep, xla_options=xla_options,
+                                             log=lambda m: tqdm.write(f"[bench] {m}", file=sys.stdout))
             except KeyboardInterrupt:
                 raise
             except Exception as e:  # noqa: BLE001 - one failing group is reported; the others run
@@ -487,6 +495,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", metavar="DIR", help="the benchmark's root (default: runs/bench-<time>)")
     p.add_argument("--resume", action="store_true", help="finish the benchmark in --run-dir (finished runs kept)")
     p.add_argument("--checkpoint-every", type=count_arg, metavar="K", help="also checkpoint every K units")
+    p.add_argument("--xla-options", default="auto", metavar="auto|default|SETS",
+                   help="XLA option sets tried on each program's first steps, the fastest kept (GPU only), as "
+                        "`rose-jax train --xla-options` (default: %(default)s)")
     p.add_argument("--no-compile-cache", action="store_true",
                    help="do not use JAX's persistent compile cache (on by default, as for `rose-jax train`; "
                         "$ROSE_JAX_COMPILE_CACHE moves it)")
@@ -512,7 +523,15 @@ def _request(args) -> dict[str, Any]:
     return {"env": envs, "algo": algos, "pairs": pairs, "seeds": list(sweep._parse_seeds(args.seeds)),
             "steps": args.steps, "set": list(args.set), "grid": list(args.grid), "preset": args.preset,
             "env_kwargs": registry.parse_env_args(args.backend, args.env_arg), "mode": args.mode,
+            "xla_options": _check_xla_options(args.xla_options),
             "max_group": args.max_group}
+
+
+def _check_xla_options(spec: str) -> str:
+    from rose_jax.optimize import xla_options as xo
+
+    xo.sets_from_spec(spec)  # one-line ValueError
+    return spec
 
 
 def main_bench(args: argparse.Namespace) -> int:
@@ -566,7 +585,7 @@ def main_bench(args: argparse.Namespace) -> int:
     statuses = run_benchmark(groups, root, mode, resume=args.resume,
                              checkpoint_every=args.checkpoint_every, keep=args.keep_checkpoints or None,
                              quotas=args.quotas, mps=False if args.no_mps else "auto",
-                             compile_cache_dir=cache_dir or None)
+                             compile_cache_dir=cache_dir or None, xla_options=request.get("xla_options", "auto"))
     record.update(statuses=statuses, wall_s=round(time.perf_counter() - t0, 2), finished=time.time())
     atomic_write_json(plan_path, record)
     paths = benchreport.write_report([r.run_dir(root) for r in runs], os.path.join(root, REPORT_DIR),

@@ -289,6 +289,8 @@ def train_many(
     keep_checkpoints: int | None = 3,
     checkpoints: bool = True,
     resume: bool = False,
+    xla_options: Mapping[str, Mapping[str, Any]] | None = None,
+    log: Callable[[str], None] = print,
 ) -> SweepResult:
     """Train K runs of one config (``len(seeds)``: seeds, and with ``settings`` the values of
     data fields) as one vmapped, jitted program.
@@ -326,6 +328,11 @@ def train_many(
       keep_checkpoints: keep the N newest checkpoints per run plus the best (None: all).
       checkpoints: False writes no checkpoint at all (records only; e.g. for benchmarks).
       resume: continue from each run's latest checkpoint (all runs must be at the same step).
+      xla_options: ``{name: XLA compiler options}`` tried on the group's first steps against XLA's
+        defaults, the fastest kept (:class:`rose_jax.optimize.xla_options.TrialStep`, as ``rose-jax
+        train`` does; e.g. ``xla_options.candidate_sets()``, empty on a CPU); the decision is one
+        line through ``log`` and recorded in every run's ``run.json`` (``xla_options``). None or
+        empty: XLA's defaults, no trial.
 
     Returns:
       a :class:`SweepResult`. On an exception every seed's summary says ``failed`` with the error.
@@ -367,6 +374,32 @@ def train_many(
 
         def step(state):
             return values_step(state, values)
+    runs: list[Any] = []
+    infos: list[dict] = []  # each run's run.json, rewritten with the option trial's decision
+    if xla_options:
+        from rose_jax.optimize import xla_options as xo
+
+        raw = _raw_cached(_compiled_key(config, fields), env, batched, fields)[1]
+        rounds = max(1, min(xo.DEFAULT_ROUNDS, num_steps // (2 * (1 + len(xla_options)))))
+
+        def decided(line: str) -> None:
+            log(f"[{record.name} x{k}] {line}")
+            for run, info in zip(runs, infos, strict=False):
+                run.write_run({**info, "xla_options": trial.describe()})
+
+        if values is None:
+            trial = step = xo.TrialStep(raw, dict(xla_options), rounds=rounds, log=decided)
+        else:  # the values ride in the carry (donated with the state, returned as they are)
+            def unit(carry):
+                new_state, metrics = raw(carry[0], carry[1])
+                return (new_state, carry[1]), metrics
+
+            trial = xo.TrialStep(unit, dict(xla_options), rounds=rounds, log=decided)
+
+            def step(state):
+                nonlocal values
+                (state, values), metrics = trial((state, values))
+                return state, metrics
     keys = jax.numpy.stack([jax.random.PRNGKey(s) for s in seeds])
     state = init_fn(keys) if batched else init_fn(keys[0])
     ckpt_dirs = [os.path.join(d, CHECKPOINT_DIR) for d in run_dirs] if run_dirs and checkpoints else None
@@ -381,7 +414,6 @@ def train_many(
                                  "run directories")
 
     title = f"{record.name} on {env_name}"
-    runs = []
     history: list[list[dict]] = [[] for _ in seeds]
     try:
         if run_dirs is not None:
@@ -390,7 +422,8 @@ def train_many(
                         "config": dataclasses.asdict(run_config), "sweep_seeds": list(seeds)}
                 if settings is not None:
                     info["sweep_settings"] = [dict(s) for s in settings]
-                runs.append(_open_run(d, json.loads(json.dumps(info, default=_json_default)), resume_step))
+                infos.append(json.loads(json.dumps(info, default=_json_default)))
+                runs.append(_open_run(d, infos[-1], resume_step))
         t0 = time.perf_counter()
         first = _slice(state, 0) if batched else state
         start = _units_done(record, config, jax.device_get(first))
@@ -450,13 +483,19 @@ def _compiled(config: Any, env: Any, batched: bool,
     ``fields`` (data fields) through ``step(state, values)`` (:func:`settings_step`), so every
     value of them shares one program. The key config holds the class defaults of ``fields``;
     init reads no data field (``DATA_FIELDS``' rule), so its state is each run's."""
+    return _compiled_cached(_compiled_key(config, fields), env, batched, tuple(fields))
+
+
+def _compiled_key(config: Any, fields: Sequence[str]) -> Any:
+    """The config a group's program is cached under: seed 0, ``fields`` at their class defaults."""
     defaults = {f: type(config).__dataclass_fields__[f].default for f in fields}
-    return _compiled_cached(dataclasses.replace(config, seed=0, **defaults), env, batched, tuple(fields))
+    return dataclasses.replace(config, seed=0, **defaults)
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_cached(config: Any, env: Any, batched: bool,
-                     fields: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
+def _raw_cached(config: Any, env: Any, batched: bool,
+                fields: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
+    """(init, step) before jit: vmapped when ``batched``; ``step(state[, values])``."""
     import jax
 
     record, env_resolved, step, _ = _algo_of(config, env)
@@ -466,10 +505,17 @@ def _compiled_cached(config: Any, env: Any, batched: bool,
     def init(key):
         return record.init(config, env_resolved, key)
 
+    return (jax.vmap(init), jax.vmap(step)) if batched else (init, step)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_cached(config: Any, env: Any, batched: bool,
+                     fields: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
+    import jax
+
+    init, step = _raw_cached(config, env, batched, fields)
     donate = (0,) if jax.default_backend() != "cpu" else ()  # CPU cannot donate (it would warn)
-    if not batched:
-        return init, jax.jit(step, donate_argnums=donate)
-    return jax.jit(jax.vmap(init)), jax.jit(jax.vmap(step), donate_argnums=donate)
+    return (jax.jit(init) if batched else init), jax.jit(step, donate_argnums=donate)
 
 
 def _rows(metrics: Any, k: int, batched: bool, wall_s: float) -> list[dict]:
@@ -570,6 +616,7 @@ class RunSpec:
       ``settings``; seeds may then repeat); () for none.
     dirs: the runs' directories (one per seed) instead of the layout above (``rose-jax bench``).
     resume: continue every run from its latest checkpoint (:func:`train_many`'s ``resume``).
+    xla_options: ``"auto"`` / ``"default"`` / set names, as ``rose-jax train --xla-options``.
     """
 
     name: str
@@ -584,6 +631,7 @@ class RunSpec:
     settings: tuple[tuple[tuple[str, Any], ...], ...] = ()
     dirs: tuple[str, ...] = ()
     resume: bool = False
+    xla_options: str = "default"  # `rose-jax train --xla-options`: auto tries option sets (GPU)
 
     def __post_init__(self):
         from rose_jax.mps.plan import WorkerSpec
@@ -598,6 +646,9 @@ class RunSpec:
                                                                   (s.items() if isinstance(s, Mapping) else s)))
                                                    for s in self.settings))
         object.__setattr__(self, "dirs", tuple(os.fspath(d) for d in self.dirs))
+        from rose_jax.optimize import xla_options as xo
+
+        xo.sets_from_spec(self.xla_options)  # a bad spec is a one-line error here
         for field, n in (("settings", len(self.settings)), ("dirs", len(self.dirs))):
             if n and n != len(self.seeds):
                 raise ValueError(f"RunSpec {self.name!r}: {field} must hold one entry per seed ({len(self.seeds)}), "
@@ -1095,6 +1146,7 @@ def _child_main(job_path: str) -> int:
     """One run of a ProcessSweep: train_many over its seeds into its run dirs."""
     from rose_jax.io import atomic_write_json
     from rose_jax.mps.plan import MPS_PIPE_VAR, MPS_THREAD_VAR
+    from rose_jax.optimize import xla_options
     from rose_jax.rundir import RunDir
 
     _die_with_parent()
@@ -1106,7 +1158,9 @@ def _child_main(job_path: str) -> int:
     try:
         train_many(run.config(), run.env, run.seeds, run_dirs=dirs, env_kwargs=dict(run.env_kwargs),
                    checkpoint_every=run.checkpoint_every, keep_checkpoints=run.keep_checkpoints,
-                   checkpoints=run.checkpoints, settings=run.settings_dicts(), resume=run.resume)
+                   checkpoints=run.checkpoints, settings=run.settings_dicts(), resume=run.resume,
+                   xla_options=xla_options.sets_from_spec(run.xla_options),
+                   log=lambda m: print(m, flush=True))
     except BaseException as e:  # noqa: BLE001 - reported in every run dir and the log, then exit 1
         traceback.print_exc()
         for d in dirs:  # train_many marks its run dirs; a failure before them is marked here

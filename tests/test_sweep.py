@@ -128,6 +128,28 @@ def test_vmapped_ppo_with_evaluations_equals_solo_runs(tmp_path):
     assert result.metrics[0][-1]["eval_episode_return"] != result.metrics[1][-1]["eval_episode_return"]
 
 
+@pytest.mark.parametrize("with_settings", [False, True])
+def test_option_trial_in_a_group_equals_the_plain_group_and_is_recorded(tmp_path, with_settings):
+    """xla_options: the group's step runs under the fastest of XLA's defaults and the given sets
+    (here a set with no options: the same program, so a CPU can run the trial; on a GPU the
+    CONCURRENT sets); the runs are the plain group's, bitwise, and run.json says what was kept."""
+    env, seeds = ENV, (0, 1)
+    config = ppo.PPOConfig(num_timesteps=16 * 8, **TINY)
+    settings = [{"learning_rate": 1e-3}, {"learning_rate": 3e-4}] if with_settings else None
+    plain = sweep.train_many(config, env, seeds, settings=settings)
+    lines = []
+    dirs = sweep.seed_dirs(tmp_path, seeds)
+    tried = sweep.train_many(config, env, seeds, settings=settings, run_dirs=dirs, checkpoints=False,
+                             xla_options={"same_program": {}}, log=lines.append)
+    for a, b in zip(jax.tree.leaves(plain.state), jax.tree.leaves(tried.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert len(lines) == 1 and "XLA options:" in lines[0]
+    for d in dirs:
+        xo = json.loads(Path(d, "run.json").read_text())["xla_options"]
+        assert xo["tried"] == ["default", "same_program"] and xo["chosen"] in ("default", "same_program")
+        assert set(xo["median_ms"]) == {"default", "same_program"}
+
+
 def test_vmapped_resume_continues_every_seed(tmp_path):
     env, config, seeds = ENV, ppo.PPOConfig(num_timesteps=16 * 6, **TINY), (0, 1, 2)
     dirs = sweep.seed_dirs(tmp_path, seeds)
