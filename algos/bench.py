@@ -67,6 +67,27 @@ class BenchRun:
         parts = [root, _safe(self.env), self.algo] + ([self.label] if self.label else [])
         return os.path.join(*parts, f"seed-{self.seed}")
 
+    def train_argv(self) -> list[str]:
+        """``rose-jax train`` arguments of this run alone (the same config, env and seed)."""
+        over = dict(self.overrides)
+        argv = ["--env", self.env, "--algo", self.algo, "--seed", str(self.seed)]
+        if over.get("preset"):
+            argv += ["--preset", over.pop("preset")]
+        over.pop("preset", None)
+        if "num_timesteps" in over:
+            argv += ["--steps", str(over.pop("num_timesteps"))]
+        for key, value in over.items():
+            argv += ["--set", f"{key}={_cli_value(value)}"]
+        for key, value in self.env_kwargs:
+            argv += ["--env-arg", f"{key}={_cli_value(value)}"]
+        return argv
+
+
+def _cli_value(v: Any) -> str:
+    if isinstance(v, (tuple, list)):
+        return "[" + ",".join(str(x) for x in v) + "]"
+    return str(v)
+
 
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]", "_", text)[:80] or "_"
@@ -523,8 +544,15 @@ def _request(args) -> dict[str, Any]:
     return {"env": envs, "algo": algos, "pairs": pairs, "seeds": list(sweep._parse_seeds(args.seeds)),
             "steps": args.steps, "set": list(args.set), "grid": list(args.grid), "preset": args.preset,
             "env_kwargs": registry.parse_env_args(args.backend, args.env_arg), "mode": args.mode,
-            "xla_options": _check_xla_options(args.xla_options),
+            "xla_options": _check_xla_options(args.xla_options), "quotas": _quotas_arg(args.quotas),
             "max_group": args.max_group}
+
+
+def _quotas_arg(text: str) -> Any:
+    from algos import sweep
+
+    q = sweep._parse_quotas(text)  # one-line ValueError
+    return list(q) if isinstance(q, tuple) else q
 
 
 def _check_xla_options(spec: str) -> str:
@@ -532,6 +560,10 @@ def _check_xla_options(spec: str) -> str:
 
     xo.sets_from_spec(spec)  # one-line ValueError
     return spec
+
+
+def _quota_value(q: Any) -> Any:
+    return tuple(q) if isinstance(q, list) else q
 
 
 def main_bench(args: argparse.Namespace) -> int:
@@ -584,7 +616,8 @@ def main_bench(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     statuses = run_benchmark(groups, root, mode, resume=args.resume,
                              checkpoint_every=args.checkpoint_every, keep=args.keep_checkpoints or None,
-                             quotas=args.quotas, mps=False if args.no_mps else "auto",
+                             quotas=_quota_value(request.get("quotas", "auto")),
+                             mps=False if args.no_mps else "auto",
                              compile_cache_dir=cache_dir or None, xla_options=request.get("xla_options", "auto"))
     record.update(statuses=statuses, wall_s=round(time.perf_counter() - t0, 2), finished=time.time())
     atomic_write_json(plan_path, record)
