@@ -395,6 +395,7 @@ def run_group(group: Group, root: str, *, resume: bool = False, progress=None,
     set of a trial on its first steps, ``xla_options`` as ``rose-jax train --xla-options``);
     returns its status."""
     from algos import sweep
+    from rose_jax.optimize import cache
     from rose_jax.optimize import xla_options as xo
 
     dirs = [r.run_dir(root) for r in group.runs]
@@ -410,7 +411,7 @@ def run_group(group: Group, root: str, *, resume: bool = False, progress=None,
     sweep.train_many(config, env, group.seeds, settings=group.settings_dicts(), run_dirs=dirs,
                      env_kwargs=dict(group.env_kwargs), progress_fn=progress, resume=state == "resumable",
                      checkpoint_every=checkpoint_every, keep_checkpoints=keep,
-                     xla_options=xo.sets_from_spec(xla_options), log=log)
+                     xla_options=xo.sets_from_spec(xla_options), xla_options_cache=cache.default_dir(), log=log)
     return "finished"
 
 

@@ -290,6 +290,7 @@ def train_many(
     checkpoints: bool = True,
     resume: bool = False,
     xla_options: Mapping[str, Mapping[str, Any]] | None = None,
+    xla_options_cache: str | None = None,
     log: Callable[[str], None] = print,
 ) -> SweepResult:
     """Train K runs of one config (``len(seeds)``: seeds, and with ``settings`` the values of
@@ -332,7 +333,8 @@ def train_many(
         defaults, the fastest kept (:class:`rose_jax.optimize.xla_options.TrialStep`, as ``rose-jax
         train`` does; e.g. ``xla_options.candidate_sets()``, empty on a CPU); the decision is one
         line through ``log`` and recorded in every run's ``run.json`` (``xla_options``). None or
-        empty: XLA's defaults, no trial.
+        empty: XLA's defaults, no trial. ``xla_options_cache``: the plan cache where the decision
+        is stored and found again by a later group of the same program (no trial then).
 
     Returns:
       a :class:`SweepResult`. On an exception every seed's summary says ``failed`` with the error.
@@ -388,13 +390,14 @@ def train_many(
                 run.write_run({**info, "xla_options": trial.describe()})
 
         if values is None:
-            trial = step = xo.TrialStep(raw, dict(xla_options), rounds=rounds, log=decided)
+            trial = step = xo.TrialStep(raw, dict(xla_options), rounds=rounds, log=decided,
+                                        cache_dir=xla_options_cache)
         else:  # the values ride in the carry (donated with the state, returned as they are)
             def unit(carry):
                 new_state, metrics = raw(carry[0], carry[1])
                 return (new_state, carry[1]), metrics
 
-            trial = xo.TrialStep(unit, dict(xla_options), rounds=rounds, log=decided)
+            trial = xo.TrialStep(unit, dict(xla_options), rounds=rounds, log=decided, cache_dir=xla_options_cache)
 
             def step(state):
                 nonlocal values
@@ -1146,7 +1149,7 @@ def _child_main(job_path: str) -> int:
     """One run of a ProcessSweep: train_many over its seeds into its run dirs."""
     from rose_jax.io import atomic_write_json
     from rose_jax.mps.plan import MPS_PIPE_VAR, MPS_THREAD_VAR
-    from rose_jax.optimize import xla_options
+    from rose_jax.optimize import cache, xla_options
     from rose_jax.rundir import RunDir
 
     _die_with_parent()
@@ -1160,7 +1163,7 @@ def _child_main(job_path: str) -> int:
                    checkpoint_every=run.checkpoint_every, keep_checkpoints=run.keep_checkpoints,
                    checkpoints=run.checkpoints, settings=run.settings_dicts(), resume=run.resume,
                    xla_options=xla_options.sets_from_spec(run.xla_options),
-                   log=lambda m: print(m, flush=True))
+                   xla_options_cache=cache.default_dir(), log=lambda m: print(m, flush=True))
     except BaseException as e:  # noqa: BLE001 - reported in every run dir and the log, then exit 1
         traceback.print_exc()
         for d in dirs:  # train_many marks its run dirs; a failure before them is marked here

@@ -594,7 +594,8 @@ def _trial_step_maker(job: Job, sets: dict[str, dict[str, Any]], log, record):
             log(line)
             record(step.describe())
 
-        step = xla_options.TrialStep(job.algo.unit_fn(job.config, job.env), sets, rounds=rounds, log=decided)
+        step = xla_options.TrialStep(job.algo.unit_fn(job.config, job.env), sets, rounds=rounds, log=decided,
+                                     cache_dir=plan_cache_dir())
         step.prepare(state)
         return step
 
@@ -603,8 +604,9 @@ def _trial_step_maker(job: Job, sets: dict[str, dict[str, Any]], log, record):
 
 def plan_cache_dir() -> str:
     """Where searched plans are cached: ``$ROSE_JAX_PLAN_CACHE`` or ``~/.cache/rose-jax/plans``."""
-    default = os.path.join(os.path.expanduser("~"), ".cache", "rose-jax", "plans")
-    return os.environ.get("ROSE_JAX_PLAN_CACHE") or default
+    from rose_jax.optimize import cache
+
+    return cache.default_dir()
 
 
 def _optimized_step_maker(job: Job, log):

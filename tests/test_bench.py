@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _env(tmp_path) -> dict:
     """The CLI's environment: its persistent compile cache in the test's directory."""
-    return {**os.environ, "ROSE_JAX_COMPILE_CACHE": str(tmp_path / "xla-cache")}
+    return {**os.environ, "ROSE_JAX_COMPILE_CACHE": str(tmp_path / "xla-cache"),
+            "ROSE_JAX_PLAN_CACHE": str(tmp_path / "plan-cache")}
 
 
 def make_broken_env(**_):

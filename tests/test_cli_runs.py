@@ -60,6 +60,7 @@ def env(tmp_path_factory):
         **os.environ,
         "JAX_PLATFORMS": "cpu",
         "ROSE_JAX_COMPILE_CACHE": str(cache),
+        "ROSE_JAX_PLAN_CACHE": str(tmp_path_factory.mktemp("plan-cache")),
         "PYTHONPATH": str(REPO),
         "MUJOCO_GL": os.environ.get("MUJOCO_GL", "osmesa"),
     }
@@ -267,6 +268,23 @@ def test_run_dir_under_a_file_is_a_one_line_error(env, tmp_path):
 
 
 # ------------------------------------------------------------------ XLA options by default
+
+
+def test_a_second_run_reuses_the_option_decision_without_a_trial(env, tmp_path):
+    """The option trial's decision is cached per (program, candidates, GPU model, jax version): a
+    second run of the same program compiles only the kept build, runs no trial, says so in one
+    line and records it (a CPU-valid set stands in for the GPU sets)."""
+    run_env = {**env, "ROSE_JAX_XLA_OPTION_SETS": '{"same_program": {}}',
+               "ROSE_JAX_PLAN_CACHE": str(tmp_path / "plans")}
+    records, outs = [], []
+    for name in ("first", "second"):
+        proc = run_cli([*PENDULUM, "--run-dir", str(tmp_path / name)], run_env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs.append([line for line in proc.stdout.splitlines() if "XLA options" in line])
+        records.append(json.loads((tmp_path / name / "run.json").read_text())["xla_options"])
+    assert not records[0]["cached"] and set(records[0]["median_ms"]) == {"default", "same_program"}
+    assert records[1]["cached"] and records[1]["median_ms"] == {} and records[1]["chosen"] == records[0]["chosen"]
+    assert len(outs[1]) == 1 and "no trial" in outs[1][0]
 
 
 def test_option_sets_refused_fall_back_to_the_default_build(env, tmp_path):

@@ -81,6 +81,39 @@ def test_faster_set_is_kept_and_recorded():
     assert step.describe()["chosen"] == "fast"
 
 
+def test_a_cached_decision_skips_the_trial_on_the_same_program_only(tmp_path):
+    """The first run's decision is stored in the plan cache; a second run of the same program
+    compiles only the kept build (no trial, one line saying so) and computes the same; another
+    program (another shape) runs its own trial."""
+    lines = []
+    first = xla_options.TrialStep(unit, {"fast": {}}, rounds=2, log=lines.append, cache_dir=str(tmp_path))
+    first.prepare(start(), wait=True)
+    default = first.builds["default"]
+
+    def slowed(state):  # stand-in: the default build made 20 ms slower per unit
+        time.sleep(0.02)
+        return default(state)
+
+    first.builds["default"] = slowed
+    state1, norms1 = run(first)
+    assert first.chosen == "fast" and not first.describe()["cached"]
+    second = xla_options.TrialStep(unit, {"fast": {}}, rounds=2, log=lines.append, cache_dir=str(tmp_path))
+    state2, norms2 = run(second)
+    assert second.chosen == "fast" and list(second.builds) == ["fast"]  # one compile, no trial
+    assert "cached" in lines[-1] and "no trial" in lines[-1] and len(lines) == 2
+    record = second.describe()
+    assert record["cached"] and record["median_ms"] == {} and record["cached_decision"]["speedup"] > 1
+    chex.assert_trees_all_equal(state1, state2)
+    assert norms1 == norms2
+
+    def other_unit(state):  # another program: its own key, its own trial
+        return unit(state)[0], {"norm": jnp.sum(state["x"])}
+
+    third = xla_options.TrialStep(other_unit, {"fast": {}}, rounds=1, log=lines.append, cache_dir=str(tmp_path))
+    run(third, n=3)
+    assert not third.describe()["cached"] and set(third.describe()["median_ms"]) == {"default", "fast"}
+
+
 def test_specs():
     assert xla_options.sets_from_spec("default") == {}
     if jax.default_backend() != "gpu":

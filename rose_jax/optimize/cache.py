@@ -19,6 +19,13 @@ import jax
 from rose_jax.io import atomic_write_text
 
 CACHE_FILE = "plans.json"
+ENV_DIR = "ROSE_JAX_PLAN_CACHE"
+
+
+def default_dir() -> str:
+    """Where plans (and XLA option decisions) are cached: ``$ROSE_JAX_PLAN_CACHE`` or
+    ``~/.cache/rose-jax/plans``."""
+    return os.environ.get(ENV_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "rose-jax", "plans")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 
 

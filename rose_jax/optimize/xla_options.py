@@ -98,6 +98,10 @@ class TrialStep:
       margin: share by which a candidate must beat the default build's median.
       log: called once with the decision line.
       donate: donate the state argument (as the algorithms' own jit does; not on a CPU).
+      cache_dir: the plan cache (``rose_jax.optimize.cache``, ``plans.json``). A decision is stored
+        there under (the lowered program's text, the candidates, the GPU model, jax's version);
+        a later run of the same program on the same kind of machine compiles only the kept build
+        and runs no trial (one line says so; ``describe()["cached"]``). None: no cache.
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class TrialStep:
         margin: float = DEFAULT_MARGIN,
         log: Callable[[str], None] = print,
         donate: bool | None = None,
+        cache_dir: str | None = None,
     ):
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
             raise ValueError(f"TrialStep: rounds must be a positive int, got {rounds!r}")
@@ -126,6 +131,9 @@ class TrialStep:
         self._order: list[str] = []
         self._pending: dict[str, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self.cache_dir = cache_dir
+        self.cache_key: str | None = None
+        self.cached: dict[str, Any] | None = None  # the stored decision this run reused
 
     # -------------------------------------------------------------------------- compiling
     def _lower(self, state: Any):
@@ -143,6 +151,8 @@ class TrialStep:
         if not self.candidates:
             self.builds["default"] = lowered.compile()
             return
+        if self.cache_dir and self._from_cache(lowered):
+            return
         names = list(self.candidates)
         first = names[0]
         try:
@@ -158,6 +168,55 @@ class TrialStep:
             self._pending = {n: self._pool.submit(lowered.compile, compiler_options=opts or None)
                              for n, opts in rest.items()}
         self._harvest(wait=wait)
+
+    def _key(self, lowered: Any) -> str:
+        import hashlib
+        import json
+
+        from rose_jax.optimize import cache
+
+        text = lowered.as_text()
+        sets = json.dumps(self.candidates, sort_keys=True, default=str)
+        digest = hashlib.sha256((text + "\n" + sets).encode()).hexdigest()[:16]
+        return "xla_options|" + cache.cache_key(digest, "-", None)
+
+    def _from_cache(self, lowered: Any) -> bool:
+        """Compile only the build a stored decision kept; False (run the trial) when there is none
+        or its compile fails now."""
+        from rose_jax.optimize import cache
+
+        try:
+            self.cache_key = self._key(lowered)
+            entry = cache.lookup(self.cache_dir, self.cache_key)
+        except (OSError, ValueError) as e:  # an unreadable cache: the trial runs, said why
+            self.log(f"XLA options: plan cache not used ({_reason(e)})")
+            return False
+        if not entry or entry.get("chosen") not in ("default", *self.candidates):
+            return False
+        chosen = entry["chosen"]
+        try:
+            self.builds[chosen] = lowered.compile(compiler_options=self.candidates.get(chosen) or None)
+        except Exception:  # noqa: BLE001 - e.g. another jaxlib under the same version string
+            return False
+        self.chosen, self.cached = chosen, entry
+        speed = entry.get("speedup")
+        self.line = (f"XLA options: {chosen} kept (the decision cached on {entry.get('date', '?')}"
+                     + (f", {speed:.2f}x over the default build" if speed else "") + "; no trial)")
+        self.log(self.line)
+        return True
+
+    def _store(self, medians: dict[str, float]) -> None:
+        from rose_jax.optimize import cache
+
+        if not (self.cache_dir and self.cache_key) or "default" not in medians:
+            return
+        entry = {"chosen": self.chosen, "median_ms": {n: round(m * 1e3, 3) for n, m in medians.items()},
+                 "speedup": round(medians["default"] / medians[self.chosen], 4) if self.chosen in medians else None,
+                 "refused": dict(self.refused), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        try:
+            cache.store(self.cache_dir, self.cache_key, entry)
+        except (OSError, ValueError) as e:  # the decision holds for this run; a later one tries again
+            self.log(f"XLA options: decision not cached ({_reason(e)})")
 
     def _harvest(self, wait: bool = False) -> None:
         """Take the background compiles that have finished (all of them with ``wait``)."""
@@ -216,6 +275,7 @@ class TrialStep:
             if name != self.chosen:
                 del self.builds[name]
         self.log(self.line)
+        self._store(medians)
 
     def describe(self) -> dict[str, Any]:
         """What ``run.json`` records: the chosen set, its options, the per-unit medians, refusals."""
@@ -226,6 +286,8 @@ class TrialStep:
             "median_ms": {n: round(statistics.median(t) * 1e3, 3) for n, t in self.times.items() if t},
             "refused": dict(self.refused),
             "rounds": self.rounds,
+            "cached": self.cached is not None,
+            **({"cached_decision": dict(self.cached)} if self.cached else {}),
         }
 
 
