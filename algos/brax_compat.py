@@ -16,6 +16,12 @@ policy_params, value_or_critic_params)`` (rose-jax's pytrees) and the last progr
 ``functools.partial`` of Brax's ``make_ppo_networks`` / ``make_sac_networks``: its hidden sizes
 and activation are used. Keywords rose-jax does not implement raise a one-line TypeError;
 ``docs/COMING_FROM_BRAX.md`` lists them and every remaining difference.
+
+Fast by default, as ``rose-jax train``: on a GPU the training unit is compiled under XLA's
+defaults and the command-buffer option sets, tried on the run's first units and the fastest kept
+(one line; the decision cached for the next run of the same program:
+:func:`rose_jax.optimize.xla_options.trial_maker`). One rose-jax keyword besides Brax's:
+``xla_options="auto"`` (that), ``"default"`` (XLA's defaults, no trial) or option set names.
 """
 
 from __future__ import annotations
@@ -93,9 +99,19 @@ def _train(algo: str, environment: Any, kwargs: dict[str, Any]):
     from algos import ppo as ppo_module
     from algos import ppo_brax, presets, registry
 
+    from rose_jax.optimize import cache, xla_options
+
     record = registry.get(algo)
     kwargs = {k: v for k, v in kwargs.items() if k not in _IGNORED}
     user_progress = kwargs.pop("progress_fn", None)
+    sets = xla_options.sets_from_spec(kwargs.pop("xla_options", "auto"))  # one-line ValueError
+
+    def make_step(config: Any, env: Any):
+        if not sets:
+            return None
+        return xla_options.trial_maker(record.unit_fn(config, env), record.num_units(config), sets,
+                                       log=lambda m: print(f"{algo}.train: {m}", flush=True),
+                                       cache_dir=cache.default_dir())
 
     def progress_fn(step: int, metrics: dict) -> None:
         # Brax's names next to rose-jax's (SAC's epochs report eval_episode_return, critic_loss, ...)
@@ -126,7 +142,8 @@ def _train(algo: str, environment: Any, kwargs: dict[str, Any]):
         config = presets.make_config(algo, "brax", None, **overrides)
         # the env at Brax's episode_length; ppo.train_with_config adds the action repeat
         env = ppo_brax.resolve_env(dataclasses.replace(config, action_repeat=1), environment)
-        state, history = ppo_module.train_with_config(config, env, progress_fn=progress_fn)
+        state, history = ppo_module.train_with_config(config, env, progress_fn=progress_fn,
+                                                      make_step=make_step(config, env))
         value_params, policy_params = state.params.value, state.params.policy
     else:
         wrap = ppo_module.PPOConfig(
@@ -134,7 +151,8 @@ def _train(algo: str, environment: Any, kwargs: dict[str, Any]):
         )
         env = ppo_brax.resolve_env(wrap, environment)
         config = presets.make_config(algo, "brax", env, **overrides)
-        state, history = record.train_with_config(config, env, progress_fn=progress_fn)
+        state, history = record.train_with_config(config, env, progress_fn=progress_fn,
+                                                  make_step=make_step(config, env))
         value_params, policy_params = state.critic_params, state.actor_params
     params = (state.normalizer, policy_params, value_params)
     metrics = history[-1] if history else {}

@@ -88,14 +88,29 @@ class Algo:
         return self.iteration(config, env if resolve is None else resolve(config, env))
 
     # ------------------------------------------------------------------ progress
+    def evaluates(self, config: Any) -> bool:
+        """An iteration algorithm run in Brax's shape (``num_evals`` set): its unit is the epoch
+        of iterations then the evaluation (``eval_epoch``), not the iteration."""
+        return self.unit == "iteration" and getattr(config, "num_evals", None) is not None
+
     def num_units(self, config: Any) -> int:
-        """Progress reports (iterations or epochs) of a whole ``train`` run of ``config``."""
-        return config.num_epochs if self.unit == "epoch" else config.num_iterations
+        """Units (what ``unit_fn`` runs once per progress report) of a whole ``train`` run of
+        ``config``: SAC's epochs, PPO's iterations, or with ``num_evals`` its epochs (Brax's
+        ``max(num_evals - 1, 1)``; the step-0 evaluation is not a unit)."""
+        if self.unit == "epoch":
+            return config.num_epochs
+        if self.evaluates(config):
+            return max(config.num_evals - 1, 1)
+        return config.num_iterations
 
     def units_done(self, config: Any, state: Any) -> int:
-        """Progress reports a train state has done (its iteration counter, in units)."""
+        """Units a train state has done (from its iteration counter)."""
         done = int(state.iteration)
-        return done // self.module.iterations_per_epoch(config) if self.unit == "epoch" else done
+        if self.unit == "epoch":
+            return done // self.module.iterations_per_epoch(config)
+        if self.evaluates(config):
+            return done // config.iterations_per_eval
+        return done
 
     # ------------------------------------------------------------------ config
     def keys(self) -> list[str]:

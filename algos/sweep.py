@@ -124,7 +124,7 @@ def _record_of(config: Any):
 def _evaluates(record: Any, config: Any) -> bool:
     """PPO with ``num_evals``: the sweep's step is Brax's epoch (iterations, then the evaluation of
     every run of the group, batched by the vmap), as ``ppo.train`` runs it."""
-    return record.unit == "iteration" and getattr(config, "num_evals", None) is not None
+    return record.evaluates(config)
 
 
 def _unit(record: Any, config: Any, env: Any, resolved: Any) -> Callable:
@@ -139,12 +139,10 @@ def _unit(record: Any, config: Any, env: Any, resolved: Any) -> Callable:
 
 def _num_units(record: Any, config: Any) -> int:
     # ppo_brax.train_with_evals: max(num_evals - 1, 1) epochs (its step-0 evaluation is not run here)
-    return max(config.num_evals - 1, 1) if _evaluates(record, config) else record.num_units(config)
+    return record.num_units(config)
 
 
 def _units_done(record: Any, config: Any, state: Any) -> int:
-    if _evaluates(record, config):
-        return int(state.iteration) // config.iterations_per_eval
     return record.units_done(config, state)
 
 

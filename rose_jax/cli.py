@@ -583,23 +583,12 @@ def _trial_step_maker(job: Job, sets: dict[str, dict[str, Any]], log, record):
     """``train`` without ``--optimize``: ``make_step(state)`` compiles the unit under XLA's
     defaults and each option set of ``sets``, runs the first units alternating between them and
     keeps the fastest (the default build unless a set is faster), saying so in one line and
-    recording it in ``run.json`` (:class:`rose_jax.optimize.xla_options.TrialStep`)."""
+    recording it in ``run.json`` (:func:`rose_jax.optimize.xla_options.trial_maker`); the decision
+    is cached for the next run of the same program."""
     from rose_jax.optimize import xla_options
 
-    units = job.algo.num_units(job.config)
-    rounds = max(1, min(xla_options.DEFAULT_ROUNDS, units // (2 * (1 + len(sets)))))
-
-    def make_step(state):
-        def decided(line: str) -> None:
-            log(line)
-            record(step.describe())
-
-        step = xla_options.TrialStep(job.algo.unit_fn(job.config, job.env), sets, rounds=rounds, log=decided,
-                                     cache_dir=plan_cache_dir())
-        step.prepare(state)
-        return step
-
-    return make_step
+    return xla_options.trial_maker(job.algo.unit_fn(job.config, job.env), job.algo.num_units(job.config), sets,
+                                   log=log, on_decide=record, cache_dir=plan_cache_dir())
 
 
 def plan_cache_dir() -> str:

@@ -27,6 +27,7 @@ brax_losses = pytest.importorskip("brax.training.agents.ppo.losses")
 from brax.training import types as brax_types  # noqa: E402
 from brax.training.acme import running_statistics  # noqa: E402
 from brax.training.agents.ppo import networks as brax_ppo_networks  # noqa: E402
+from brax.training.agents.sac import networks as brax_sac_networks  # noqa: E402
 
 OBS, ACT, T, B = 5, 3, 6, 8
 
@@ -391,6 +392,34 @@ def test_brax_compat_rejects_unimplemented_keywords_in_one_line():
 
     with pytest.raises(TypeError, match="use_distributional_critic") as e:
         compat_ppo.train(environment="pendulum", num_timesteps=10, use_distributional_critic=True)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_drop_in_tries_option_sets_by_default_and_trains_the_same(algo, monkeypatch, tmp_path, capsys):
+    """The drop-in is fast by default like `rose-jax train`: the unit is tried under the option sets
+    (here a CPU-valid stand-in set through $ROSE_JAX_XLA_OPTION_SETS), one line says what was kept,
+    and the run equals xla_options="default" (no trial); a bad xla_options is one line."""
+    from algos import brax_compat
+
+    monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path))
+    monkeypatch.setenv("ROSE_JAX_XLA_OPTION_SETS", '{"same_program": {}}')
+    trainer = getattr(brax_compat, algo).train
+    if algo == "ppo":
+        kw = dict(TINY_BRAX_KW, network_factory=functools.partial(
+            brax_ppo_networks.make_ppo_networks, policy_hidden_layer_sizes=(4,), value_hidden_layer_sizes=(4,)))
+    else:
+        kw = dict(num_timesteps=64, num_envs=4, batch_size=8, num_evals=3, num_eval_envs=2, episode_length=20,
+                  min_replay_size=16, max_replay_size=256, grad_updates_per_step=2)
+        kw["network_factory"] = functools.partial(brax_sac_networks.make_sac_networks, hidden_layer_sizes=(4,))
+    _, tried, _ = trainer(environment="pendulum", **kw)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "XLA options" in ln]
+    assert len(lines) == 1 and lines[0].startswith(f"{algo}.train: XLA options:"), lines
+    _, plain, _ = trainer(environment="pendulum", xla_options="default", **kw)
+    assert "XLA options" not in capsys.readouterr().out
+    chex.assert_trees_all_equal(tried, plain)
+    with pytest.raises(ValueError, match="--xla-options must be") as e:
+        trainer(environment="pendulum", xla_options="fastest", **kw)
     assert "\n" not in str(e.value)
 
 

@@ -291,6 +291,34 @@ class TrialStep:
         }
 
 
+def trial_maker(
+    unit_fn: Callable[[Any], tuple[Any, Any]],
+    units: int,
+    sets: dict[str, dict[str, Any]],
+    *,
+    log: Callable[[str], None] = print,
+    on_decide: Callable[[dict[str, Any]], None] | None = None,
+    cache_dir: str | None = None,
+) -> Callable[[Any], TrialStep]:
+    """``make_step(state)`` for a training loop (``train_with_config(..., make_step=...)``): a
+    :class:`TrialStep` of ``unit_fn`` over ``sets``, prepared on ``state``. ``units``: the units the
+    run will take; the trial uses at most a third of them (``rounds`` per build, at least 1).
+    ``on_decide(describe())`` after the decision (e.g. to record it in ``run.json``)."""
+    rounds = max(1, min(DEFAULT_ROUNDS, units // (3 * (1 + len(sets)))))
+
+    def make_step(state: Any) -> TrialStep:
+        def decided(line: str) -> None:
+            log(line)
+            if on_decide is not None:
+                on_decide(step.describe())
+
+        step = TrialStep(unit_fn, sets, rounds=rounds, log=decided, cache_dir=cache_dir)
+        step.prepare(state)
+        return step
+
+    return make_step
+
+
 ENV_SETS = "ROSE_JAX_XLA_OPTION_SETS"
 
 
@@ -323,6 +351,7 @@ def sets_from_spec(spec: str) -> dict[str, dict[str, Any]]:
 
 
 __all__ = [
+    "trial_maker",
     "DEFAULT_CANDIDATES", "DEFAULT_MARGIN", "DEFAULT_ROUNDS", "ENV_SETS", "SETS", "TrialStep",
     "candidate_sets", "sets_from_spec",
 ]
