@@ -136,7 +136,7 @@ def expand(envs: Sequence[str], algos: Sequence[str], seeds: Sequence[int], sets
 
     if not seeds:
         raise ValueError("a benchmark needs at least one seed")
-    sweep._check_seeds(seeds)
+    sweep.check_seeds(seeds)
     pairs = list(pairs) if pairs else [(a, e) for e in envs for a in algos]
     for _, env in pairs:
         if ":" not in env and not env_registry.known(env):
@@ -159,7 +159,7 @@ def expand(envs: Sequence[str], algos: Sequence[str], seeds: Sequence[int], sets
             base["num_timesteps"] = int(steps)
         if preset:
             base["preset"] = "brax"  # "published" is Brax's defaults changed by the published keywords
-        combos = sweep._parse_grid(record, _scoped(grid, algo, record)) or [{}]
+        combos = sweep.parse_grid(record, _scoped(grid, algo, record)) or [{}]
         for combo in combos:
             label = "_".join(f"{k}={v}" for k, v in combo.items())
             over = tuple(sorted({**base, **combo}.items()))
@@ -353,7 +353,7 @@ def probe(groups: Sequence[Group], steps: int = 3, log=print) -> tuple[list[floa
             with open(job, "w") as f:
                 json.dump({"runs": [spec.to_json()], "steps": steps}, f)
             procs.append(subprocess.Popen([ps.python, "-m", "algos.sweep", "--probe", job],
-                                          env=ps.child_env(f"probe-{spec.name}", None), cwd=sweep._repo_root(),
+                                          env=ps.child_env(f"probe-{spec.name}", None), cwd=sweep.repo_root(),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, text=True))
             outs.append(out)
@@ -527,7 +527,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the N newest checkpoints per run plus the best; 0 keeps all (default: %(default)s)")
 
 
-def _request(args) -> dict[str, Any]:
+def request_of(args) -> dict[str, Any]:
     from algos import registry
     from algos import sweep
 
@@ -542,7 +542,7 @@ def _request(args) -> dict[str, Any]:
     for a in algos:
         registry.get(a)
     envs = list(dict.fromkeys(e for _, e in pairs)) if pairs else _split_list(args.env, "env")
-    return {"env": envs, "algo": algos, "pairs": pairs, "seeds": list(sweep._parse_seeds(args.seeds)),
+    return {"env": envs, "algo": algos, "pairs": pairs, "seeds": list(sweep.parse_seeds(args.seeds)),
             "steps": args.steps, "set": list(args.set), "grid": list(args.grid), "preset": args.preset,
             "env_kwargs": registry.parse_env_args(args.backend, args.env_arg), "mode": args.mode,
             "xla_options": _check_xla_options(args.xla_options), "quotas": _quotas_arg(args.quotas),
@@ -552,7 +552,7 @@ def _request(args) -> dict[str, Any]:
 def _quotas_arg(text: str) -> Any:
     from algos import sweep
 
-    q = sweep._parse_quotas(text)  # one-line ValueError
+    q = sweep.parse_quotas(text)  # one-line ValueError
     return list(q) if isinstance(q, tuple) else q
 
 
@@ -588,7 +588,7 @@ def main_bench(args: argparse.Namespace) -> int:
         else:
             if os.path.exists(plan_path):
                 return fail(f"{root!r} already holds a benchmark; pass --resume to finish it, or another --run-dir")
-            request = _request(args)
+            request = request_of(args)
         runs = expand(request["env"], request["algo"], request["seeds"], request["set"], request["grid"],
                       request["steps"], request["preset"], request["env_kwargs"],
                       [tuple(p) for p in request["pairs"]] if request.get("pairs") else None)

@@ -158,7 +158,7 @@ def _algo_of(config: Any, env: Any) -> tuple[Any, Any, Callable, int]:
     return record, resolved, step, _num_units(record, config)
 
 
-def _check_seeds(seeds: Sequence[int], distinct: bool = True) -> tuple[int, ...]:
+def check_seeds(seeds: Sequence[int], distinct: bool = True) -> tuple[int, ...]:
     seeds = tuple(seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in seeds):
         raise ValueError(f"seeds must be a non-empty sequence of non-negative ints, got {seeds!r}")
@@ -346,7 +346,7 @@ def train_many(
         env = make_env(env, env_kwargs)
     else:
         env_name = getattr(env, "name", str(env))
-    seeds = _check_seeds(seeds, distinct=settings is None)
+    seeds = check_seeds(seeds, distinct=settings is None)
     k = len(seeds)
     record, _, _, num_steps = _algo_of(config, env)  # validates; _compiled resolves the env itself
     configs = tuple(dataclasses.replace(config, seed=s) for s in seeds)
@@ -642,7 +642,7 @@ class RunSpec:
             value = getattr(self, field)
             items = value.items() if isinstance(value, Mapping) else value
             object.__setattr__(self, field, tuple(sorted((str(a), b) for a, b in items)))
-        object.__setattr__(self, "seeds", _check_seeds(self.seeds, distinct=not self.settings))
+        object.__setattr__(self, "seeds", check_seeds(self.seeds, distinct=not self.settings))
         object.__setattr__(self, "settings", tuple(tuple(sorted((str(a), b) for a, b in
                                                                   (s.items() if isinstance(s, Mapping) else s)))
                                                    for s in self.settings))
@@ -755,7 +755,7 @@ class ProcessSweepResult:
                 "quota_reason": self.quota_reason, "wall_s": self.wall_s, "quota_search": self.quota_search}
 
 
-def _repo_root() -> str:
+def repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -982,7 +982,7 @@ class ProcessSweep:
 
         extra = {PARENT_VAR: str(os.getpid())}
         path = os.environ.get("PYTHONPATH", "")
-        extra["PYTHONPATH"] = _repo_root() + (os.pathsep + path if path else "")
+        extra["PYTHONPATH"] = repo_root() + (os.pathsep + path if path else "")
         if self.cache_dir:
             extra["JAX_COMPILATION_CACHE_DIR"] = self.cache_dir
             extra["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
@@ -1002,7 +1002,7 @@ class ProcessSweep:
         self._start[run.name] = time.time()
         self._procs[run.name] = subprocess.Popen(
             [self.python, "-m", "algos.sweep", "--child", str(job)],
-            env=self.child_env(run.name, quota), cwd=_repo_root(), stdin=subprocess.DEVNULL,
+            env=self.child_env(run.name, quota), cwd=repo_root(), stdin=subprocess.DEVNULL,
             stdout=self._logs[run.name], stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C reaches the sweep, which stops its runs in order
         )
@@ -1115,7 +1115,7 @@ def probe_runs(runs: Sequence[RunSpec], sweep: ProcessSweep, quota: int | None, 
         with open(job, "w") as f:
             json.dump({"runs": [r.to_json() for r in runs], "steps": steps}, f)
         r = subprocess.run([sweep.python, "-m", "algos.sweep", "--probe", job],
-                           env=sweep.child_env(f"probe-{quota}", quota), cwd=_repo_root(),
+                           env=sweep.child_env(f"probe-{quota}", quota), cwd=repo_root(),
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
         if r.returncode != 0:
             tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
@@ -1232,7 +1232,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
 
 
-def _parse_seeds(text: str) -> tuple[int, ...]:
+def parse_seeds(text: str) -> tuple[int, ...]:
     try:
         parts = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
@@ -1240,10 +1240,10 @@ def _parse_seeds(text: str) -> tuple[int, ...]:
     if not parts:
         raise ValueError(f"--seeds expects N or comma-separated ints, got {text!r}")
     seeds = tuple(range(parts[0])) if "," not in text else tuple(parts)
-    return _check_seeds(seeds)
+    return check_seeds(seeds)
 
 
-def _parse_grid(record: Any, items: Sequence[str]) -> list[dict[str, Any]]:
+def parse_grid(record: Any, items: Sequence[str]) -> list[dict[str, Any]]:
     """``["lr=1e-3,3e-4", "num_envs=64,128"]`` -> every combination, values typed by the config."""
     if not items:
         return []
@@ -1264,7 +1264,7 @@ def _grid_name(i: int, combo: Mapping[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "", f"{i}-{text}")[:64]
 
 
-def _parse_quotas(text: str) -> Any:
+def parse_quotas(text: str) -> Any:
     if text in ("auto", "even", "search"):
         return text
     if text == "none":
@@ -1286,7 +1286,7 @@ def main_sweep(args: argparse.Namespace) -> int:
 
     try:
         record = algo_registry.get(args.algo)
-        seeds = _parse_seeds(args.seeds)
+        seeds = parse_seeds(args.seeds)
         overrides = record.parse_overrides(args.set)
         if "seed" in overrides:
             raise ValueError("give seeds with --seeds, not --set seed=...")
@@ -1294,12 +1294,12 @@ def main_sweep(args: argparse.Namespace) -> int:
             if args.steps <= 0:
                 raise ValueError(f"--steps must be > 0, got {args.steps}")
             overrides["num_timesteps"] = args.steps
-        combos = _parse_grid(record, args.grid)
+        combos = parse_grid(record, args.grid)
         env_kwargs = algo_registry.parse_env_args(args.backend, args.env_arg)
         keep = args.keep_checkpoints or None
         if args.checkpoint_every is not None and args.checkpoint_every <= 0:
             raise ValueError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
-        quotas = _parse_quotas(args.quotas)
+        quotas = parse_quotas(args.quotas)
         if combos:
             runs = [RunSpec(_grid_name(i, c), args.algo, args.env, {**overrides, **c}, seeds, env_kwargs,
                             args.checkpoint_every, keep) for i, c in enumerate(combos)]

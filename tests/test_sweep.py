@@ -332,8 +332,8 @@ def test_cli_rejects_bad_arguments_in_one_line_before_any_directory(tmp_path, ca
         err = capsys.readouterr().err
         assert match in err and err.count("\n") == 1, (argv, err)
     assert not (tmp_path / "r").exists()
-    assert sweep._parse_seeds("3") == (0, 1, 2) and sweep._parse_seeds("5,2") == (5, 2)
-    grid = sweep._parse_grid(algos.get("ppo"), ["learning_rate=1e-3,3e-4", "normalize_observations=false"])
+    assert sweep.parse_seeds("3") == (0, 1, 2) and sweep.parse_seeds("5,2") == (5, 2)
+    grid = sweep.parse_grid(algos.get("ppo"), ["learning_rate=1e-3,3e-4", "normalize_observations=false"])
     assert grid == [{"learning_rate": 1e-3, "normalize_observations": False},
                     {"learning_rate": 3e-4, "normalize_observations": False}]
 

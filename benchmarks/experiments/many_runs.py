@@ -76,7 +76,7 @@ def expand(workload: str, steps_scale: float) -> tuple[list[str], list[Any]]:
     from algos import bench
 
     argv = list(WORKLOADS[workload]["request"])
-    req = bench._request(_bench_args(argv))
+    req = bench.request_of(_bench_args(argv))
     runs = bench.expand(req["env"], req["algo"], req["seeds"], req["set"], req["grid"], req["steps"], req["preset"],
                         req["env_kwargs"], [tuple(p) for p in req["pairs"]] if req.get("pairs") else None)
     if steps_scale != 1.0:
