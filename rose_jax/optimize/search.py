@@ -58,8 +58,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 
 from rose_jax import profile as rp
-from rose_jax.compare import Comparison, compare_each, compare_trees
 from rose_jax import trace as rtrace
+from rose_jax.compare import Comparison, compare_each, compare_trees
 from rose_jax.optimize import base, isolate, measure, quotas
 from rose_jax.optimize import cache as plan_cache
 from rose_jax.optimize import interpret as I
