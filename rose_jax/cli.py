@@ -760,7 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--xla-options", default="auto", metavar="auto|default|SETS",
                    help="XLA option sets tried on the first iterations, the fastest kept (GPU only): auto = "
                         "CONCURRENT command buffers with and without loops; default = XLA's defaults, no "
-                        "trial; or names from rose_jax.optimize.streams.OPTION_SETS (default: %(default)s)")
+                        "trial; or names from rose_jax.optimize.xla_options.SETS (default: %(default)s)")
     t.set_defaults(func=cmd_train)
     from algos import commands  # --preset, --no-compile-cache, --matmul-precision, --no-tensorboard; play
 
