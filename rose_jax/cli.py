@@ -345,6 +345,7 @@ def _train(args, locked: list[Any]) -> int:
         trial_sets = {} if args.optimize else xla_options.sets_from_spec(args.xla_options)
     except ValueError as e:
         raise _fail(e) from None
+    budget = _optimize_budget(args.optimize_budget)
     path = args.run_dir or _default_run_dir(job.env_name, job.algo.name)
     run = rundir.RunDir(path)
     if args.resume and stored is not None and run.finished():
@@ -427,7 +428,8 @@ def _train(args, locked: list[Any]) -> int:
                 resume=latest is not None,
             )
             if args.optimize:
-                kwargs["make_step"] = _optimized_step_maker(job, lambda m: tqdm.write(m, file=sys.stdout))
+                kwargs["make_step"] = _optimized_step_maker(job, lambda m: tqdm.write(m, file=sys.stdout),
+                                                            budget)
             elif trial_sets:
                 kwargs["make_step"] = _trial_step_maker(
                     job, trial_sets, lambda m: tqdm.write(f"rose-jax train: {m}", file=sys.stdout),
@@ -598,7 +600,22 @@ def plan_cache_dir() -> str:
     return cache.default_dir()
 
 
-def _optimized_step_maker(job: Job, log):
+def _optimize_budget(text: str) -> dict[str, Any]:
+    """``--optimize-budget`` as ``optimize`` keywords; one-line error for anything else."""
+    if text == "auto":
+        return {}
+    if text == "none":
+        return {"run_units": None}
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise _fail(f"--optimize-budget must be auto, none or seconds >= 0, got {text!r}")
+    return {"run_units": None, "budget_s": seconds}
+
+
+def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None):
     """``train --optimize``: ``make_step(state)`` searches (or loads the cached) rose-jax plan of
     what train runs per report (PPO: the iteration program, or with ``num_evals`` set the epoch of
     iterations and its evaluation; SAC: the epoch with its evaluation).
@@ -614,9 +631,11 @@ def _optimized_step_maker(job: Job, log):
         program = job.algo.unit_program(job.config, job.env, **job.program_kwargs())
         # profile windows first and SM quotas for multi-process plans (each says in the report
         # why it was skipped where there is no GPU / MPS)
+        # by default the search may take at most a tenth of the run it serves (stopped early otherwise)
+        limits = {"run_units": job.algo.num_units(job.config), **(budget or {})}
         step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(),
                                             env_name=job.env_name, batch_size=job.config.num_envs,
-                                            windows="profile", quotas="auto", log=log)
+                                            windows="profile", quotas="auto", log=log, **limits)
         log(rj_optimize.format_report(report))
         return step
 
@@ -757,6 +776,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run in --run-dir from its latest checkpoint "
                         "(a finished run is left as is)")
     t.add_argument("--optimize", action="store_true", help="apply (or search for) a rose-jax plan")
+    t.add_argument("--optimize-budget", default="auto", metavar="auto|none|SECONDS",
+                   help="with --optimize: how long the search may take before it stops early and keeps the "
+                        "best plan so far: auto = a tenth of the run at the untransformed speed, none = no "
+                        "limit, or seconds (default: %(default)s)")
     t.add_argument("--xla-options", default="auto", metavar="auto|default|SETS",
                    help="XLA option sets tried on the first iterations, the fastest kept (GPU only): auto = "
                         "CONCURRENT command buffers with and without loops; default = XLA's defaults, no "

@@ -641,6 +641,27 @@ def test_search_without_check_slower_skips_equality_of_slower_candidates_only():
     assert plan_report.PlanReport.from_json(only_slow.to_json()).equal is None
 
 
+def test_search_stops_early_when_its_budget_is_spent():
+    """budget_s (or budget_share of a run of run_units at the baseline's speed): once spent, no
+    further candidate is measured, the best plan so far is kept and the report says so; a long
+    enough run gives the search room to keep the faster candidate."""
+    cands = [drop_sleep(), synthetic("toy_slower", _sleepier)]
+    logged: list[str] = []
+    _, report = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=1, repeats=2, budget_s=0.0,
+                           log=logged.append)
+    assert not report.plan and report.measurements == 4  # the baseline only
+    assert all("budget is spent" in c.reason for c in report.candidates)
+    assert any("stopped early" in n for n in report.notes) and any("stopped early" in m for m in logged)
+    # a 2-iteration run at ~20 ms/iter leaves 10 % of 40 ms: too little for a candidate
+    _, short = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=1, repeats=2, run_units=2)
+    assert not short.plan and any("stopped early" in n for n in short.notes)
+    _, long = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=1, repeats=2, run_units=10**6)
+    assert [p["name"] for p in long.plan] == ["toy_drop_sleep"] and not any("stopped" in n for n in long.notes)
+    for bad in (dict(budget_s=-1.0), dict(run_units=0), dict(budget_share=0.0)):
+        with pytest.raises(ValueError, match="optimize: "):
+            O.optimize(slow_iteration, EXAMPLE, candidates=cands, **bad)
+
+
 def test_windows_profile_without_a_gpu_falls_back_to_the_looptree_with_the_reason():
     """windows="profile" profiles first where NVML can sample a GPU; on this CPU it says why not
     (in the report and the log) and searches the LoopTree's loops, the same candidates as None."""

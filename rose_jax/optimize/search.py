@@ -129,6 +129,13 @@ class OptimizeOptions:
       backend, off on a CPU. Host-level candidates (several programs or processes) are not
       isolated as a whole (split_compile isolates each stage itself on a GPU).
     isolate_timeout: seconds an isolated compile may take before the candidate is refused.
+    budget_s: stop early: once the search has run this long (from its start, baseline included),
+      no further candidate or combination is measured and the best plan so far is kept (the
+      report says which were not measured and why). None: no limit.
+    run_units: the units (iterations, epochs) of the run the plan serves; with it the budget is
+      also at most ``budget_share`` of that run at the baseline's speed (a search that costs more
+      than a small share of its run cannot pay for itself; ``rose-jax train --optimize`` passes it).
+    budget_share: see ``run_units``.
     """
 
     windows: Sequence[Any] | str | None = None
@@ -152,6 +159,9 @@ class OptimizeOptions:
     quota_refine_rounds: int = 1
     isolate: bool | None = None
     isolate_timeout: float = 900.0
+    budget_s: float | None = None
+    run_units: int | None = None
+    budget_share: float = 0.1
 
     def __post_init__(self):
         if self.n_iters < 1 or self.repeats < 1:
@@ -182,6 +192,20 @@ class OptimizeOptions:
             raise ValueError(f"optimize: isolate must be None, True or False, got {self.isolate!r}")
         if not self.isolate_timeout > 0:
             raise ValueError(f"optimize: isolate_timeout must be > 0 s, got {self.isolate_timeout!r}")
+        if self.budget_s is not None and not self.budget_s >= 0:
+            raise ValueError(f"optimize: budget_s must be >= 0 s or None, got {self.budget_s!r}")
+        if self.run_units is not None and (isinstance(self.run_units, bool) or not isinstance(self.run_units, int)
+                                           or self.run_units < 1):
+            raise ValueError(f"optimize: run_units must be a positive int or None, got {self.run_units!r}")
+        if not 0 < self.budget_share <= 1:
+            raise ValueError(f"optimize: budget_share must be in (0, 1], got {self.budget_share!r}")
+
+    def budget(self, baseline_s: float) -> float | None:
+        """Seconds the search may take: ``budget_s`` and ``budget_share`` of the run (None: no limit)."""
+        limits = [b for b in (self.budget_s,
+                              None if self.run_units is None else self.budget_share * baseline_s * self.run_units)
+                  if b is not None]
+        return min(limits) if limits else None
 
     @property
     def eq_iters(self) -> int:
@@ -443,6 +467,7 @@ class _Search:
         self.say = opts.log or (lambda s: None)
         self.eq_options = opts.resolved_equality_options()
         self.local_base: dict[str, tuple] = {}
+        self.deadline: float | None = None  # perf_counter time after which nothing more is measured
         self._ref: _Reference | None = None
         # why the reference could not be built under the equality options (then every candidate
         # whose equality is checked is refused with it)
@@ -727,6 +752,8 @@ class _Search:
             if measured >= opts.max_candidates:
                 rec.reason = f"not measured: max_candidates={opts.max_candidates} reached"
                 continue
+            if self.spent(rec):
+                continue
             measured += 1
             res = self.trial(rec, [t], always_check=opts.check_slower)
             if res is not None and self.verdict(
@@ -739,6 +766,17 @@ class _Search:
                     )
                 kept.append((t, res.scaled_s, res.cmp))
         return kept
+
+    def spent(self, rec: CandidateRecord) -> bool:
+        """Whether the search's budget is spent (then ``rec`` is not measured and says why)."""
+        if self.deadline is None or time.perf_counter() < self.deadline:
+            return False
+        rec.reason = "not measured: the search budget is spent (stopped early)"
+        note = "search stopped early: its budget was spent; the best plan measured so far is kept"
+        if note not in self.report.notes:
+            self.report.notes.append(note)
+            self.say(f"[optimize] {note}")
+        return True
 
     def combine(self, kept: list) -> tuple[list[Transform], float, Any]:
         """Greedy combination of the kept candidates, fastest first (each trial re-validated)."""
@@ -762,6 +800,8 @@ class _Search:
                 "combine",
             )
             self.report.candidates.append(rec)
+            if self.spent(rec):
+                break
             res = self.trial(rec, trial, always_check=True)
             if res is not None and self.verdict(rec, res, best_time - res.scaled_s, versus_plan=True):
                 plan, best_time, best_cmp = trial, res.scaled_s, res.cmp
@@ -856,6 +896,12 @@ def optimize(
     say(f"[optimize] {name}: baseline x2 ({opts.repeats} repeats of {opts.n_iters} iterations)")
     search = _Search(target, example_state, opts, report)
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
+    budget = opts.budget(search.baseline)
+    if budget is not None:
+        search.deadline = t_start + budget
+        say(f"[optimize] search budget {budget:.1f} s"
+            + (f" ({opts.budget_share:.0%} of a {opts.run_units}-unit run at the baseline's speed)"
+               if opts.run_units is not None and budget < (opts.budget_s or float("inf")) else ""))
     if opts.check_slower:
         try:
             search.reference()
