@@ -122,3 +122,13 @@ def test_specs():
         xla_options.sets_from_spec("nonsense")
     with pytest.raises(ValueError, match="rounds"):
         xla_options.TrialStep(unit, {}, rounds=0)
+
+
+def test_every_named_set_is_spelled_as_this_jaxlib_parses_it():
+    """XLA parses debug options on any backend: a misspelled flag or enum value in SETS would be
+    refused everywhere ("is not a valid enum value"); on a CPU the GPU options are then unused."""
+    lowered = jax.jit(unit).lower(start())
+    for name, opts in xla_options.SETS.items():
+        lowered.compile(compiler_options=opts or None)  # raises on a bad name or value
+    with pytest.raises(Exception, match="not a valid enum value"):
+        lowered.compile(compiler_options={"xla_gpu_command_buffer_scheduling_mode": "CONCURRENTLY"})

@@ -39,7 +39,8 @@ SPLIT_TOLERANCE = dataclasses.replace(
 )
 # The sets of :data:`rose_jax.optimize.xla_options.SETS` that ``options="measure"`` times each stage
 # under by default (GPU only; on a CPU every stage is compiled with XLA's defaults).
-MEASURED_SETS = ("default", "concurrent", "concurrent_no_loops", "no_command_buffers")
+MEASURED_SETS = ("default", "concurrent", "concurrent_no_loops", "no_command_buffers", "concurrent_regions",
+                 "lhs_scheduling")
 # Share of the iteration that separately compiled stages with their own XLA options save: on the
 # H200 (benchmarks/results/overlap/, 2026-12-04) PPO ant's iteration ran 1.16-1.20x faster split
 # (14-17% saved; the learn 25.9 -> 13.5 ms under CONCURRENT command buffers) and SAC's whole
