@@ -77,20 +77,28 @@ class BenchRun:
         if "num_timesteps" in over:
             argv += ["--steps", str(over.pop("num_timesteps"))]
         for key, value in over.items():
-            argv += ["--set", f"{key}={_cli_value(value)}"]
+            argv += ["--set", f"{key}={cli_value(value)}"]
         for key, value in self.env_kwargs:
-            argv += ["--env-arg", f"{key}={_cli_value(value)}"]
+            argv += ["--env-arg", f"{key}={cli_value(value)}"]
         return argv
 
 
-def _cli_value(v: Any) -> str:
+def cli_value(v: Any) -> str:
+    """A config value as `--set` spells it (sequences as ``[a,b]``)."""
     if isinstance(v, (tuple, list)):
         return "[" + ",".join(str(x) for x in v) + "]"
     return str(v)
 
 
 def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]", "_", text)[:80] or "_"
+    """A directory name: other characters become ``_``; a longer name keeps 71 characters and a hash
+    of the whole (two labels that share their first 80 characters stay apart)."""
+    out = re.sub(r"[^A-Za-z0-9_.=-]", "_", text) or "_"
+    if len(out) > 80:
+        import hashlib
+
+        out = out[:71] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
+    return out
 
 
 def _split_list(text: str, what: str) -> list[str]:
@@ -166,6 +174,13 @@ def expand(envs: Sequence[str], algos: Sequence[str], seeds: Sequence[int], sets
             for s in seeds:
                 runs.append(BenchRun(env, algo, int(s), over, _safe(label) if label else "",
                                      tuple(sorted(run_env_kwargs.items()))))
+    dirs: dict[str, BenchRun] = {}
+    for r in runs:
+        d = r.run_dir("")
+        if d in dirs:
+            raise ValueError(f"two runs of the request would share the directory {d!r} ({dict(dirs[d].overrides)} "
+                             f"and {dict(r.overrides)}); give fewer or shorter grid values")
+        dirs[d] = r
     return runs
 
 
@@ -438,22 +453,55 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
         if todo:
             specs = [_run_spec(g, checkpoint_every, keep, root, resume and _group_state(g, root) == "resumable",
                                xla_options) for g in todo]
-            result = sweep.run_processes(specs, os.path.join(root, "processes"), quotas=quotas, mps=mps, log=log,
-                                         compile_cache_dir=compile_cache_dir)
+            result, why = None, ""
+            for attempt_quotas in (quotas, None) if quotas is not None else (None,):
+                try:  # a failing quota probe (one group's broken program) must not end the benchmark
+                    result = sweep.run_processes(specs, os.path.join(root, "processes"), quotas=attempt_quotas,
+                                                 mps=mps, log=log, compile_cache_dir=compile_cache_dir)
+                    break
+                except (RuntimeError, ValueError, OSError) as e:
+                    why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+                    log(f"[bench] processes with quotas {attempt_quotas!r} could not start ({why})"
+                        + ("; again without quotas" if attempt_quotas is not None else ""))
+            if result is None:
+                for g in todo:
+                    statuses[g.name] = f"failed: {why}"
+                    _mark_failed(g, root, statuses[g.name])
+                return statuses
             for o in result.outcomes:
                 statuses[o.name] = o.status + (f": {o.error}" if o.status != "finished" and o.error else "")
         return statuses
+    import signal
+
     from tqdm import tqdm
+
+    from algos import driver
 
     total = sum(len(g.runs) * group_config(g).num_timesteps for g in groups)
     bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, file=sys.stdout,
                mininterval=1.0 if sys.stdout.isatty() else 10.0, desc="bench")
+    interrupted = False
+
+    def on_sigint(*_):  # the first Ctrl-C: stop after the step in flight, with checkpoints
+        nonlocal interrupted
+        if interrupted:
+            raise KeyboardInterrupt
+        interrupted = True
+        tqdm.write("[bench] Ctrl-C: stopping after the current step with checkpoints (again: at once)",
+                   file=sys.stdout)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         for g in groups:
+            if interrupted:
+                statuses[g.name] = "not started (interrupted)"
+                continue
             done = bar.n
 
             def progress(env_steps: int, rows: list[dict], g=g, done=done) -> None:
                 bar.update(max(0, done + env_steps * len(g.runs) - bar.n))
+                if interrupted:
+                    raise driver.StopTraining
 
             t0 = time.perf_counter()
             try:
@@ -465,10 +513,14 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
             except Exception as e:  # noqa: BLE001 - one failing group is reported; the others run
                 statuses[g.name] = f"failed: {' '.join(f'{type(e).__name__}: {e}'.split())[:300]}"
                 _mark_failed(g, root, statuses[g.name])
+            if interrupted and statuses[g.name] == "finished":
+                statuses[g.name] = "interrupted (checkpointed; --resume continues it)"
             tqdm.write(f"[bench] {g.name}: {len(g.runs)} runs, {statuses[g.name]} "
                        f"({time.perf_counter() - t0:.1f} s)", file=sys.stdout)
-            bar.update(max(0, done + len(g.runs) * group_config(g).num_timesteps - bar.n))
+            if not interrupted:
+                bar.update(max(0, done + len(g.runs) * group_config(g).num_timesteps - bar.n))
     finally:
+        signal.signal(signal.SIGINT, previous)
         bar.close()
     return statuses
 
@@ -481,6 +533,9 @@ def _mark_failed(group: Group, root: str, why: str) -> None:
         run = RunDir(r.run_dir(root))
         if run.read_summary() is None:
             os.makedirs(run.path, exist_ok=True)
+            if run.read_run() is None:  # what the run was, for the report's table
+                run.write_run({"algo": r.algo, "env": r.env, "env_kwargs": dict(r.env_kwargs),
+                               "config": {**dict(r.overrides), "seed": r.seed}})
             run.finish("failed", f"{r.algo} on {r.env}", {"error": why})
 
 
@@ -537,6 +592,8 @@ def request_of(args) -> dict[str, Any]:
         raise ValueError("give --env/--algo or --runs, not both")
     if args.steps is not None and args.steps <= 0:
         raise ValueError(f"--steps must be > 0, got {args.steps}")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
     pairs = parse_pairs(args.runs) if args.runs else None
     algos = sorted({a for a, _ in pairs}) if pairs else _split_list(args.algo, "algo")
     for a in algos:
@@ -580,6 +637,9 @@ def main_bench(args: argparse.Namespace) -> int:
     root = args.run_dir or os.path.join("runs", f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     plan_path = os.path.join(root, PLAN_FILE)
     try:
+        from rose_jax import rundir
+
+        rundir.check_path(root)  # under a file, or a file itself: one line
         if args.resume:
             if not os.path.exists(plan_path):
                 return fail(f"--resume: {root!r} holds no benchmark ({PLAN_FILE} missing)")
@@ -622,9 +682,17 @@ def main_bench(args: argparse.Namespace) -> int:
                              compile_cache_dir=cache_dir or None, xla_options=request.get("xla_options", "auto"))
     record.update(statuses=statuses, wall_s=round(time.perf_counter() - t0, 2), finished=time.time())
     atomic_write_json(plan_path, record)
-    paths = benchreport.write_report([r.run_dir(root) for r in runs], os.path.join(root, REPORT_DIR),
-                                     title=f"rose-jax bench: {', '.join(request['env'])} x "
-                                           f"{', '.join(request['algo'])}")
+    made = [r.run_dir(root) for r in runs if os.path.isdir(r.run_dir(root))]  # not started: no directory
+    try:
+        if not made:
+            raise ValueError("no run directory was made")
+        paths = benchreport.write_report(made, os.path.join(root, REPORT_DIR),
+                                         title=f"rose-jax bench: {', '.join(request['env'])} x "
+                                               f"{', '.join(request['algo'])}")
+    except (ValueError, OSError) as e:  # the runs stay; the report can be made later from them
+        print(f"rose-jax bench: no report ({' '.join(str(e).split())}); "
+              f"`python -m rose_jax.benchreport {root}` makes it from the run directories", file=sys.stderr)
+        return 1
     with open(paths["report"]) as f:
         print(f.read())
     print(f"rose-jax bench: report {paths['report']}, curves {paths['curves']}, scores {paths['scores']}")

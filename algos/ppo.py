@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import optax
 
 import rose_jax
-from algos import driver, networks, normalize, ppo_brax, registry
+from algos import driver, networks, normalize, ppo_brax, ppo_core, registry
 from algos.ppo_core import (  # the pieces both layouts share; re-exported as algos.ppo's
     DATA_FIELDS,
     Learner,
@@ -353,7 +353,7 @@ def epoch(
         raise ValueError(f"ppo.epoch: iterations must be a positive int, got {iterations!r}")
     one = iteration(config, env)
     length = env.episode_length if eval_length is None else eval_length
-    evaluate_fn = make_evaluator(program_key(config), env, int(num_eval_envs), int(length))
+    evaluate_fn = make_evaluator(ppo_core.evaluator_key(config), env, int(num_eval_envs), int(length))
 
     def run_epoch(state: TrainState) -> tuple[TrainState, dict]:
         state, ms = jax.lax.scan(lambda s, _: one(s), state, None, length=iterations)

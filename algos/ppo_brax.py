@@ -428,7 +428,7 @@ def epoch(
     evaluate = None
     if config.num_evals:
         evaluate = make_evaluator(
-            ppo_core.program_key(config), env, config.num_eval_envs, config.deterministic_eval
+            ppo_core.evaluator_key(config), env, config.num_eval_envs, config.deterministic_eval
         )
 
     def run_epoch(state):

@@ -253,6 +253,18 @@ def program_key(config: PPOConfig) -> PPOConfig:
     return dataclasses.replace(config, num_timesteps=1, seed=0)
 
 
+def evaluator_key(config: PPOConfig) -> PPOConfig:
+    """:func:`program_key` for the evaluator, which reads no data field: :data:`DATA_FIELDS` at
+    their class defaults, so that a config whose data fields are traced values (a vmapped settings
+    group, ``algos.sweep.settings_config``) still gives a concrete, hashable key."""
+    import copy
+
+    out = copy.copy(config)  # without __post_init__: the traced values are replaced before it runs
+    for name in DATA_FIELDS:
+        object.__setattr__(out, name, type(config).__dataclass_fields__[name].default)
+    return program_key(out)
+
+
 def _is_real(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 

@@ -140,17 +140,28 @@ _NOT_CONFIG = ("max_devices_per_host",)
 
 def published_run(algo: str, env: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Brax's published configuration of ``algo`` on ``env`` as (rose-jax config fields, env
-    arguments): ``episode_length`` becomes the env's time limit (and stays a PPO config field, as
-    Brax's PPO keeps it), the device count is dropped. Apply over the ``"brax"`` preset (the
-    published keywords are changes to Brax's defaults). One-line ValueError if none is published."""
-    kw = published(algo, env)
+    arguments) (:func:`brax_run`). One-line ValueError if none is published."""
+    return brax_run(algo, published(algo, env))
+
+
+def brax_run(algo: str, keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Brax ``train`` keywords as (rose-jax config fields, env arguments): ``episode_length``
+    becomes the env's time limit (and stays a PPO config field, as Brax's PPO keeps it), the device
+    count is dropped. Apply over the ``"brax"`` preset (Brax's keywords change Brax's defaults).
+    A keyword that is no config field of ``algo`` is a one-line ValueError."""
+    from algos import registry
+
+    kw = dict(keywords)
     env_kwargs = {"episode_length": kw.get("episode_length", 1000)}
     for key in _NOT_CONFIG:
         kw.pop(key, None)
     if algo == "sac":
         kw.pop("episode_length", None)
         if kw.pop("action_repeat", 1) != 1:
-            raise ValueError(f"published sac/{env}: action_repeat != 1 is not supported")
+            raise ValueError("sac with Brax's action_repeat != 1 is not supported")
+    unknown = sorted(set(kw) - set(registry.get(algo).keys()))
+    if unknown:
+        raise ValueError(f"{algo}: Brax keyword(s) {unknown} are not rose-jax config fields")
     return kw, env_kwargs
 
 
@@ -216,4 +227,4 @@ def make_config(algo: str, preset: str | None, env: Any = None, config: Any = No
     return record.make_config(config, **{**base, **given})
 
 
-__all__ = ["PRESETS", "PUBLISHED", "make_config", "names", "overrides", "published", "published_run"]
+__all__ = ["PRESETS", "PUBLISHED", "make_config", "names", "overrides", "brax_run", "published", "published_run"]

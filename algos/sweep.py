@@ -379,8 +379,13 @@ def train_many(
     if xla_options:
         from rose_jax.optimize import xla_options as xo
 
+        if xo.trial_rounds(num_steps, xla_options) == 0:  # too short a run to decide: XLA's defaults
+            log(f"[{record.name} x{k}] XLA options: default build ({num_steps} units are too few for a trial)")
+            xla_options = None
+    if xla_options:
+
         raw = _raw_cached(_compiled_key(config, fields), env, batched, fields)[1]
-        rounds = max(1, min(xo.DEFAULT_ROUNDS, num_steps // (2 * (1 + len(xla_options)))))
+        rounds = xo.trial_rounds(num_steps, xla_options)
 
         def decided(line: str) -> None:
             log(f"[{record.name} x{k}] {line}")
@@ -835,7 +840,7 @@ class ProcessSweep:
             self.root.mkdir(parents=True, exist_ok=True)
             for run in self.runs:
                 for d in run.run_dirs(self.root):
-                    if read_metrics(d):
+                    if read_metrics(d) and not run.resume:
                         raise ValueError(f"run dir {d!r} already holds metrics; use a new run root")
             self._setup_cache()
             self._setup_mps()
@@ -1147,7 +1152,7 @@ def _child_main(job_path: str) -> int:
     """One run of a ProcessSweep: train_many over its seeds into its run dirs."""
     from rose_jax.io import atomic_write_json
     from rose_jax.mps.plan import MPS_PIPE_VAR, MPS_THREAD_VAR
-    from rose_jax.optimize import cache, xla_options
+    from rose_jax.optimize import xla_options
     from rose_jax.rundir import RunDir
 
     _die_with_parent()
@@ -1161,7 +1166,7 @@ def _child_main(job_path: str) -> int:
                    checkpoint_every=run.checkpoint_every, keep_checkpoints=run.keep_checkpoints,
                    checkpoints=run.checkpoints, settings=run.settings_dicts(), resume=run.resume,
                    xla_options=xla_options.sets_from_spec(run.xla_options),
-                   xla_options_cache=cache.default_dir(), log=lambda m: print(m, flush=True))
+                   log=lambda m: print(m, flush=True))  # not cached: timed beside other processes
     except BaseException as e:  # noqa: BLE001 - reported in every run dir and the log, then exit 1
         traceback.print_exc()
         for d in dirs:  # train_many marks its run dirs; a failure before them is marked here
@@ -1223,6 +1228,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SM quotas of the processes under MPS: auto, even, search, none, or percents "
                         "like 30,70 (default: %(default)s)")
     p.add_argument("--no-mps", action="store_true", help="plain processes even where MPS is available")
+    p.add_argument("--xla-options", default="auto", metavar="auto|default|SETS",
+                   help="XLA option sets tried on the first steps, the fastest kept (GPU only), as `rose-jax "
+                        "train --xla-options` (default: %(default)s)")
     p.add_argument("--run-dir", metavar="DIR",
                    help="the sweep's root (default: runs/sweep-<algo>-<env>-<time>)")
     p.add_argument("--checkpoint-every", type=count_arg, metavar="K",
@@ -1300,12 +1308,16 @@ def main_sweep(args: argparse.Namespace) -> int:
         if args.checkpoint_every is not None and args.checkpoint_every <= 0:
             raise ValueError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
         quotas = parse_quotas(args.quotas)
+        from rose_jax.optimize import xla_options as xo
+
+        xo.sets_from_spec(args.xla_options)  # a bad spec: one line
         if combos:
             runs = [RunSpec(_grid_name(i, c), args.algo, args.env, {**overrides, **c}, seeds, env_kwargs,
-                            args.checkpoint_every, keep) for i, c in enumerate(combos)]
+                            args.checkpoint_every, keep, xla_options=args.xla_options)
+                    for i, c in enumerate(combos)]
         elif args.processes:
             runs = [RunSpec(f"seed-{s}", args.algo, args.env, overrides, (s,), env_kwargs,
-                            args.checkpoint_every, keep) for s in seeds]
+                            args.checkpoint_every, keep, xla_options=args.xla_options) for s in seeds]
         else:
             runs = None
             config = record.make_config(**overrides)
@@ -1318,7 +1330,7 @@ def main_sweep(args: argparse.Namespace) -> int:
     root = args.run_dir or os.path.join("runs", f"sweep-{args.algo}-{args.env}-{stamp}")
     if runs is None:
         return _sweep_vmapped(record, env, args.env, config, seeds, env_kwargs, root,
-                              args.checkpoint_every, keep)
+                              args.checkpoint_every, keep, args.xla_options)
     print(f"rose-jax sweep: {len(runs)} processes ({args.algo} on {args.env}) -> {root}", flush=True)
     try:
         result = run_processes(runs, root, quotas=quotas, mps=False if args.no_mps else "auto")
@@ -1329,7 +1341,8 @@ def main_sweep(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _sweep_vmapped(record, env, env_name, config, seeds, env_kwargs, root, checkpoint_every, keep) -> int:
+def _sweep_vmapped(record, env, env_name, config, seeds, env_kwargs, root, checkpoint_every, keep,
+                   xla_options_spec: str = "auto") -> int:
     from tqdm import tqdm
 
     from algos import driver
@@ -1357,8 +1370,12 @@ def _sweep_vmapped(record, env, env_name, config, seeds, env_kwargs, root, check
     previous = signal.signal(signal.SIGINT, on_sigint)
     t0 = time.perf_counter()
     try:
+        from rose_jax.optimize import cache, xla_options
+
         result = train_many(config, env, seeds, run_dirs=dirs, env_kwargs=env_kwargs, progress_fn=progress,
-                            checkpoint_every=checkpoint_every, keep_checkpoints=keep)
+                            checkpoint_every=checkpoint_every, keep_checkpoints=keep,
+                            xla_options=xla_options.sets_from_spec(xla_options_spec),
+                            xla_options_cache=cache.default_dir(), log=lambda m: bar.write(m, file=sys.stdout))
     except (ValueError, TypeError) as e:
         bar.close()
         print(f"rose-jax sweep: {' '.join(str(e).split())}", file=sys.stderr)

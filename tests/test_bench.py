@@ -62,6 +62,13 @@ def test_scoped_settings_and_bad_requests_are_one_line():
         bench.plan(runs, max_group=0)
 
 
+def test_runs_that_would_share_a_directory_are_refused_and_long_labels_stay_apart():
+    with pytest.raises(ValueError, match="share the directory"):
+        bench.expand(["pendulum"], ["ppo"], [0], grid=["learning_rate=1e-3,0.001"])
+    a, b = bench._safe("x" * 90 + "a"), bench._safe("x" * 90 + "b")
+    assert a != b and len(a) == len(b) == 80
+
+
 def test_choose_mode_follows_the_measured_probe():
     # two programs that slow each other down little: side by side wins
     mode, why = bench.choose_mode([0.010, 0.020], [0.012, 0.024], [100, 100])
@@ -130,6 +137,42 @@ def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path)
     assert os.path.exists(root / "report" / "report.md")
 
 
+def test_ctrl_c_stops_with_checkpoints_and_resume_finishes(tmp_path):
+    """Ctrl-C during a benchmark: the group in flight stops after its step with checkpoints, later
+    groups do not start, the report is written; --resume finishes every run from there."""
+    import signal
+    import time
+
+    root = tmp_path / "b"
+    argv = ["--runs", "ppo/pendulum,ppo/cartpole", "--seeds", "2", "--steps", str(16 * 1500), "--run-dir", str(root),
+            "--checkpoint-every", "5", *sum((["--set", s] for s in TINY), [])]
+    proc = subprocess.Popen([sys.executable, "-m", "rose_jax.cli", "bench", *argv], cwd=REPO, env=_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    record = root / "pendulum" / "ppo" / "seed-0" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (record.exists() and len(record.read_text().splitlines()) >= 10):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out[-2000:] + err[-2000:]
+    plan = json.loads((root / "bench.json").read_text())
+    first, second = (plan["statuses"][g["name"]] for g in plan["groups"])
+    assert first.startswith("interrupted") and second == "not started (interrupted)"
+    assert (root / "report" / "report.md").exists(), out[-3000:] + err[-3000:]
+    ckpts = [int(p.name) for p in (root / "pendulum" / "ppo" / "seed-1" / "checkpoints").iterdir() if p.name.isdigit()]
+    assert ckpts and max(ckpts) < 16 * 1500
+    r2 = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
+                        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
+    assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-2000:]
+    for env in ("pendulum", "cartpole"):
+        for s in (0, 1):
+            d = root / env / "ppo" / f"seed-{s}"
+            assert json.loads((d / "summary.json").read_text())["status"] == "finished"
+            steps = [json.loads(line)["env_steps"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+            assert steps == sorted(set(steps)) and steps[-1] == 16 * 1500  # one record, no step twice
+
+
 def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
     """--mode processes: one child process per program (plain processes on a CPU, MPS with quotas on a
     GPU), each run in the benchmark's layout, a settings group vmapped inside its process."""
@@ -149,3 +192,13 @@ def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
             assert json.loads((d / "run.json").read_text())["config"]["learning_rate"] == pytest.approx(float(lr))
     assert len(list((root / "processes").glob("*/log.txt"))) == 2  # one process per program
     assert "cartpole" in (root / "report" / "report.md").read_text()
+    # --resume in processes mode: a group left unfinished (its summaries gone) is resumed from its
+    # checkpoints in its process, the finished one is kept as it is
+    for d in (root / "pendulum").rglob("summary.json"):
+        d.unlink()
+    r2 = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
+                        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
+    assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-2000:]
+    plan = json.loads((root / "bench.json").read_text())
+    by = {k.split("-")[0]: v for k, v in plan["statuses"].items()}
+    assert by == {"pendulum": "finished", "cartpole": "finished (already)"}

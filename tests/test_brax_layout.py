@@ -398,7 +398,8 @@ def test_brax_compat_rejects_unimplemented_keywords_in_one_line():
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_drop_in_tries_option_sets_by_default_and_trains_the_same(algo, monkeypatch, tmp_path, capsys):
     """The drop-in is fast by default like `rose-jax train`: the unit is tried under the option sets
-    (here a CPU-valid stand-in set through $ROSE_JAX_XLA_OPTION_SETS), one line says what was kept,
+    (here a CPU-valid stand-in set through $ROSE_JAX_XLA_OPTION_SETS; 7 epochs: enough units for one
+    round of each build, a shorter run gets XLA's defaults and no trial), one line says what was kept,
     and the run equals xla_options="default" (no trial); a bad xla_options is one line."""
     from algos import brax_compat
 
@@ -406,10 +407,10 @@ def test_drop_in_tries_option_sets_by_default_and_trains_the_same(algo, monkeypa
     monkeypatch.setenv("ROSE_JAX_XLA_OPTION_SETS", '{"same_program": {}}')
     trainer = getattr(brax_compat, algo).train
     if algo == "ppo":
-        kw = dict(TINY_BRAX_KW, network_factory=functools.partial(
+        kw = dict(TINY_BRAX_KW, num_evals=8, network_factory=functools.partial(
             brax_ppo_networks.make_ppo_networks, policy_hidden_layer_sizes=(4,), value_hidden_layer_sizes=(4,)))
     else:
-        kw = dict(num_timesteps=64, num_envs=4, batch_size=8, num_evals=3, num_eval_envs=2, episode_length=20,
+        kw = dict(num_timesteps=256, num_envs=4, batch_size=8, num_evals=8, num_eval_envs=2, episode_length=20,
                   min_replay_size=16, max_replay_size=256, grad_updates_per_step=2)
         kw["network_factory"] = functools.partial(brax_sac_networks.make_sac_networks, hidden_layer_sizes=(4,))
     _, tried, _ = trainer(environment="pendulum", **kw)

@@ -128,6 +128,21 @@ def test_vmapped_ppo_with_evaluations_equals_solo_runs(tmp_path):
     assert result.metrics[0][-1]["eval_episode_return"] != result.metrics[1][-1]["eval_episode_return"]
 
 
+def test_settings_group_with_evaluations_equals_solo_runs(tmp_path):
+    """Data settings (learning rates as traced values) and Brax's evaluation epoch together: the
+    evaluator's cache key holds no traced value, and each run equals its solo run."""
+    env, seeds = ENV, (0, 0)
+    config = ppo.PPOConfig(num_timesteps=16 * 6, num_evals=4, num_eval_envs=2, **TINY)
+    settings = [{"learning_rate": 1e-3}, {"learning_rate": 3e-4}]
+    result = sweep.train_many(config, env, seeds, settings=settings)
+    for i, one in enumerate(settings):
+        solo_state, solo_rows = ppo.train_with_config(dataclasses.replace(config, seed=0, **one), env)
+        _assert_close_trees(result.seed_state(i), solo_state, f"run {i} state")
+        solo_epochs = [r for r in solo_rows if r["env_steps"] > 0]
+        np.testing.assert_allclose([r["eval_episode_return"] for r in result.metrics[i]],
+                                   [r["eval_episode_return"] for r in solo_epochs], rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("with_settings", [False, True])
 def test_option_trial_in_a_group_equals_the_plain_group_and_is_recorded(tmp_path, with_settings):
     """xla_options: the group's step runs under the fastest of XLA's defaults and the given sets

@@ -86,41 +86,30 @@ def workloads() -> dict[str, dict[str, Any]]:
     }
 
 
-# Keys of Brax's keywords that are not config fields of the rose-jax run: handled here.
-_NOT_CONFIG = ("num_timesteps", "seed", "max_devices_per_host")
 SMOKE_NETWORKS = dict(policy_hidden_sizes=(8,), value_hidden_sizes=(8,), q_hidden_sizes=(8,))
 
 
 def _cli_value(v: Any) -> str:
-    if isinstance(v, (tuple, list)):
-        return "[" + ",".join(str(x) for x in v) + "]"
-    return str(v)
+    from algos import bench
+
+    return bench.cli_value(v)
 
 
 def rose_argv(w: dict[str, Any], steps: int, smoke: bool) -> list[str]:
-    """`rose-jax train` arguments running workload ``w`` with Brax's keywords (``--preset brax``)."""
-    from algos import registry
+    """`rose-jax train` arguments running workload ``w`` with Brax's keywords (``--preset brax``
+    and :func:`algos.presets.brax_run`'s config fields and env arguments)."""
+    from algos import bench, presets, registry
 
-    kw = dict(w["kwargs"])
-    algo = w["algo"]
-    argv = ["--env", w["env"], "--algo", algo, "--preset", "brax", "--steps", str(steps),
-            "--seed", str(kw.get("seed", 0))]
-    fields = set(registry.get(algo).keys())
-    # the env at Brax's episode_length (Brax wraps it so); PPO's config also keeps the field
-    argv += ["--env-arg", f"episode_length={kw.get('episode_length', 1000)}"]
-    if algo == "sac":
-        kw.pop("episode_length", None)
-        if kw.pop("action_repeat", 1) != 1:
-            raise ValueError("sac workloads with action_repeat != 1 are not supported here")
+    config, env_kwargs = presets.brax_run(w["algo"], w["kwargs"])
+    seed = int(config.pop("seed", 0))
+    config["num_timesteps"] = int(steps)
     if smoke:
-        kw.update({k: v for k, v in SMOKE_NETWORKS.items() if k in fields})
-    for key, value in kw.items():
-        if key in _NOT_CONFIG:
-            continue
-        if key not in fields:
-            raise ValueError(f"{algo}: Brax keyword {key!r} is not a rose-jax config field")
-        argv += ["--set", f"{key}={_cli_value(value)}"]
-    return argv
+        fields = set(registry.get(w["algo"]).keys())
+        config.update({k: v for k, v in SMOKE_NETWORKS.items() if k in fields})
+    config["preset"] = "brax"
+    run = bench.BenchRun(w["env"], w["algo"], seed, tuple(sorted(config.items())), "",
+                         tuple(sorted(env_kwargs.items())))
+    return run.train_argv()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,7 +221,9 @@ def _peer_steady(reports: list[dict[str, Any]]) -> tuple[float | None, list[floa
 def _rose_steady(rows: list[dict[str, Any]], info: dict[str, Any]) -> tuple[float | None, list[float]]:
     """rose-jax: intervals after its first unit (compile) and the option trial's units."""
     xo = info.get("xla_options") or {}
-    trial_units = 0 if xo.get("cached") else (xo.get("rounds") or 0) * len(xo.get("median_ms") or {})
+    trial_units = xo.get("trial_units")  # every unit before the decision (timed or beside compiles)
+    if trial_units is None:
+        trial_units = 0 if xo.get("cached") else (xo.get("rounds") or 0) * len(xo.get("median_ms") or {})
     pts = [(int(r["env_steps"]), float(r["wall_s"])) for r in rows if "wall_s" in r]
     if pts and pts[0][0] == 0:  # an evaluation at step 0 before training
         pts = pts[1:]
@@ -241,7 +232,8 @@ def _rose_steady(rows: list[dict[str, Any]], info: dict[str, Any]) -> tuple[floa
 
 
 def _trial_cost_s(info: dict[str, Any]) -> float | None:
-    """Seconds the option trial cost beyond running those units with the kept build."""
+    """Seconds the option trial cost beyond running those units with the kept build (its timed
+    units; units run beside the background compiles ran the first build, counted as no cost)."""
     xo = info.get("xla_options") or {}
     med = xo.get("median_ms") or {}
     chosen = xo.get("chosen")

@@ -79,9 +79,13 @@ def lookup(cache_dir: str | None, key: str) -> dict | None:
 
 def store(cache_dir: str, key: str, entry: dict) -> str:
     """Add ``entry`` under ``key`` and rewrite the file atomically; returns its path."""
+    import fcntl
+
     os.makedirs(cache_dir, exist_ok=True)
-    data = load(cache_dir)
-    data[key] = entry
     path = os.path.join(cache_dir, CACHE_FILE)
-    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
+    with open(os.path.join(cache_dir, ".lock"), "w") as lock:  # processes storing at once lose nothing
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load(cache_dir)
+        data[key] = entry
+        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
     return path

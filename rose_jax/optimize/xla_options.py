@@ -141,6 +141,7 @@ class TrialStep:
         self.cache_dir = cache_dir
         self.cache_key: str | None = None
         self.cached: dict[str, Any] | None = None  # the stored decision this run reused
+        self.trial_units = 0  # units run before the decision (timed or run beside compiles)
 
     # -------------------------------------------------------------------------- compiling
     def _lower(self, state: Any):
@@ -182,9 +183,15 @@ class TrialStep:
 
         from rose_jax.optimize import cache
 
+        import os
+
+        import jaxlib
+
         text = lowered.as_text()
         sets = json.dumps(self.candidates, sort_keys=True, default=str)
-        digest = hashlib.sha256((text + "\n" + sets).encode()).hexdigest()[:16]
+        # what "default" means (global XLA flags) and the compiler itself are part of a decision
+        context = f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}|jaxlib={getattr(jaxlib, '__version__', '?')}"
+        digest = hashlib.sha256("\n".join((text, sets, context)).encode()).hexdigest()[:16]
         return "xla_options|" + cache.cache_key(digest, "-", None)
 
     def _from_cache(self, lowered: Any) -> bool:
@@ -254,9 +261,12 @@ class TrialStep:
             return self.builds[self.chosen](state)
         ready = [n for n in self._order if n in self.builds]
         name = min(ready, key=lambda n: len(self.times[n]))
+        pending = bool(self._pending)
         t0 = time.perf_counter()
         out = jax.block_until_ready(self.builds[name](state))
-        self.times[name].append(time.perf_counter() - t0)
+        self.trial_units += 1
+        if not pending:  # a unit run beside background compiles is not timed (it still trains)
+            self.times[name].append(time.perf_counter() - t0)
         if not self._pending and all(len(self.times[n]) >= self.rounds for n in self.builds):
             self._decide()
         return out
@@ -293,9 +303,18 @@ class TrialStep:
             "median_ms": {n: round(statistics.median(t) * 1e3, 3) for n, t in self.times.items() if t},
             "refused": dict(self.refused),
             "rounds": self.rounds,
+            "trial_units": self.trial_units,
             "cached": self.cached is not None,
             **({"cached_decision": dict(self.cached)} if self.cached else {}),
         }
+
+
+def trial_rounds(units: int, sets: dict[str, dict[str, Any]]) -> int:
+    """Timed units per build of a run of ``units`` units trying ``sets``: up to
+    :data:`DEFAULT_ROUNDS`, the trial's timed units at most a third of the run; 0 when even one
+    round of every build (the default and each set) would exceed that (no trial then)."""
+    builds = 1 + len(sets)
+    return min(DEFAULT_ROUNDS, units // (3 * builds)) if sets else 0
 
 
 def trial_maker(
@@ -309,9 +328,13 @@ def trial_maker(
 ) -> Callable[[Any], TrialStep]:
     """``make_step(state)`` for a training loop (``train_with_config(..., make_step=...)``): a
     :class:`TrialStep` of ``unit_fn`` over ``sets``, prepared on ``state``. ``units``: the units the
-    run will take; the trial uses at most a third of them (``rounds`` per build, at least 1).
+    run will take; the trial's timed units are at most a third of them (:func:`trial_rounds`; a
+    run too short for one round of every build gets XLA's defaults and no trial).
     ``on_decide(describe())`` after the decision (e.g. to record it in ``run.json``)."""
-    rounds = max(1, min(DEFAULT_ROUNDS, units // (3 * (1 + len(sets)))))
+    rounds = trial_rounds(units, sets)
+    if rounds == 0:  # too short a run to decide: XLA's defaults, no background compiles
+        sets = {}
+        rounds = 1
 
     def make_step(state: Any) -> TrialStep:
         def decided(line: str) -> None:
