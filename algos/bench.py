@@ -525,6 +525,20 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
     return statuses
 
 
+def _add_packing(report_path: str, record: dict[str, Any]) -> None:
+    """Append how the runs were packed, and why, to the report (rewritten atomically)."""
+    from rose_jax.io import atomic_write_text
+
+    lines = ["", "## Packing", "", f"Programs of different shapes ran **{record['mode']}**: {record['why']}.",
+             f"Whole benchmark: {record.get('wall_s', 0):.1f} s in this process.", "",
+             "| program | runs | why | status |", "|---|---|---|---|"]
+    for g in record["groups"]:
+        lines.append(f"| {g['name']} | {len(g['runs'])} | {g['why']} | {record.get('statuses', {}).get(g['name'], '')} |")
+    with open(report_path) as f:
+        text = f.read()
+    atomic_write_text(report_path, text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
+
+
 def _mark_failed(group: Group, root: str, why: str) -> None:
     """A group that failed before its run directories were made still leaves a summary per run."""
     from rose_jax.rundir import RunDir
@@ -693,6 +707,7 @@ def main_bench(args: argparse.Namespace) -> int:
         print(f"rose-jax bench: no report ({' '.join(str(e).split())}); "
               f"`python -m rose_jax.benchreport {root}` makes it from the run directories", file=sys.stderr)
         return 1
+    _add_packing(paths["report"], record)
     with open(paths["report"]) as f:
         print(f.read())
     print(f"rose-jax bench: report {paths['report']}, curves {paths['curves']}, scores {paths['scores']}")

@@ -124,6 +124,7 @@ def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path)
         assert json.loads((d / "summary.json").read_text())["status"] == "finished"
     report = (root / "report" / "report.md").read_text()
     assert "learning_rate=0.001" in report and "learning_rate=0.0003" in report
+    assert "## Packing" in report and "one vmapped program" in report and "cpu backend" in report
     assert "broken env factory" in report  # the failed runs, listed with their error
     scores = json.loads((root / "report" / "scores.json").read_text())
     assert scores and (root / "report" / "curves.png").stat().st_size > 1000
