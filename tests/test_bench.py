@@ -203,3 +203,17 @@ def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
     plan = json.loads((root / "bench.json").read_text())
     by = {k.split("-")[0]: v for k, v in plan["statuses"].items()}
     assert by == {"pendulum": "finished", "cartpole": "finished (already)"}
+
+
+def test_probe_times_each_program_alone_and_together(tmp_path, monkeypatch):
+    """The GPU planner's measurement, run here on a CPU: each program's step alone, then all at
+    once as processes (real child processes), positive seconds per unit for each."""
+    monkeypatch.setenv("ROSE_JAX_COMPILE_CACHE", str(tmp_path / "xla-cache"))
+    runs = bench.expand(["pendulum", "cartpole"], ["ppo"], [0, 1], sets=TINY, steps=64)
+    groups = bench.plan(runs)
+    lines = []
+    solo, together = bench.probe(groups, steps=2, log=lines.append)
+    assert len(solo) == len(together) == 2 and all(t > 0 for t in solo + together)
+    assert any("probe alone" in ln for ln in lines) and any("probe together" in ln for ln in lines)
+    mode, why = bench.choose_mode(solo, together, [bench._num_units(g) for g in groups])
+    assert mode in ("sequential", "processes") and "probe" in why

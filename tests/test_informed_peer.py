@@ -108,3 +108,13 @@ def test_summary_compares_with_the_faster_peer_and_reports_spread(tmp_path):
         assert field in data["summary"][0], field
     assert "| ppo-ant |" in (tmp_path / "results.md").read_text()
     assert os.path.getsize(tmp_path / "results.png") > 1000
+
+
+def test_equality_child_compares_the_kept_options_with_the_default_build(tmp_path):
+    """The child that checks the kept option set: the rose-jax unit of the workload's command built
+    twice (here both XLA's defaults on a CPU), two units from one state, compared bitwise."""
+    argv = ip.rose_argv(ip.workloads()["smoke"], 64, smoke=True)
+    out = tmp_path / "equal.json"
+    assert ip.child_equal(argv, {}, str(out)) == 0
+    data = json.loads(out.read_text())
+    assert data["equal"] is True and data["max_abs_diff"] == 0.0 and data["units"] == 2
