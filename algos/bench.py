@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -260,19 +261,27 @@ def plan(runs: Sequence[BenchRun], max_group: int | None = None) -> list[Group]:
     return groups
 
 
-def group_config(group: Group, env: Any = None) -> Any:
-    """The group's config (its shared fields; a preset's defaults below them); the data fields that
-    differ per run come from ``settings``."""
-    from algos import commands, registry
+@functools.lru_cache(maxsize=64)
+def _group_overrides(group: Group) -> tuple[tuple[str, Any], ...]:
+    """The group's config fields: a preset's values (resolved once per group: SAC's depends on the
+    env, which is then built), its shared fields over them, the first run's settings (the others'
+    come from ``settings``)."""
+    from algos import commands
     from algos import sweep
 
     over = dict(group.overrides)
     preset = over.pop("preset", None)
-    record = registry.get(group.algo)
-    base = commands.preset_overrides(group.algo, preset, lambda: env if env is not None else
-                                     sweep.make_env(group.env, dict(group.env_kwargs)))
+    base = commands.preset_overrides(group.algo, preset,
+                                     lambda: sweep.make_env(group.env, dict(group.env_kwargs)))
     first = dict(group.settings[0]) if group.settings else {}
-    return record.make_config(**{**base, **over, **first})
+    return tuple({**base, **over, **first}.items())
+
+
+def group_config(group: Group) -> Any:
+    """The group's config (validated; one-line errors)."""
+    from algos import registry
+
+    return registry.get(group.algo).make_config(**dict(_group_overrides(group)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,25 +337,11 @@ def _run_spec(group: Group, checkpoint_every: int | None = None, keep: int | Non
     """The group as a :class:`algos.sweep.RunSpec` (one process training its vmapped program)."""
     from algos import sweep
 
-    over = dict(group.overrides)
-    preset = over.pop("preset", None)
-    if preset:
-        over = {**group_preset(group, preset), **over}
     settings = group.settings if any(group.settings) else ()
-    if settings:  # the config holds the first run's values (validated), settings every run's
-        over.update(dict(settings[0]))
-    return sweep.RunSpec(group.name, group.algo, group.env, over, group.seeds, group.env_kwargs,
+    return sweep.RunSpec(group.name, group.algo, group.env, _group_overrides(group), group.seeds, group.env_kwargs,
                          checkpoint_every, keep, settings=settings,
                          dirs=tuple(r.run_dir(root) for r in group.runs) if root else (), resume=resume,
                          xla_options=xla_options)
-
-
-def group_preset(group: Group, preset: str) -> dict[str, Any]:
-    from algos import commands
-    from algos import sweep
-
-    return commands.preset_overrides(group.algo, preset,
-                                     lambda: sweep.make_env(group.env, dict(group.env_kwargs)))
 
 
 def probe(groups: Sequence[Group], steps: int = 3, log=print) -> tuple[list[float], list[float]]:
@@ -422,7 +417,7 @@ def run_group(group: Group, root: str, *, resume: bool = False, progress=None,
             if os.path.exists(d):
                 shutil.rmtree(d)
     env = sweep.make_env(group.env, dict(group.env_kwargs))
-    config = group_config(group, env)
+    config = group_config(group)
     sweep.train_many(config, env, group.seeds, settings=group.settings_dicts(), run_dirs=dirs,
                      env_kwargs=dict(group.env_kwargs), progress_fn=progress, resume=state == "resumable",
                      checkpoint_every=checkpoint_every, keep_checkpoints=keep,
@@ -439,7 +434,7 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
     if mode == "processes":
         from algos import sweep
 
-        todo = []
+        todo, specs = [], []
         for g in groups:
             st = _group_state(g, root) if resume else "fresh"
             if st == "finished":
@@ -450,9 +445,8 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
                     if os.path.exists(r.run_dir(root)):
                         shutil.rmtree(r.run_dir(root))
             todo.append(g)
+            specs.append(_run_spec(g, checkpoint_every, keep, root, st == "resumable", xla_options))
         if todo:
-            specs = [_run_spec(g, checkpoint_every, keep, root, resume and _group_state(g, root) == "resumable",
-                               xla_options) for g in todo]
             result, why = None, ""
             for attempt_quotas in (quotas, None) if quotas is not None else (None,):
                 try:  # a failing quota probe (one group's broken program) must not end the benchmark
@@ -477,7 +471,8 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
 
     from algos import driver
 
-    total = sum(len(g.runs) * group_config(g).num_timesteps for g in groups)
+    steps = {g.name: len(g.runs) * group_config(g).num_timesteps for g in groups}  # env steps per group
+    total = sum(steps.values())
     bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, file=sys.stdout,
                mininterval=1.0 if sys.stdout.isatty() else 10.0, desc="bench")
     interrupted = False
@@ -518,7 +513,7 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
             tqdm.write(f"[bench] {g.name}: {len(g.runs)} runs, {statuses[g.name]} "
                        f"({time.perf_counter() - t0:.1f} s)", file=sys.stdout)
             if not interrupted:
-                bar.update(max(0, done + len(g.runs) * group_config(g).num_timesteps - bar.n))
+                bar.update(max(0, done + steps[g.name] - bar.n))
     finally:
         signal.signal(signal.SIGINT, previous)
         bar.close()

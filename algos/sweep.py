@@ -121,29 +121,14 @@ def _record_of(config: Any):
     raise ValueError(f"train_many: config must be one of {known}, got {type(config).__name__}")
 
 
-def _evaluates(record: Any, config: Any) -> bool:
-    """PPO with ``num_evals``: the sweep's step is Brax's epoch (iterations, then the evaluation of
-    every run of the group, batched by the vmap), as ``ppo.train`` runs it."""
-    return record.evaluates(config)
-
-
 def _unit(record: Any, config: Any, env: Any, resolved: Any) -> Callable:
     """The step of one progress report: SAC's epoch, PPO's iteration or (with ``num_evals``) its
     epoch with the evaluation (``eval_epoch`` resolves the env itself: given the unresolved one)."""
     if record.unit == "epoch":
         return record.epoch(config, resolved)
-    if _evaluates(record, config):
+    if record.evaluates(config):  # Brax's epoch: the evaluation batched over the group by the vmap
         return record.module.eval_epoch(config, env)
     return record.iteration(config, resolved)
-
-
-def _num_units(record: Any, config: Any) -> int:
-    # ppo_brax.train_with_evals: max(num_evals - 1, 1) epochs (its step-0 evaluation is not run here)
-    return record.num_units(config)
-
-
-def _units_done(record: Any, config: Any, state: Any) -> int:
-    return record.units_done(config, state)
 
 
 def _algo_of(config: Any, env: Any) -> tuple[Any, Any, Callable, int]:
@@ -155,7 +140,8 @@ def _algo_of(config: Any, env: Any) -> tuple[Any, Any, Callable, int]:
 
         resolved = ppo_brax.resolve_env(config, env)
     step = _unit(record, config, env, resolved)
-    return record, resolved, step, _num_units(record, config)
+    # with num_evals: Brax's max(num_evals - 1, 1) epochs (its step-0 evaluation is not run here)
+    return record, resolved, step, record.num_units(config)
 
 
 def check_seeds(seeds: Sequence[int], distinct: bool = True) -> tuple[int, ...]:
@@ -432,7 +418,7 @@ def train_many(
                 runs.append(_open_run(d, infos[-1], resume_step))
         t0 = time.perf_counter()
         first = _slice(state, 0) if batched else state
-        start = _units_done(record, config, jax.device_get(first))
+        start = record.units_done(config, jax.device_get(first))
         pending, stop = None, False
 
         def flush(metrics) -> None:

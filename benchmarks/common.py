@@ -166,6 +166,18 @@ def save_plot(fig, path: str) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+def write_markdown_and_plot(out: str, lines: Sequence[str], plot: Callable[..., None], *args: Any) -> None:
+    """``<out>/results.md`` from ``lines`` (atomically), then ``plot(*args, <out>/results.png)``; a
+    failing plot is logged in one line and never loses the measurements already written."""
+    from rose_jax.io import atomic_write_text
+
+    atomic_write_text(os.path.join(out, "results.md"), "\n".join(lines) + "\n")
+    try:
+        plot(*args, os.path.join(out, "results.png"))
+    except Exception as e:  # noqa: BLE001 - a plot must never lose the measurements
+        log(f"plot failed: {type(e).__name__}: {e}")
+
+
 def enable_compile_cache(path: str, min_compile_time_s: float = 1.0) -> None:
     """Turn on JAX's persistent compilation cache at ``path`` ('' leaves it off).
 

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from algos import bench
 from benchmarks.experiments import informed_peer as ip
 
 
@@ -26,7 +27,7 @@ def test_every_brax_keyword_reaches_the_rose_run(name):
         if key in ("num_timesteps", "seed", "max_devices_per_host") or (w["algo"] == "sac" and key in (
                 "episode_length", "action_repeat")):
             continue
-        assert sets[key] == ip._cli_value(value), key
+        assert sets[key] == bench.cli_value(value), key
     assert f"episode_length={w['kwargs'].get('episode_length', 1000)}" in argv
 
 

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from benchmarks import common
-from rose_jax.io import atomic_write_json, atomic_write_text
+from rose_jax.io import atomic_write_json
 
 PEER_FLAGS = "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT"
 
@@ -201,11 +201,7 @@ def write(out: str, records: list[dict[str, Any]], command: str) -> None:
         [[r["workload"], r["variant"], r["repeat"], r["returncode"], r["end_to_end_s"], r["first_row_s"],
           common.fmt(r["steady_env_steps_per_s"], ",.0f"), r["finished"], r["checkpoint"], r["policy_saved"],
           r["xla_options_line"] or r["error"] or ""] for r in records]))
-    atomic_write_text(os.path.join(out, "results.md"), "\n".join(lines) + "\n")
-    try:
-        plot(summary, os.path.join(out, "results.png"))
-    except Exception as e:  # a plot must never lose the measurements
-        common.log(f"plot failed: {type(e).__name__}: {e}")
+    common.write_markdown_and_plot(out, lines, plot, summary)
 
 
 def plot(summary: list[dict[str, Any]], path: str) -> None:

@@ -46,7 +46,7 @@ import time
 from typing import Any
 
 from benchmarks import common
-from rose_jax.io import atomic_write_json, atomic_write_text
+from rose_jax.io import atomic_write_json
 
 PEER_FLAGS = "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT"
 OUT_DIR = os.path.join(common.RESULTS_DIR, "informed_peer")
@@ -87,12 +87,6 @@ def workloads() -> dict[str, dict[str, Any]]:
 
 
 SMOKE_NETWORKS = dict(policy_hidden_sizes=(8,), value_hidden_sizes=(8,), q_hidden_sizes=(8,))
-
-
-def _cli_value(v: Any) -> str:
-    from algos import bench
-
-    return bench.cli_value(v)
 
 
 def rose_argv(w: dict[str, Any], steps: int, smoke: bool) -> list[str]:
@@ -457,11 +451,7 @@ def write(out: str, records: list[dict[str, Any]], equal: dict[str, dict[str, An
           common.fmt(r["steady_env_steps_per_s"], ",.0f"), common.fmt(r.get("brax_training_sps"), ",.0f"),
           r.get("finished"), common.fmt(r.get("final_eval_return"), ".1f"),
           r.get("xla_options_line") or r.get("error") or ""] for r in records]))
-    atomic_write_text(os.path.join(out, "results.md"), "\n".join(lines) + "\n")
-    try:
-        plot(summary, os.path.join(out, "results.png"))
-    except Exception as e:  # a plot must never lose the measurements
-        common.log(f"plot failed: {type(e).__name__}: {e}")
+    common.write_markdown_and_plot(out, lines, plot, summary)
 
 
 def plot(summary: list[dict[str, Any]], path: str) -> None:

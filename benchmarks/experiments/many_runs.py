@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -37,7 +38,7 @@ import time
 from typing import Any
 
 from benchmarks import common
-from rose_jax.io import atomic_write_json, atomic_write_text
+from rose_jax.io import atomic_write_json
 
 OUT_DIR = os.path.join(common.RESULTS_DIR, "many_runs")
 TINY = ["num_envs=4", "unroll_length=4", "num_minibatches=1", "num_epochs=1", "policy_hidden_sizes=[8]",
@@ -109,14 +110,14 @@ def _run(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | N
 
 
 def _final_return(run_dir: str) -> float | None:
-    from rose_jax.rundir import RunDir
+    """The run's final score by the benchmark report's rule (:mod:`rose_jax.benchreport`); None
+    when the run has none (or no directory)."""
+    from rose_jax import benchreport
 
-    for row in reversed(RunDir(run_dir).rows()):
-        for key in ("eval_episode_return", "episode_return"):
-            v = row.get(key)
-            if isinstance(v, (int, float)) and v == v:
-                return float(v)
-    return None
+    if not os.path.isdir(run_dir):
+        return None
+    score = benchreport.collect([run_dir])[0].score
+    return None if math.isnan(score) else float(score)
 
 
 def sequential(workload: str, runs: list[Any], timeout_s: float, tmp: str) -> dict[str, Any]:
@@ -248,11 +249,7 @@ def write(out: str, records: list[dict[str, Any]], command: str) -> None:
         ["workload", "mode", "to first row s", "rows span s", "after last row s"],
         [[r["workload"], r["mode"], common.fmt(p.get("to_first_row_s")), common.fmt(p.get("rows_span_s")),
           common.fmt(p.get("after_last_row_s"))] for r in summary for p in r["profile"] if p]))
-    atomic_write_text(os.path.join(out, "results.md"), "\n".join(lines) + "\n")
-    try:
-        plot(summary, os.path.join(out, "results.png"))
-    except Exception as e:  # a plot must never lose the measurements
-        common.log(f"plot failed: {type(e).__name__}: {e}")
+    common.write_markdown_and_plot(out, lines, plot, summary)
 
 
 def plot(summary: list[dict[str, Any]], path: str) -> None:

@@ -617,16 +617,24 @@ def parity_headline(root: str | None = None) -> str | None:
     )
 
 
-def informed_peer_headline(root: str | None = None) -> str | None:
-    """``benchmarks/results/informed_peer`` (Brax's trainers as shipped and with the best flag vs
-    ``rose-jax train`` first and cached, whole runs) as the README's first table."""
-    path = os.path.join(root or common.RESULTS_DIR, "informed_peer", "results.json")
+def _summary_rows(name: str, root: str | None) -> tuple[str, dict, list] | None:
+    """(path, document, its ``summary`` rows) of ``benchmarks/results/<name>/results.json``; None
+    when the file is absent or holds no rows."""
+    path = os.path.join(root or common.RESULTS_DIR, name, "results.json")
     if not os.path.exists(path):
         return None
     doc = load(path)
     rows = doc.get("summary") or []
-    if not rows:
+    return (path, doc, rows) if rows else None
+
+
+def informed_peer_headline(root: str | None = None) -> str | None:
+    """``benchmarks/results/informed_peer`` (Brax's trainers as shipped and with the best flag vs
+    ``rose-jax train`` first and cached, whole runs) as the README's first table."""
+    found = _summary_rows("informed_peer", root)
+    if found is None:
         return None
+    path, doc, rows = found
 
     def e2e(r, v):
         m, sp = (r.get("end_to_end_s") or {}).get(v), (r.get("spread") or {}).get(v)
@@ -658,13 +666,10 @@ def informed_peer_headline(root: str | None = None) -> str | None:
 def default_options_headline(root: str | None = None) -> str | None:
     """``benchmarks/results/default_options`` (``rose-jax train`` as shipped vs XLA's defaults and
     the informed user's flag on the same loop, whole runs) as a README table."""
-    path = os.path.join(root or common.RESULTS_DIR, "default_options", "results.json")
-    if not os.path.exists(path):
+    found = _summary_rows("default_options", root)
+    if found is None:
         return None
-    doc = load(path)
-    rows = doc.get("summary") or []
-    if not rows:
-        return None
+    path, doc, rows = found
 
     def cell(e, v):
         x = e.get(v) or {}
