@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import itertools
 import json
 import os
 import re
@@ -121,18 +120,27 @@ def _scoped(items: Sequence[str], algo: str, record: Any) -> list[str]:
             scope, _, field = key.partition(".")
             if scope != algo:
                 continue
-            item = field + item[len(key):]
+            item = field + item[len(key) :]
         elif key not in record.keys():
-            raise ValueError(f"{key!r} is not a {algo} config field; give it as <algo>.{key}=... to set it "
-                             f"for one algorithm only (valid {algo} keys: {', '.join(record.keys())})")
+            raise ValueError(
+                f"{key!r} is not a {algo} config field; give it as <algo>.{key}=... to set it "
+                f"for one algorithm only (valid {algo} keys: {', '.join(record.keys())})"
+            )
         out.append(item)
     return out
 
 
-def expand(envs: Sequence[str], algos: Sequence[str], seeds: Sequence[int], sets: Sequence[str] = (),
-           grid: Sequence[str] = (), steps: int | None = None, preset: str | None = None,
-           env_kwargs: Mapping[str, Any] | None = None,
-           pairs: Sequence[tuple[str, str]] | None = None) -> list[BenchRun]:
+def expand(
+    envs: Sequence[str],
+    algos: Sequence[str],
+    seeds: Sequence[int],
+    sets: Sequence[str] = (),
+    grid: Sequence[str] = (),
+    steps: int | None = None,
+    preset: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    pairs: Sequence[tuple[str, str]] | None = None,
+) -> list[BenchRun]:
     """Every run of the request, in a stable order (env, algo, setting, seed); one-line ValueErrors.
 
     ``pairs``: ``(algo, env)`` pairs to run instead of every env x every algo. ``preset``:
@@ -149,7 +157,9 @@ def expand(envs: Sequence[str], algos: Sequence[str], seeds: Sequence[int], sets
     pairs = list(pairs) if pairs else [(a, e) for e in envs for a in algos]
     for _, env in pairs:
         if ":" not in env and not env_registry.known(env):
-            raise ValueError(f"unknown env {env!r}; see `rose-jax envs` (or give a factory as package.module:function)")
+            raise ValueError(
+                f"unknown env {env!r}; see `rose-jax envs` (or give a factory as package.module:function)"
+            )
     if preset not in (None, "brax", "published"):
         raise ValueError(f"unknown preset {preset!r}; presets: brax, published")
     runs = []
@@ -173,14 +183,24 @@ def expand(envs: Sequence[str], algos: Sequence[str], seeds: Sequence[int], sets
             label = "_".join(f"{k}={v}" for k, v in combo.items())
             over = tuple(sorted({**base, **combo}.items()))
             for s in seeds:
-                runs.append(BenchRun(env, algo, int(s), over, _safe(label) if label else "",
-                                     tuple(sorted(run_env_kwargs.items()))))
+                runs.append(
+                    BenchRun(
+                        env,
+                        algo,
+                        int(s),
+                        over,
+                        _safe(label) if label else "",
+                        tuple(sorted(run_env_kwargs.items())),
+                    )
+                )
     dirs: dict[str, BenchRun] = {}
     for r in runs:
         d = r.run_dir("")
         if d in dirs:
-            raise ValueError(f"two runs of the request would share the directory {d!r} ({dict(dirs[d].overrides)} "
-                             f"and {dict(r.overrides)}); give fewer or shorter grid values")
+            raise ValueError(
+                f"two runs of the request would share the directory {d!r} ({dict(dirs[d].overrides)} "
+                f"and {dict(r.overrides)}); give fewer or shorter grid values"
+            )
         dirs[d] = r
     return runs
 
@@ -224,9 +244,15 @@ class Group:
         return [dict(s) for s in self.settings] if any(self.settings) else None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "env": self.env, "algo": self.algo, "overrides": dict(self.overrides),
-                "runs": [dataclasses.asdict(r) for r in self.runs], "settings": [dict(s) for s in self.settings],
-                "env_kwargs": dict(self.env_kwargs)}
+        return {
+            "name": self.name,
+            "env": self.env,
+            "algo": self.algo,
+            "overrides": dict(self.overrides),
+            "runs": [dataclasses.asdict(r) for r in self.runs],
+            "settings": [dict(s) for s in self.settings],
+            "env_kwargs": dict(self.env_kwargs),
+        }
 
 
 def data_fields_of(algo: str) -> tuple[str, ...]:
@@ -249,13 +275,23 @@ def plan(runs: Sequence[BenchRun], max_group: int | None = None) -> list[Group]:
     groups = []
     for (env, env_kwargs, algo, shape), members in buckets.items():
         data = set(data_fields_of(algo))
-        differing = sorted({k for r in members for k, _ in r.overrides if k in data
-                            and len({dict(m.overrides).get(k) for m in members}) > 1})
+        differing = sorted(
+            {
+                k
+                for r in members
+                for k, _ in r.overrides
+                if k in data and len({dict(m.overrides).get(k) for m in members}) > 1
+            }
+        )
         shared = shape + tuple((k, v) for k, v in members[0].overrides if k in data and k not in differing)
-        chunks = [members] if not max_group else [members[i:i + max_group] for i in range(0, len(members), max_group)]
+        chunks = (
+            [members]
+            if not max_group
+            else [members[i : i + max_group] for i in range(0, len(members), max_group)]
+        )
         for j, chunk in enumerate(chunks):
             tail = f"-{algo}-{len(groups)}" + (f"-part{j}" if len(chunks) > 1 else "")
-            name = re.sub(r"[^A-Za-z0-9_.-]", "_", env)[:64 - len(tail)] + tail  # an MPS worker name
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", env)[: 64 - len(tail)] + tail  # an MPS worker name
             settings = tuple(tuple((k, dict(r.overrides)[k]) for k in differing) for r in chunk)
             groups.append(Group(name, env, algo, tuple(sorted(shared)), tuple(chunk), settings, env_kwargs))
     return groups
@@ -271,8 +307,9 @@ def _group_overrides(group: Group) -> tuple[tuple[str, Any], ...]:
 
     over = dict(group.overrides)
     preset = over.pop("preset", None)
-    base = commands.preset_overrides(group.algo, preset,
-                                     lambda: sweep.make_env(group.env, dict(group.env_kwargs)))
+    base = commands.preset_overrides(
+        group.algo, preset, lambda: sweep.make_env(group.env, dict(group.env_kwargs))
+    )
     first = dict(group.settings[0]) if group.settings else {}
     return tuple({**base, **over, **first}.items())
 
@@ -288,8 +325,9 @@ def group_config(group: Group) -> Any:
 # How to run groups of different shapes
 
 
-def choose_mode(solo_s: Sequence[float], together_s: Sequence[float], units: Sequence[int],
-                margin: float = 0.1) -> tuple[str, str]:
+def choose_mode(
+    solo_s: Sequence[float], together_s: Sequence[float], units: Sequence[int], margin: float = 0.1
+) -> tuple[str, str]:
     """("sequential" | "processes", why) from a measured probe: ``solo_s[i]`` = seconds per unit of
     program i alone, ``together_s[i]`` = the same while all run side by side, ``units[i]`` = its
     number of units. One after another takes ``sum(solo * units)``; side by side about
@@ -297,12 +335,16 @@ def choose_mode(solo_s: Sequence[float], together_s: Sequence[float], units: Seq
     seq = sum(s * u for s, u in zip(solo_s, units, strict=True))
     par = max(t * u for t, u in zip(together_s, units, strict=True))
     if par < (1 - margin) * seq:
-        return "processes", (f"side by side ~{par:.0f} s vs one after another ~{seq:.0f} s of steady units "
-                             f"(probe: alone {', '.join(f'{s * 1e3:.1f}' for s in solo_s)} ms/unit; together "
-                             f"{', '.join(f'{t * 1e3:.1f}' for t in together_s)} ms/unit)")
-    return "sequential", (f"side by side ~{par:.0f} s is not {margin:.0%} shorter than one after another "
-                          f"~{seq:.0f} s (probe: alone {', '.join(f'{s * 1e3:.1f}' for s in solo_s)}, together "
-                          f"{', '.join(f'{t * 1e3:.1f}' for t in together_s)} ms/unit)")
+        return "processes", (
+            f"side by side ~{par:.0f} s vs one after another ~{seq:.0f} s of steady units "
+            f"(probe: alone {', '.join(f'{s * 1e3:.1f}' for s in solo_s)} ms/unit; together "
+            f"{', '.join(f'{t * 1e3:.1f}' for t in together_s)} ms/unit)"
+        )
+    return "sequential", (
+        f"side by side ~{par:.0f} s is not {margin:.0%} shorter than one after another "
+        f"~{seq:.0f} s (probe: alone {', '.join(f'{s * 1e3:.1f}' for s in solo_s)}, together "
+        f"{', '.join(f'{t * 1e3:.1f}' for t in together_s)} ms/unit)"
+    )
 
 
 def decide(groups: Sequence[Group], mode: str, log=print) -> tuple[str, str]:
@@ -316,8 +358,10 @@ def decide(groups: Sequence[Group], mode: str, log=print) -> tuple[str, str]:
     import jax
 
     if jax.default_backend() != "gpu":
-        return "sequential", (f"{jax.default_backend()} backend: processes side by side would share the same "
-                              "cores, one after another")
+        return "sequential", (
+            f"{jax.default_backend()} backend: processes side by side would share the same "
+            "cores, one after another"
+        )
     try:
         solo, together = probe(groups, log=log)
     except Exception as e:  # noqa: BLE001 - a failed probe must not take the benchmark down
@@ -332,16 +376,32 @@ def _num_units(group: Group) -> int:
     return registry.get(group.algo).num_units(group_config(group))
 
 
-def _run_spec(group: Group, checkpoint_every: int | None = None, keep: int | None = 3,
-              root: str | None = None, resume: bool = False, xla_options: str = "default"):
+def _run_spec(
+    group: Group,
+    checkpoint_every: int | None = None,
+    keep: int | None = 3,
+    root: str | None = None,
+    resume: bool = False,
+    xla_options: str = "default",
+):
     """The group as a :class:`algos.sweep.RunSpec` (one process training its vmapped program)."""
     from algos import sweep
 
     settings = group.settings if any(group.settings) else ()
-    return sweep.RunSpec(group.name, group.algo, group.env, _group_overrides(group), group.seeds, group.env_kwargs,
-                         checkpoint_every, keep, settings=settings,
-                         dirs=tuple(r.run_dir(root) for r in group.runs) if root else (), resume=resume,
-                         xla_options=xla_options)
+    return sweep.RunSpec(
+        group.name,
+        group.algo,
+        group.env,
+        _group_overrides(group),
+        group.seeds,
+        group.env_kwargs,
+        checkpoint_every,
+        keep,
+        settings=settings,
+        dirs=tuple(r.run_dir(root) for r in group.runs) if root else (),
+        resume=resume,
+        xla_options=xla_options,
+    )
 
 
 def probe(groups: Sequence[Group], steps: int = 3, log=print) -> tuple[list[float], list[float]]:
@@ -355,17 +415,27 @@ def probe(groups: Sequence[Group], steps: int = 3, log=print) -> tuple[list[floa
     specs = [_run_spec(g) for g in groups]
     with sweep.ProcessSweep(specs, tempfile.mkdtemp(prefix="rose-bench-probe-"), mps=False) as ps:
         solo = sweep.probe_runs(specs, ps, None, steps)
-        log(f"[bench] probe alone: {', '.join(f'{g.name} {s * 1e3:.1f} ms/unit' for g, s in zip(groups, solo))}")
+        log(
+            "[bench] probe alone: "
+            + ", ".join(f"{g.name} {s * 1e3:.1f} ms/unit" for g, s in zip(groups, solo, strict=True))
+        )
         outs, procs = [], []
         for spec in specs:
             out = tempfile.mkdtemp(prefix="rose-bench-probe-")
             job = os.path.join(out, sweep.JOB_FILE)
             with open(job, "w") as f:
                 json.dump({"runs": [spec.to_json()], "steps": steps}, f)
-            procs.append(subprocess.Popen([ps.python, "-m", "algos.sweep", "--probe", job],
-                                          env=ps.child_env(f"probe-{spec.name}", None), cwd=sweep.repo_root(),
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [ps.python, "-m", "algos.sweep", "--probe", job],
+                    env=ps.child_env(f"probe-{spec.name}", None),
+                    cwd=sweep.repo_root(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
             outs.append(out)
         together = []
         for p, out in zip(procs, outs, strict=True):
@@ -375,7 +445,10 @@ def probe(groups: Sequence[Group], steps: int = 3, log=print) -> tuple[list[floa
             with open(os.path.join(out, "probe.json")) as f:
                 together.append(json.load(f)[0])
             shutil.rmtree(out, ignore_errors=True)
-    log(f"[bench] probe together: {', '.join(f'{g.name} {t * 1e3:.1f} ms/unit' for g, t in zip(groups, together))}")
+    log(
+        "[bench] probe together: "
+        + ", ".join(f"{g.name} {t * 1e3:.1f} ms/unit" for g, t in zip(groups, together, strict=True))
+    )
     return solo, together
 
 
@@ -384,7 +457,7 @@ def probe(groups: Sequence[Group], steps: int = 3, log=print) -> tuple[list[floa
 
 
 def _group_state(group: Group, root: str) -> str:
-    """"finished" (every run finished), "resumable" (checkpoints at one step), "fresh" (nothing
+    """ "finished" (every run finished), "resumable" (checkpoints at one step), "fresh" (nothing
     usable: its directories are cleared) for ``--resume``."""
     from algos import checkpoint
     from rose_jax.rundir import RunDir
@@ -398,9 +471,17 @@ def _group_state(group: Group, root: str) -> str:
     return "fresh"
 
 
-def run_group(group: Group, root: str, *, resume: bool = False, progress=None,
-              checkpoint_every: int | None = None, keep: int | None = 3, xla_options: str = "auto",
-              log=print) -> str:
+def run_group(
+    group: Group,
+    root: str,
+    *,
+    resume: bool = False,
+    progress=None,
+    checkpoint_every: int | None = None,
+    keep: int | None = 3,
+    xla_options: str = "auto",
+    log=print,
+) -> str:
     """Train the group's runs as one vmapped program in this process (under the fastest XLA option
     set of a trial on its first steps, ``xla_options`` as ``rose-jax train --xla-options``);
     returns its status."""
@@ -418,17 +499,38 @@ def run_group(group: Group, root: str, *, resume: bool = False, progress=None,
                 shutil.rmtree(d)
     env = sweep.make_env(group.env, dict(group.env_kwargs))
     config = group_config(group)
-    sweep.train_many(config, env, group.seeds, settings=group.settings_dicts(), run_dirs=dirs,
-                     env_kwargs=dict(group.env_kwargs), progress_fn=progress, resume=state == "resumable",
-                     checkpoint_every=checkpoint_every, keep_checkpoints=keep,
-                     xla_options=xo.sets_from_spec(xla_options), xla_options_cache=cache.default_dir(), log=log)
+    sweep.train_many(
+        config,
+        env,
+        group.seeds,
+        settings=group.settings_dicts(),
+        run_dirs=dirs,
+        env_kwargs=dict(group.env_kwargs),
+        progress_fn=progress,
+        resume=state == "resumable",
+        checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep,
+        xla_options=xo.sets_from_spec(xla_options),
+        xla_options_cache=cache.default_dir(),
+        log=log,
+    )
     return "finished"
 
 
-def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool = False, log=print,
-                  checkpoint_every: int | None = None, keep: int | None = 3, quotas: Any = "auto",
-                  mps: Any = "auto", compile_cache_dir: str | None = None,
-                  xla_options: str = "auto") -> dict[str, str]:
+def run_benchmark(
+    groups: Sequence[Group],
+    root: str,
+    mode: str,
+    *,
+    resume: bool = False,
+    log=print,
+    checkpoint_every: int | None = None,
+    keep: int | None = 3,
+    quotas: Any = "auto",
+    mps: Any = "auto",
+    compile_cache_dir: str | None = None,
+    xla_options: str = "auto",
+) -> dict[str, str]:
     """Every group, in ``mode``; ``{group name: status}`` (a failure is a status, not an exception)."""
     statuses: dict[str, str] = {}
     if mode == "processes":
@@ -450,13 +552,21 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
             result, why = None, ""
             for attempt_quotas in (quotas, None) if quotas is not None else (None,):
                 try:  # a failing quota probe (one group's broken program) must not end the benchmark
-                    result = sweep.run_processes(specs, os.path.join(root, "processes"), quotas=attempt_quotas,
-                                                 mps=mps, log=log, compile_cache_dir=compile_cache_dir)
+                    result = sweep.run_processes(
+                        specs,
+                        os.path.join(root, "processes"),
+                        quotas=attempt_quotas,
+                        mps=mps,
+                        log=log,
+                        compile_cache_dir=compile_cache_dir,
+                    )
                     break
                 except (RuntimeError, ValueError, OSError) as e:
                     why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-                    log(f"[bench] processes with quotas {attempt_quotas!r} could not start ({why})"
-                        + ("; again without quotas" if attempt_quotas is not None else ""))
+                    log(
+                        f"[bench] processes with quotas {attempt_quotas!r} could not start ({why})"
+                        + ("; again without quotas" if attempt_quotas is not None else "")
+                    )
             if result is None:
                 for g in todo:
                     statuses[g.name] = f"failed: {why}"
@@ -473,8 +583,15 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
 
     steps = {g.name: len(g.runs) * group_config(g).num_timesteps for g in groups}  # env steps per group
     total = sum(steps.values())
-    bar = tqdm(total=total, unit="step", unit_scale=True, dynamic_ncols=True, file=sys.stdout,
-               mininterval=1.0 if sys.stdout.isatty() else 10.0, desc="bench")
+    bar = tqdm(
+        total=total,
+        unit="step",
+        unit_scale=True,
+        dynamic_ncols=True,
+        file=sys.stdout,
+        mininterval=1.0 if sys.stdout.isatty() else 10.0,
+        desc="bench",
+    )
     interrupted = False
 
     def on_sigint(*_):  # the first Ctrl-C: stop after the step in flight, with checkpoints
@@ -482,8 +599,10 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
         if interrupted:
             raise KeyboardInterrupt
         interrupted = True
-        tqdm.write("[bench] Ctrl-C: stopping after the current step with checkpoints (again: at once)",
-                   file=sys.stdout)
+        tqdm.write(
+            "[bench] Ctrl-C: stopping after the current step with checkpoints (again: at once)",
+            file=sys.stdout,
+        )
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
@@ -500,9 +619,16 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
 
             t0 = time.perf_counter()
             try:
-                statuses[g.name] = run_group(g, root, resume=resume, progress=progress,
-                                             checkpoint_every=checkpoint_every, keep=keep, xla_options=xla_options,
-                                             log=lambda m: tqdm.write(f"[bench] {m}", file=sys.stdout))
+                statuses[g.name] = run_group(
+                    g,
+                    root,
+                    resume=resume,
+                    progress=progress,
+                    checkpoint_every=checkpoint_every,
+                    keep=keep,
+                    xla_options=xla_options,
+                    log=lambda m: tqdm.write(f"[bench] {m}", file=sys.stdout),
+                )
             except KeyboardInterrupt:
                 raise
             except Exception as e:  # noqa: BLE001 - one failing group is reported; the others run
@@ -510,8 +636,11 @@ def run_benchmark(groups: Sequence[Group], root: str, mode: str, *, resume: bool
                 _mark_failed(g, root, statuses[g.name])
             if interrupted and statuses[g.name] == "finished":
                 statuses[g.name] = "interrupted (checkpointed; --resume continues it)"
-            tqdm.write(f"[bench] {g.name}: {len(g.runs)} runs, {statuses[g.name]} "
-                       f"({time.perf_counter() - t0:.1f} s)", file=sys.stdout)
+            tqdm.write(
+                f"[bench] {g.name}: {len(g.runs)} runs, {statuses[g.name]} "
+                f"({time.perf_counter() - t0:.1f} s)",
+                file=sys.stdout,
+            )
             if not interrupted:
                 bar.update(max(0, done + steps[g.name] - bar.n))
     finally:
@@ -524,11 +653,21 @@ def _add_packing(report_path: str, record: dict[str, Any]) -> None:
     """Append how the runs were packed, and why, to the report (rewritten atomically)."""
     from rose_jax.io import atomic_write_text
 
-    lines = ["", "## Packing", "", f"Programs of different shapes ran **{record['mode']}**: {record['why']}.",
-             f"Whole benchmark: {record.get('wall_s', 0):.1f} s in this process.", "",
-             "| program | runs | why | status |", "|---|---|---|---|"]
+    lines = [
+        "",
+        "## Packing",
+        "",
+        f"Programs of different shapes ran **{record['mode']}**: {record['why']}.",
+        f"Whole benchmark: {record.get('wall_s', 0):.1f} s in this process.",
+        "",
+        "| program | runs | why | status |",
+        "|---|---|---|---|",
+    ]
     for g in record["groups"]:
-        lines.append(f"| {g['name']} | {len(g['runs'])} | {g['why']} | {record.get('statuses', {}).get(g['name'], '')} |")
+        lines.append(
+            f"| {g['name']} | {len(g['runs'])} | {g['why']} | "
+            f"{record.get('statuses', {}).get(g['name'], '')} |"
+        )
     with open(report_path) as f:
         text = f.read()
     atomic_write_text(report_path, text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
@@ -543,8 +682,14 @@ def _mark_failed(group: Group, root: str, why: str) -> None:
         if run.read_summary() is None:
             os.makedirs(run.path, exist_ok=True)
             if run.read_run() is None:  # what the run was, for the report's table
-                run.write_run({"algo": r.algo, "env": r.env, "env_kwargs": dict(r.env_kwargs),
-                               "config": {**dict(r.overrides), "seed": r.seed}})
+                run.write_run(
+                    {
+                        "algo": r.algo,
+                        "env": r.env,
+                        "env_kwargs": dict(r.env_kwargs),
+                        "config": {**dict(r.overrides), "seed": r.seed},
+                    }
+                )
             run.finish("failed", f"{r.algo} on {r.env}", {"error": why})
 
 
@@ -556,39 +701,80 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from algos.registry import count_arg
 
     p.add_argument("--env", help="comma-separated environment names (see `rose-jax envs`)")
-    p.add_argument("--runs", metavar="ALGO/ENV,...",
-                   help="algorithm/env pairs instead of every --env x every --algo, e.g. ppo/ant,sac/hopper")
+    p.add_argument(
+        "--runs",
+        metavar="ALGO/ENV,...",
+        help="algorithm/env pairs instead of every --env x every --algo, e.g. ppo/ant,sac/hopper",
+    )
     p.add_argument("--algo", default="ppo", help="comma-separated algorithms (default: %(default)s)")
-    p.add_argument("--seeds", default="4", help="N (seeds 0..N-1) or a comma-separated list (default: %(default)s)")
+    p.add_argument(
+        "--seeds", default="4", help="N (seeds 0..N-1) or a comma-separated list (default: %(default)s)"
+    )
     p.add_argument("--steps", type=count_arg, metavar="N", help="environment steps per run, e.g. 1e6")
-    p.add_argument("--set", action="append", default=[], metavar="[ALGO.]KEY=VALUE",
-                   help="a hyperparameter of every run (or of one algorithm's runs); repeatable")
-    p.add_argument("--grid", action="append", default=[], metavar="[ALGO.]KEY=V1,V2",
-                   help="every combination of the values; data fields (learning rates, discount, ...) "
-                        "are vmapped as data in one program; repeatable")
-    p.add_argument("--preset", choices=["brax", "published"],
-                   help="below --set: brax = Brax's defaults; published = Brax's published configuration of "
-                        "each algo/env (ppo/ant, ppo/humanoid, sac/hopper), its length unless --steps")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="[ALGO.]KEY=VALUE",
+        help="a hyperparameter of every run (or of one algorithm's runs); repeatable",
+    )
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="[ALGO.]KEY=V1,V2",
+        help="every combination of the values; data fields (learning rates, discount, ...) "
+        "are vmapped as data in one program; repeatable",
+    )
+    p.add_argument(
+        "--preset",
+        choices=["brax", "published"],
+        help="below --set: brax = Brax's defaults; published = Brax's published configuration of "
+        "each algo/env (ppo/ant, ppo/humanoid, sac/hopper), its length unless --steps",
+    )
     p.add_argument("--backend", help="physics backend of Brax envs: mjx, generalized, positional, spring")
-    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="a keyword of every env's factory (repeatable)")
-    p.add_argument("--mode", choices=MODES, default="auto",
-                   help="how programs of different shapes run: auto = a measured probe decides (GPU), "
-                        "sequential, processes (default: %(default)s)")
+    p.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword of every env's factory (repeatable)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="auto",
+        help="how programs of different shapes run: auto = a measured probe decides (GPU), "
+        "sequential, processes (default: %(default)s)",
+    )
     p.add_argument("--max-group", type=count_arg, metavar="K", help="at most K runs per vmapped program")
     p.add_argument("--quotas", default="auto", help="SM quotas of processes under MPS (as `rose-jax sweep`)")
     p.add_argument("--no-mps", action="store_true", help="plain processes even where MPS is available")
     p.add_argument("--run-dir", metavar="DIR", help="the benchmark's root (default: runs/bench-<time>)")
-    p.add_argument("--resume", action="store_true", help="finish the benchmark in --run-dir (finished runs kept)")
+    p.add_argument(
+        "--resume", action="store_true", help="finish the benchmark in --run-dir (finished runs kept)"
+    )
     p.add_argument("--checkpoint-every", type=count_arg, metavar="K", help="also checkpoint every K units")
-    p.add_argument("--xla-options", default="auto", metavar="auto|default|SETS",
-                   help="XLA option sets tried on each program's first steps, the fastest kept (GPU only), as "
-                        "`rose-jax train --xla-options` (default: %(default)s)")
-    p.add_argument("--no-compile-cache", action="store_true",
-                   help="do not use JAX's persistent compile cache (on by default, as for `rose-jax train`; "
-                        "$ROSE_JAX_COMPILE_CACHE moves it)")
-    p.add_argument("--keep-checkpoints", type=count_arg, default=3, metavar="N",
-                   help="keep the N newest checkpoints per run plus the best; 0 keeps all (default: %(default)s)")
+    p.add_argument(
+        "--xla-options",
+        default="auto",
+        metavar="auto|default|SETS",
+        help="XLA option sets tried on each program's first steps, the fastest kept (GPU only), as "
+        "`rose-jax train --xla-options` (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="do not use JAX's persistent compile cache (on by default, as for `rose-jax train`; "
+        "$ROSE_JAX_COMPILE_CACHE moves it)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        type=count_arg,
+        default=3,
+        metavar="N",
+        help="keep the N newest checkpoints per run plus the best; 0 keeps all (default: %(default)s)",
+    )
 
 
 def request_of(args) -> dict[str, Any]:
@@ -596,7 +782,9 @@ def request_of(args) -> dict[str, Any]:
     from algos import sweep
 
     if not args.env and not args.runs:
-        raise ValueError("--env is required (comma-separated names, see `rose-jax envs`), or --runs ALGO/ENV,...")
+        raise ValueError(
+            "--env is required (comma-separated names, see `rose-jax envs`), or --runs ALGO/ENV,..."
+        )
     if args.env and args.runs:
         raise ValueError("give --env/--algo or --runs, not both")
     if args.steps is not None and args.steps <= 0:
@@ -608,11 +796,21 @@ def request_of(args) -> dict[str, Any]:
     for a in algos:
         registry.get(a)
     envs = list(dict.fromkeys(e for _, e in pairs)) if pairs else _split_list(args.env, "env")
-    return {"env": envs, "algo": algos, "pairs": pairs, "seeds": list(sweep.parse_seeds(args.seeds)),
-            "steps": args.steps, "set": list(args.set), "grid": list(args.grid), "preset": args.preset,
-            "env_kwargs": registry.parse_env_args(args.backend, args.env_arg), "mode": args.mode,
-            "xla_options": _check_xla_options(args.xla_options), "quotas": _quotas_arg(args.quotas),
-            "max_group": args.max_group}
+    return {
+        "env": envs,
+        "algo": algos,
+        "pairs": pairs,
+        "seeds": list(sweep.parse_seeds(args.seeds)),
+        "steps": args.steps,
+        "set": list(args.set),
+        "grid": list(args.grid),
+        "preset": args.preset,
+        "env_kwargs": registry.parse_env_args(args.backend, args.env_arg),
+        "mode": args.mode,
+        "xla_options": _check_xla_options(args.xla_options),
+        "quotas": _quotas_arg(args.quotas),
+        "max_group": args.max_group,
+    }
 
 
 def _quotas_arg(text: str) -> Any:
@@ -656,11 +854,21 @@ def main_bench(args: argparse.Namespace) -> int:
                 request = json.load(f)["request"]
         else:
             if os.path.exists(plan_path):
-                return fail(f"{root!r} already holds a benchmark; pass --resume to finish it, or another --run-dir")
+                return fail(
+                    f"{root!r} already holds a benchmark; pass --resume to finish it, or another --run-dir"
+                )
             request = request_of(args)
-        runs = expand(request["env"], request["algo"], request["seeds"], request["set"], request["grid"],
-                      request["steps"], request["preset"], request["env_kwargs"],
-                      [tuple(p) for p in request["pairs"]] if request.get("pairs") else None)
+        runs = expand(
+            request["env"],
+            request["algo"],
+            request["seeds"],
+            request["set"],
+            request["grid"],
+            request["steps"],
+            request["preset"],
+            request["env_kwargs"],
+            [tuple(p) for p in request["pairs"]] if request.get("pairs") else None,
+        )
         groups = plan(runs, request.get("max_group"))
         for g in groups:
             group_config(g)  # every config validated before anything runs
@@ -676,31 +884,56 @@ def main_bench(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"rose-jax bench: compile cache off ({e})", flush=True)
     mode, why = decide(groups, request["mode"])
-    record = {"request": request, "mode": mode, "why": why,
-              "groups": [{**g.to_json(), "why": (f"{len(g.runs)} runs of one shape: one vmapped program"
-                                                 + (f", settings {sorted(dict(g.settings[0]))} as data"
-                                                    if any(g.settings) else ""))} for g in groups],
-              "started": time.time()}
+    record = {
+        "request": request,
+        "mode": mode,
+        "why": why,
+        "groups": [
+            {
+                **g.to_json(),
+                "why": (
+                    f"{len(g.runs)} runs of one shape: one vmapped program"
+                    + (f", settings {sorted(dict(g.settings[0]))} as data" if any(g.settings) else "")
+                ),
+            }
+            for g in groups
+        ],
+        "started": time.time(),
+    }
     atomic_write_json(plan_path, record)
-    print(f"rose-jax bench: {len(runs)} runs in {len(groups)} program(s), {mode} ({why}) -> {root}", flush=True)
+    print(
+        f"rose-jax bench: {len(runs)} runs in {len(groups)} program(s), {mode} ({why}) -> {root}", flush=True
+    )
     t0 = time.perf_counter()
-    statuses = run_benchmark(groups, root, mode, resume=args.resume,
-                             checkpoint_every=args.checkpoint_every, keep=args.keep_checkpoints or None,
-                             quotas=_quota_value(request.get("quotas", "auto")),
-                             mps=False if args.no_mps else "auto",
-                             compile_cache_dir=cache_dir or None, xla_options=request.get("xla_options", "auto"))
+    statuses = run_benchmark(
+        groups,
+        root,
+        mode,
+        resume=args.resume,
+        checkpoint_every=args.checkpoint_every,
+        keep=args.keep_checkpoints or None,
+        quotas=_quota_value(request.get("quotas", "auto")),
+        mps=False if args.no_mps else "auto",
+        compile_cache_dir=cache_dir or None,
+        xla_options=request.get("xla_options", "auto"),
+    )
     record.update(statuses=statuses, wall_s=round(time.perf_counter() - t0, 2), finished=time.time())
     atomic_write_json(plan_path, record)
     made = [r.run_dir(root) for r in runs if os.path.isdir(r.run_dir(root))]  # not started: no directory
     try:
         if not made:
             raise ValueError("no run directory was made")
-        paths = benchreport.write_report(made, os.path.join(root, REPORT_DIR),
-                                         title=f"rose-jax bench: {', '.join(request['env'])} x "
-                                               f"{', '.join(request['algo'])}")
+        paths = benchreport.write_report(
+            made,
+            os.path.join(root, REPORT_DIR),
+            title=f"rose-jax bench: {', '.join(request['env'])} x {', '.join(request['algo'])}",
+        )
     except (ValueError, OSError) as e:  # the runs stay; the report can be made later from them
-        print(f"rose-jax bench: no report ({' '.join(str(e).split())}); "
-              f"`python -m rose_jax.benchreport {root}` makes it from the run directories", file=sys.stderr)
+        print(
+            f"rose-jax bench: no report ({' '.join(str(e).split())}); "
+            f"`python -m rose_jax.benchreport {root}` makes it from the run directories",
+            file=sys.stderr,
+        )
         return 1
     _add_packing(paths["report"], record)
     with open(paths["report"]) as f:
@@ -709,5 +942,14 @@ def main_bench(args: argparse.Namespace) -> int:
     return 0 if all(s.startswith("finished") for s in statuses.values()) else 1
 
 
-__all__ = ["BenchRun", "Group", "choose_mode", "decide", "expand", "main_bench", "plan", "run_benchmark",
-           "run_group"]
+__all__ = [
+    "BenchRun",
+    "Group",
+    "choose_mode",
+    "decide",
+    "expand",
+    "main_bench",
+    "plan",
+    "run_benchmark",
+    "run_group",
+]

@@ -227,4 +227,5 @@ def make_config(algo: str, preset: str | None, env: Any = None, config: Any = No
     return record.make_config(config, **{**base, **given})
 
 
-__all__ = ["PRESETS", "PUBLISHED", "make_config", "names", "overrides", "brax_run", "published", "published_run"]
+__all__ = ["PRESETS", "PUBLISHED", "brax_run", "make_config", "names", "overrides", "published",
+           "published_run"]

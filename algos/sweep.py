@@ -366,7 +366,8 @@ def train_many(
         from rose_jax.optimize import xla_options as xo
 
         if xo.trial_rounds(num_steps, xla_options) == 0:  # too short a run to decide: XLA's defaults
-            log(f"[{record.name} x{k}] XLA options: default build ({num_steps} units are too few for a trial)")
+            log(f"[{record.name} x{k}] XLA options: default build "
+                f"({num_steps} units are too few for a trial)")
             xla_options = None
     if xla_options:
 
@@ -386,7 +387,8 @@ def train_many(
                 new_state, metrics = raw(carry[0], carry[1])
                 return (new_state, carry[1]), metrics
 
-            trial = xo.TrialStep(unit, dict(xla_options), rounds=rounds, log=decided, cache_dir=xla_options_cache)
+            trial = xo.TrialStep(unit, dict(xla_options), rounds=rounds, log=decided,
+                                 cache_dir=xla_options_cache)
 
             def step(state):
                 nonlocal values
@@ -634,16 +636,17 @@ class RunSpec:
             items = value.items() if isinstance(value, Mapping) else value
             object.__setattr__(self, field, tuple(sorted((str(a), b) for a, b in items)))
         object.__setattr__(self, "seeds", check_seeds(self.seeds, distinct=not self.settings))
-        object.__setattr__(self, "settings", tuple(tuple(sorted((str(a), b) for a, b in
-                                                                  (s.items() if isinstance(s, Mapping) else s)))
-                                                   for s in self.settings))
+        object.__setattr__(self, "settings", tuple(
+            tuple(sorted((str(a), b) for a, b in (s.items() if isinstance(s, Mapping) else s)))
+            for s in self.settings))
         object.__setattr__(self, "dirs", tuple(os.fspath(d) for d in self.dirs))
         from rose_jax.optimize import xla_options as xo
 
         xo.sets_from_spec(self.xla_options)  # a bad spec is a one-line error here
         for field, n in (("settings", len(self.settings)), ("dirs", len(self.dirs))):
             if n and n != len(self.seeds):
-                raise ValueError(f"RunSpec {self.name!r}: {field} must hold one entry per seed ({len(self.seeds)}), "
+                raise ValueError(f"RunSpec {self.name!r}: {field} must hold one entry per seed "
+                                 f"({len(self.seeds)}), "
                                  f"got {n}")
         if not isinstance(self.env, str) or not self.env:
             raise ValueError(f"RunSpec {self.name!r}: env must be a registry name or 'module:factory'")
@@ -1361,7 +1364,8 @@ def _sweep_vmapped(record, env, env_name, config, seeds, env_kwargs, root, check
         result = train_many(config, env, seeds, run_dirs=dirs, env_kwargs=env_kwargs, progress_fn=progress,
                             checkpoint_every=checkpoint_every, keep_checkpoints=keep,
                             xla_options=xla_options.sets_from_spec(xla_options_spec),
-                            xla_options_cache=cache.default_dir(), log=lambda m: bar.write(m, file=sys.stdout))
+                            xla_options_cache=cache.default_dir(),
+                            log=lambda m: bar.write(m, file=sys.stdout))
     except (ValueError, TypeError) as e:
         bar.close()
         print(f"rose-jax sweep: {' '.join(str(e).split())}", file=sys.stderr)

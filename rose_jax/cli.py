@@ -589,7 +589,8 @@ def _trial_step_maker(job: Job, sets: dict[str, dict[str, Any]], log, record):
     is cached for the next run of the same program."""
     from rose_jax.optimize import xla_options
 
-    return xla_options.trial_maker(job.algo.unit_fn(job.config, job.env), job.algo.num_units(job.config), sets,
+    return xla_options.trial_maker(job.algo.unit_fn(job.config, job.env), job.algo.num_units(job.config),
+                                   sets,
                                    log=log, on_decide=record, cache_dir=plan_cache_dir())
 
 

@@ -14,15 +14,24 @@ import pytest
 
 from algos import bench
 
-TINY = ["num_envs=4", "unroll_length=4", "num_minibatches=1", "num_epochs=1", "policy_hidden_sizes=[8]",
-        "value_hidden_sizes=[8]"]
+TINY = [
+    "num_envs=4",
+    "unroll_length=4",
+    "num_minibatches=1",
+    "num_epochs=1",
+    "policy_hidden_sizes=[8]",
+    "value_hidden_sizes=[8]",
+]
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _env(tmp_path) -> dict:
     """The CLI's environment: its persistent compile cache in the test's directory."""
-    return {**os.environ, "ROSE_JAX_COMPILE_CACHE": str(tmp_path / "xla-cache"),
-            "ROSE_JAX_PLAN_CACHE": str(tmp_path / "plan-cache")}
+    return {
+        **os.environ,
+        "ROSE_JAX_COMPILE_CACHE": str(tmp_path / "xla-cache"),
+        "ROSE_JAX_PLAN_CACHE": str(tmp_path / "plan-cache"),
+    }
 
 
 def make_broken_env(**_):
@@ -31,8 +40,14 @@ def make_broken_env(**_):
 
 
 def test_expand_and_plan_pack_data_settings_into_one_program():
-    runs = bench.expand(["pendulum", "cartpole"], ["ppo"], [0, 1], sets=TINY,
-                        grid=["learning_rate=1e-3,3e-4", "entropy_cost=0.0,0.01"], steps=64)
+    runs = bench.expand(
+        ["pendulum", "cartpole"],
+        ["ppo"],
+        [0, 1],
+        sets=TINY,
+        grid=["learning_rate=1e-3,3e-4", "entropy_cost=0.0,0.01"],
+        steps=64,
+    )
     assert len(runs) == 2 * 4 * 2
     assert len({r.run_dir("/r") for r in runs}) == len(runs)
     groups = bench.plan(runs)
@@ -40,7 +55,7 @@ def test_expand_and_plan_pack_data_settings_into_one_program():
     assert [len(g.runs) for g in groups] == [8, 8] and {g.env for g in groups} == {"pendulum", "cartpole"}
     g = groups[0]
     assert sorted(dict(g.settings[0])) == ["entropy_cost", "learning_rate"]
-    assert len({(r.seed, s) for r, s in zip(g.runs, g.settings)}) == 8
+    assert len({(r.seed, s) for r, s in zip(g.runs, g.settings, strict=True)}) == 8
     # a shape field in the grid splits programs
     runs = bench.expand(["pendulum"], ["ppo"], [0], sets=TINY[1:], grid=["num_envs=4,8"], steps=64)
     assert [len(g.runs) for g in bench.plan(runs)] == [1, 1]
@@ -50,7 +65,9 @@ def test_expand_and_plan_pack_data_settings_into_one_program():
 
 
 def test_scoped_settings_and_bad_requests_are_one_line():
-    runs = bench.expand(["pendulum"], ["ppo", "sac"], [0], sets=["ppo.num_envs=4", "learning_rate=1e-3"], steps=64)
+    runs = bench.expand(
+        ["pendulum"], ["ppo", "sac"], [0], sets=["ppo.num_envs=4", "learning_rate=1e-3"], steps=64
+    )
     ppo_run = next(r for r in runs if r.algo == "ppo")
     sac_run = next(r for r in runs if r.algo == "sac")
     assert dict(ppo_run.overrides)["num_envs"] == 4 and "num_envs" not in dict(sac_run.overrides)
@@ -85,10 +102,13 @@ def _parse(argv):
 
 
 def test_cli_bad_input_is_one_line_and_makes_nothing(tmp_path, capsys):
-    for argv, match in ((["--algo", "ppo"], "--env is required"), (["--env", "pendulum", "--algo", "nope"], "nope"),
-                        (["--env", "pendulum", "--seeds", "1,1"], "distinct"),
-                        (["--env", "pendulum", "--set", "nosuch=1"], "nosuch"),
-                        (["--env", "pendulum", "--steps", "0"], "> 0")):
+    for argv, match in (
+        (["--algo", "ppo"], "--env is required"),
+        (["--env", "pendulum", "--algo", "nope"], "nope"),
+        (["--env", "pendulum", "--seeds", "1,1"], "distinct"),
+        (["--env", "pendulum", "--set", "nosuch=1"], "nosuch"),
+        (["--env", "pendulum", "--steps", "0"], "> 0"),
+    ):
         assert bench.main_bench(_parse([*argv, "--run-dir", str(tmp_path / "b")])) == 2, argv
         err = capsys.readouterr().err
         assert match in err and err.count("\n") == 1, (argv, err)
@@ -103,10 +123,29 @@ def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path)
     four runs; --resume redoes nothing that finished."""
     root = tmp_path / "b"
     broken = "tests.test_bench:make_broken_env"
-    argv = ["--env", f"pendulum,{broken}", "--algo", "ppo", "--seeds", "2", "--steps", "64",
-            "--grid", "learning_rate=1e-3,3e-4", "--run-dir", str(root), *sum((["--set", s] for s in TINY), [])]
-    r = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", *argv], cwd=REPO, capture_output=True,
-                       text=True, timeout=600, env=_env(tmp_path))
+    argv = [
+        "--env",
+        f"pendulum,{broken}",
+        "--algo",
+        "ppo",
+        "--seeds",
+        "2",
+        "--steps",
+        "64",
+        "--grid",
+        "learning_rate=1e-3,3e-4",
+        "--run-dir",
+        str(root),
+        *sum((["--set", s] for s in TINY), []),
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "rose_jax.cli", "bench", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(tmp_path),
+    )
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     plan = json.loads((root / "bench.json").read_text())
     assert plan["mode"] == "sequential" and "cpu backend" in plan["why"]
@@ -129,8 +168,14 @@ def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path)
     scores = json.loads((root / "report" / "scores.json").read_text())
     assert scores and (root / "report" / "curves.png").stat().st_size > 1000
     before = {d: (d / "metrics.jsonl").stat().st_mtime_ns for d in pendulum_runs}
-    r2 = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
-                        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
+    r2 = subprocess.run(
+        [sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(tmp_path),
+    )
     assert r2.returncode == 1, r2.stderr[-2000:]  # the broken group fails again; nothing else is redone
     plan2 = json.loads((root / "bench.json").read_text())
     assert [v for k, v in plan2["statuses"].items() if k.startswith("pendulum")] == ["finished (already)"]
@@ -145,10 +190,27 @@ def test_ctrl_c_stops_with_checkpoints_and_resume_finishes(tmp_path):
     import time
 
     root = tmp_path / "b"
-    argv = ["--runs", "ppo/pendulum,ppo/cartpole", "--seeds", "2", "--steps", str(16 * 1500), "--run-dir", str(root),
-            "--checkpoint-every", "5", *sum((["--set", s] for s in TINY), [])]
-    proc = subprocess.Popen([sys.executable, "-m", "rose_jax.cli", "bench", *argv], cwd=REPO, env=_env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [
+        "--runs",
+        "ppo/pendulum,ppo/cartpole",
+        "--seeds",
+        "2",
+        "--steps",
+        str(16 * 1500),
+        "--run-dir",
+        str(root),
+        "--checkpoint-every",
+        "5",
+        *sum((["--set", s] for s in TINY), []),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rose_jax.cli", "bench", *argv],
+        cwd=REPO,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     record = root / "pendulum" / "ppo" / "seed-0" / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while not (record.exists() and len(record.read_text().splitlines()) >= 10):
@@ -161,10 +223,20 @@ def test_ctrl_c_stops_with_checkpoints_and_resume_finishes(tmp_path):
     first, second = (plan["statuses"][g["name"]] for g in plan["groups"])
     assert first.startswith("interrupted") and second == "not started (interrupted)"
     assert (root / "report" / "report.md").exists(), out[-3000:] + err[-3000:]
-    ckpts = [int(p.name) for p in (root / "pendulum" / "ppo" / "seed-1" / "checkpoints").iterdir() if p.name.isdigit()]
+    ckpts = [
+        int(p.name)
+        for p in (root / "pendulum" / "ppo" / "seed-1" / "checkpoints").iterdir()
+        if p.name.isdigit()
+    ]
     assert ckpts and max(ckpts) < 16 * 1500
-    r2 = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
-                        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
+    r2 = subprocess.run(
+        [sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(tmp_path),
+    )
     assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-2000:]
     for env in ("pendulum", "cartpole"):
         for s in (0, 1):
@@ -178,10 +250,29 @@ def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
     """--mode processes: one child process per program (plain processes on a CPU, MPS with quotas on a
     GPU), each run in the benchmark's layout, a settings group vmapped inside its process."""
     root = tmp_path / "b"
-    argv = ["--runs", "ppo/pendulum,ppo/cartpole", "--seeds", "1", "--steps", "64", "--mode", "processes",
-            "--grid", "ppo.learning_rate=1e-3,3e-4", "--run-dir", str(root), *sum((["--set", s] for s in TINY), [])]
-    r = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", *argv], cwd=REPO, capture_output=True,
-                       text=True, timeout=600, env=_env(tmp_path))
+    argv = [
+        "--runs",
+        "ppo/pendulum,ppo/cartpole",
+        "--seeds",
+        "1",
+        "--steps",
+        "64",
+        "--mode",
+        "processes",
+        "--grid",
+        "ppo.learning_rate=1e-3,3e-4",
+        "--run-dir",
+        str(root),
+        *sum((["--set", s] for s in TINY), []),
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "rose_jax.cli", "bench", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(tmp_path),
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     plan = json.loads((root / "bench.json").read_text())
     assert plan["mode"] == "processes" and plan["why"] == "--mode processes"
@@ -190,15 +281,23 @@ def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
         for lr in ("0.001", "0.0003"):
             d = root / env / "ppo" / f"learning_rate={lr}" / "seed-0"
             assert json.loads((d / "summary.json").read_text())["status"] == "finished", d
-            assert json.loads((d / "run.json").read_text())["config"]["learning_rate"] == pytest.approx(float(lr))
+            assert json.loads((d / "run.json").read_text())["config"]["learning_rate"] == pytest.approx(
+                float(lr)
+            )
     assert len(list((root / "processes").glob("*/log.txt"))) == 2  # one process per program
     assert "cartpole" in (root / "report" / "report.md").read_text()
     # --resume in processes mode: a group left unfinished (its summaries gone) is resumed from its
     # checkpoints in its process, the finished one is kept as it is
     for d in (root / "pendulum").rglob("summary.json"):
         d.unlink()
-    r2 = subprocess.run([sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
-                        cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
+    r2 = subprocess.run(
+        [sys.executable, "-m", "rose_jax.cli", "bench", "--resume", "--run-dir", str(root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(tmp_path),
+    )
     assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-2000:]
     plan = json.loads((root / "bench.json").read_text())
     by = {k.split("-")[0]: v for k, v in plan["statuses"].items()}

@@ -408,11 +408,14 @@ def test_drop_in_tries_option_sets_by_default_and_trains_the_same(algo, monkeypa
     trainer = getattr(brax_compat, algo).train
     if algo == "ppo":
         kw = dict(TINY_BRAX_KW, num_evals=8, network_factory=functools.partial(
-            brax_ppo_networks.make_ppo_networks, policy_hidden_layer_sizes=(4,), value_hidden_layer_sizes=(4,)))
+            brax_ppo_networks.make_ppo_networks, policy_hidden_layer_sizes=(4,),
+            value_hidden_layer_sizes=(4,)))
     else:
-        kw = dict(num_timesteps=256, num_envs=4, batch_size=8, num_evals=8, num_eval_envs=2, episode_length=20,
+        kw = dict(num_timesteps=256, num_envs=4, batch_size=8, num_evals=8, num_eval_envs=2,
+                  episode_length=20,
                   min_replay_size=16, max_replay_size=256, grad_updates_per_step=2)
-        kw["network_factory"] = functools.partial(brax_sac_networks.make_sac_networks, hidden_layer_sizes=(4,))
+        kw["network_factory"] = functools.partial(brax_sac_networks.make_sac_networks,
+                                                  hidden_layer_sizes=(4,))
     _, tried, _ = trainer(environment="pendulum", **kw)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "XLA options" in ln]
     assert len(lines) == 1 and lines[0].startswith(f"{algo}.train: XLA options:"), lines

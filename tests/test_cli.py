@@ -106,7 +106,8 @@ def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys
     the plan, and a second run applies the cached plan without measuring; both train the same."""
     monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans"))
     argv = ["train", "--env", "pendulum", "--algo", "ppo", "--optimize", "--optimize-budget", "none",
-            "--steps", "2048", "--set", "num_envs=16", "--set", "unroll_length=8", "--set", "num_minibatches=2"]
+            "--steps", "2048", "--set", "num_envs=16", "--set", "unroll_length=8",
+            "--set", "num_minibatches=2"]
     assert cli.main([*argv, "--run-dir", str(tmp_path / "a")]) == 0
     first = capsys.readouterr().out
     assert "CACHE HIT" not in first and "candidate" in first
@@ -121,7 +122,8 @@ def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys
 
 
 def test_optimize_budget_bad_value_is_one_line(tmp_path, capsys):
-    argv = ["train", "--env", "pendulum", "--optimize", "--optimize-budget", "soon", "--run-dir", str(tmp_path / "r")]
+    argv = ["train", "--env", "pendulum", "--optimize", "--optimize-budget", "soon",
+            "--run-dir", str(tmp_path / "r")]
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert "--optimize-budget must be auto, none or seconds" in str(e.value) and "\n" not in str(e.value)

@@ -22,10 +22,13 @@ def test_every_brax_keyword_reaches_the_rose_run(name):
     argv = ip.rose_argv(w, 1000, smoke=name == "smoke")
     ns = cli.build_parser().parse_args(["train", *argv, "--run-dir", "/nonexistent/x"])
     assert ns.env == w["env"] and ns.algo == w["algo"] and ns.preset == "brax"
-    sets = dict(a.split("=", 1) for a in argv[argv.index("--set") + 1::2] if "=" in a and not a.startswith("--"))
+    sets = dict(
+        a.split("=", 1) for a in argv[argv.index("--set") + 1 :: 2] if "=" in a and not a.startswith("--")
+    )
     for key, value in w["kwargs"].items():
-        if key in ("num_timesteps", "seed", "max_devices_per_host") or (w["algo"] == "sac" and key in (
-                "episode_length", "action_repeat")):
+        if key in ("num_timesteps", "seed", "max_devices_per_host") or (
+            w["algo"] == "sac" and key in ("episode_length", "action_repeat")
+        ):
             continue
         assert sets[key] == bench.cli_value(value), key
     assert f"episode_length={w['kwargs'].get('episode_length', 1000)}" in argv
@@ -57,8 +60,13 @@ def test_peer_steady_needs_three_intervals():
 
 
 def test_rose_steady_leaves_out_the_option_trial():
-    info = {"xla_options": {"rounds": 1, "median_ms": {"default": 12.0, "concurrent_scheduling": 10.0,
-                                                       "concurrent_no_loops": 11.0}, "chosen": "concurrent_scheduling"}}
+    info = {
+        "xla_options": {
+            "rounds": 1,
+            "median_ms": {"default": 12.0, "concurrent_scheduling": 10.0, "concurrent_no_loops": 11.0},
+            "chosen": "concurrent_scheduling",
+        }
+    }
     rows, t = [], 0.0
     for i, dt in enumerate([30, 12, 11, 10, 10, 10, 10]):  # unit 1 compiles; units 1-3 are the trial
         t += dt
@@ -72,19 +80,36 @@ def test_rose_steady_leaves_out_the_option_trial():
 
 
 def _rec(variant, wall, rate, repeat=1, call="c1", **kw):
-    return {"workload": "ppo-ant", "variant": variant, "repeat": repeat, "call": call, "num_timesteps": 1000,
-            "returncode": 0, "end_to_end_s": wall, "steady_env_steps_per_s": rate, "command": "cmd", **kw}
+    return {
+        "workload": "ppo-ant",
+        "variant": variant,
+        "repeat": repeat,
+        "call": call,
+        "num_timesteps": 1000,
+        "returncode": 0,
+        "end_to_end_s": wall,
+        "steady_env_steps_per_s": rate,
+        "command": "cmd",
+        **kw,
+    }
 
 
 def test_summary_compares_with_the_faster_peer_and_reports_spread(tmp_path):
-    xo = {"chosen": "concurrent_scheduling", "options": {}, "rounds": 1,
-          "median_ms": {"default": 2.0, "concurrent_scheduling": 1.0}}
+    xo = {
+        "chosen": "concurrent_scheduling",
+        "options": {},
+        "rounds": 1,
+        "median_ms": {"default": 2.0, "concurrent_scheduling": 1.0},
+    }
     recs = [
-        _rec("peer_default", 100, 900.0), _rec("peer_default", 110, 910.0, 2),
-        _rec("peer_flags", 90, 1000.0), _rec("peer_flags", 94, 1010.0, 2),
+        _rec("peer_default", 100, 900.0),
+        _rec("peer_default", 110, 910.0, 2),
+        _rec("peer_flags", 90, 1000.0),
+        _rec("peer_flags", 94, 1010.0, 2),
         _rec("rose_first", 60, 1100.0, xla_options=xo, trial_cost_s=0.5),
         _rec("rose_first", 70, 1100.0, 2, xla_options=xo, trial_cost_s=0.7),
-        _rec("rose_cached", 40, 1100.0, xla_options=xo), _rec("rose_cached", 44, 1100.0, 2, xla_options=xo),
+        _rec("rose_cached", 40, 1100.0, xla_options=xo),
+        _rec("rose_cached", 44, 1100.0, 2, xla_options=xo),
         {**_rec("rose_cached", 1, None, 3), "returncode": 1},  # a failed run: counted as failed, not timed
     ]
     (row,) = ip.summarize(recs, {"ppo-ant": {"equal": True, "max_abs_diff": 0.0}})
@@ -102,10 +127,27 @@ def test_summary_compares_with_the_faster_peer_and_reports_spread(tmp_path):
 
     ip.write(str(tmp_path), recs, {}, "test")
     data = json.loads((tmp_path / "results.json").read_text())
-    for field in ("workload", "num_timesteps", "peer", "peer_flags", "peer_default_env_steps_per_s",
-                  "peer_flags_env_steps_per_s", "rose_env_steps_per_s", "speedup_vs_informed_peer", "end_to_end_s",
-                  "spread", "repeats", "same_call", "search_s", "breakeven_env_steps", "plan", "equal",
-                  "max_abs_diff", "command", "date"):
+    for field in (
+        "workload",
+        "num_timesteps",
+        "peer",
+        "peer_flags",
+        "peer_default_env_steps_per_s",
+        "peer_flags_env_steps_per_s",
+        "rose_env_steps_per_s",
+        "speedup_vs_informed_peer",
+        "end_to_end_s",
+        "spread",
+        "repeats",
+        "same_call",
+        "search_s",
+        "breakeven_env_steps",
+        "plan",
+        "equal",
+        "max_abs_diff",
+        "command",
+        "date",
+    ):
         assert field in data["summary"][0], field
     assert "| ppo-ant |" in (tmp_path / "results.md").read_text()
     assert os.path.getsize(tmp_path / "results.png") > 1000

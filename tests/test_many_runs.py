@@ -30,19 +30,38 @@ def test_workloads_expand_to_brax_published_runs_and_scale():
 
 
 def _rec(kind, wall, repeat=1, mode=None, returns=None, **kw):
-    base = {"workload": "ppo-ant-4", "repeat": repeat, "call": "c", "runs": 4, "env_steps_per_run": 100,
-            "command": "cmd", "kind": kind}
+    base = {
+        "workload": "ppo-ant-4",
+        "repeat": repeat,
+        "call": "c",
+        "runs": 4,
+        "env_steps_per_run": 100,
+        "command": "cmd",
+        "kind": kind,
+    }
     if kind == "sequential":
         return {**base, "sequential_s": wall, "ok": True, "solo_returns": returns or {"ppo/ant": [1.0, 3.0]}}
-    return {**base, "mode": mode, "end_to_end_s": wall, "returncode": 0, "bench_mode": "sequential", "why": "w",
-            "profile": {"to_first_row_s": 1.0, "rows_span_s": 2.0, "after_last_row_s": 0.5},
-            "returns": returns or {"ppo/ant": [2.0]}, **kw}
+    return {
+        **base,
+        "mode": mode,
+        "end_to_end_s": wall,
+        "returncode": 0,
+        "bench_mode": "sequential",
+        "why": "w",
+        "profile": {"to_first_row_s": 1.0, "rows_span_s": 2.0, "after_last_row_s": 0.5},
+        "returns": returns or {"ppo/ant": [2.0]},
+        **kw,
+    }
 
 
 def test_summary_speedup_spread_and_return_check(tmp_path):
-    recs = [_rec("sequential", 100.0), _rec("sequential", 110.0, 2), _rec("packed", 50.0, mode="vmapped"),
-            _rec("packed", 60.0, 2, mode="vmapped", returns={"ppo/ant": [2.5]}),
-            {**_rec("packed", 5.0, mode="mps_plain"), "returncode": 1}]
+    recs = [
+        _rec("sequential", 100.0),
+        _rec("sequential", 110.0, 2),
+        _rec("packed", 50.0, mode="vmapped"),
+        _rec("packed", 60.0, 2, mode="vmapped", returns={"ppo/ant": [2.5]}),
+        {**_rec("packed", 5.0, mode="mps_plain"), "returncode": 1},
+    ]
     rows = mr.summarize(recs)
     vm = next(r for r in rows if r["mode"] == "vmapped")
     assert vm["sequential_s"] == 105.0 and vm["end_to_end_s"] == 55.0
@@ -53,11 +72,24 @@ def test_summary_speedup_spread_and_return_check(tmp_path):
     plain = next(r for r in rows if r["mode"] == "mps_plain")
     assert plain["end_to_end_s"] is None and plain["repeats"]["packed"] == 0  # a failed run is not timed
     recs[3]["returns"] = {"ppo/ant": [9.0]}  # outside the solo runs' [1, 3]
-    assert next(r for r in mr.summarize(recs) if r["mode"] == "vmapped")["returns_within_solo_spread"] is False
+    assert (
+        next(r for r in mr.summarize(recs) if r["mode"] == "vmapped")["returns_within_solo_spread"] is False
+    )
     mr.write(str(tmp_path), recs, "test")
     data = json.loads((tmp_path / "results.json").read_text())
-    for field in ("workload", "runs", "env_steps_per_run", "mode", "sequential_s", "end_to_end_s",
-                  "speedup_end_to_end", "repeats", "spread", "command", "date"):
+    for field in (
+        "workload",
+        "runs",
+        "env_steps_per_run",
+        "mode",
+        "sequential_s",
+        "end_to_end_s",
+        "speedup_end_to_end",
+        "repeats",
+        "spread",
+        "command",
+        "date",
+    ):
         assert field in data["summary"][0], field
     assert "| ppo-ant-4 | 4 |" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.png").stat().st_size > 1000

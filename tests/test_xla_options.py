@@ -109,7 +109,8 @@ def test_a_cached_decision_skips_the_trial_on_the_same_program_only(tmp_path):
     def other_unit(state):  # another program: its own key, its own trial
         return unit(state)[0], {"norm": jnp.sum(state["x"])}
 
-    third = xla_options.TrialStep(other_unit, {"fast": {}}, rounds=1, log=lines.append, cache_dir=str(tmp_path))
+    third = xla_options.TrialStep(other_unit, {"fast": {}}, rounds=1, log=lines.append,
+                                  cache_dir=str(tmp_path))
     run(third, n=3)
     assert not third.describe()["cached"] and set(third.describe()["median_ms"]) == {"default", "fast"}
 
@@ -128,7 +129,7 @@ def test_every_named_set_is_spelled_as_this_jaxlib_parses_it():
     """XLA parses debug options on any backend: a misspelled flag or enum value in SETS would be
     refused everywhere ("is not a valid enum value"); on a CPU the GPU options are then unused."""
     lowered = jax.jit(unit).lower(start())
-    for name, opts in xla_options.SETS.items():
+    for opts in xla_options.SETS.values():
         lowered.compile(compiler_options=opts or None)  # raises on a bad name or value
     with pytest.raises(Exception, match="not a valid enum value"):
         lowered.compile(compiler_options={"xla_gpu_command_buffer_scheduling_mode": "CONCURRENTLY"})

@@ -66,23 +66,54 @@ def _published(algo: str, env: str) -> dict[str, Any]:
 def workloads() -> dict[str, dict[str, Any]]:
     sac = _published("sac", "hopper")
     return {
-        "sac-hopper": dict(algo="sac", env="hopper", kwargs=sac, steps=300_000,
-                           what="Brax's published SAC hopper high-update config (128 envs, batch 512, 64 "
-                                "updates per env step, replay 1M, min replay 8192); published length 6.55M"),
-        "sac-ant": dict(algo="sac", env="ant", kwargs=dict(sac), steps=300_000,
-                        what="the same SAC high-update config on ant (Brax publishes no SAC ant config)"),
-        "ppo-ant": dict(algo="ppo", env="ant", kwargs=_published("ppo", "ant"), steps=20_000_000,
-                        what="Brax's published PPO ant config (4096 envs, batch 2048, 32 minibatches, unroll 5, "
-                             "4 updates per batch); published length 50M"),
-        "ppo-humanoid": dict(algo="ppo", env="humanoid", kwargs=_published("ppo", "humanoid"),
-                             steps=20_000_000,
-                             what="Brax's published PPO humanoid config (2048 envs, batch 1024, 32 minibatches, "
-                                  "unroll 10, 8 updates per batch); published length 50M"),
-        "smoke": dict(algo="ppo", env="inverted_pendulum",
-                      kwargs=dict(_published("ppo", "ant"), num_envs=8, batch_size=8, num_minibatches=2,
-                                  unroll_length=4, num_updates_per_batch=1, num_evals=6, episode_length=50),
-                      steps=6 * 8 * 4 * 2, what="CPU smoke run: PPO inverted_pendulum, tiny, Brax's small "
-                                                "networks replaced by the same tiny ones on both sides"),
+        "sac-hopper": dict(
+            algo="sac",
+            env="hopper",
+            kwargs=sac,
+            steps=300_000,
+            what="Brax's published SAC hopper high-update config (128 envs, batch 512, 64 "
+            "updates per env step, replay 1M, min replay 8192); published length 6.55M",
+        ),
+        "sac-ant": dict(
+            algo="sac",
+            env="ant",
+            kwargs=dict(sac),
+            steps=300_000,
+            what="the same SAC high-update config on ant (Brax publishes no SAC ant config)",
+        ),
+        "ppo-ant": dict(
+            algo="ppo",
+            env="ant",
+            kwargs=_published("ppo", "ant"),
+            steps=20_000_000,
+            what="Brax's published PPO ant config (4096 envs, batch 2048, 32 minibatches, unroll 5, "
+            "4 updates per batch); published length 50M",
+        ),
+        "ppo-humanoid": dict(
+            algo="ppo",
+            env="humanoid",
+            kwargs=_published("ppo", "humanoid"),
+            steps=20_000_000,
+            what="Brax's published PPO humanoid config (2048 envs, batch 1024, 32 minibatches, "
+            "unroll 10, 8 updates per batch); published length 50M",
+        ),
+        "smoke": dict(
+            algo="ppo",
+            env="inverted_pendulum",
+            kwargs=dict(
+                _published("ppo", "ant"),
+                num_envs=8,
+                batch_size=8,
+                num_minibatches=2,
+                unroll_length=4,
+                num_updates_per_batch=1,
+                num_evals=6,
+                episode_length=50,
+            ),
+            steps=6 * 8 * 4 * 2,
+            what="CPU smoke run: PPO inverted_pendulum, tiny, Brax's small "
+            "networks replaced by the same tiny ones on both sides",
+        ),
     }
 
 
@@ -101,8 +132,9 @@ def rose_argv(w: dict[str, Any], steps: int, smoke: bool) -> list[str]:
         fields = set(registry.get(w["algo"]).keys())
         config.update({k: v for k, v in SMOKE_NETWORKS.items() if k in fields})
     config["preset"] = "brax"
-    run = bench.BenchRun(w["env"], w["algo"], seed, tuple(sorted(config.items())), "",
-                         tuple(sorted(env_kwargs.items())))
+    run = bench.BenchRun(
+        w["env"], w["algo"], seed, tuple(sorted(config.items())), "", tuple(sorted(env_kwargs.items()))
+    )
     return run.train_argv()
 
 
@@ -116,8 +148,9 @@ def _smoke_network_factory(algo: str):
     if algo == "ppo":
         from brax.training.agents.ppo import networks
 
-        return functools.partial(networks.make_ppo_networks, policy_hidden_layer_sizes=(8,),
-                                 value_hidden_layer_sizes=(8,))
+        return functools.partial(
+            networks.make_ppo_networks, policy_hidden_layer_sizes=(8,), value_hidden_layer_sizes=(8,)
+        )
     from brax.training.agents.sac import networks
 
     return functools.partial(networks.make_sac_networks, hidden_layer_sizes=(8,))
@@ -143,10 +176,16 @@ def child_peer(name: str, steps: int, smoke: bool, result: str) -> int:
     reports: list[dict[str, Any]] = []
 
     def progress(step, metrics):
-        reports.append({"env_steps": int(step), "t": time.perf_counter() - t_start,
-                        "sps": float(metrics["training/sps"]) if "training/sps" in metrics else None,
-                        "eval_return": float(metrics["eval/episode_reward"])
-                        if "eval/episode_reward" in metrics else None})
+        reports.append(
+            {
+                "env_steps": int(step),
+                "t": time.perf_counter() - t_start,
+                "sps": float(metrics["training/sps"]) if "training/sps" in metrics else None,
+                "eval_return": float(metrics["eval/episode_reward"])
+                if "eval/episode_reward" in metrics
+                else None,
+            }
+        )
         atomic_write_json(result, {"reports": reports})
 
     env = brax.envs.get_environment(w["env"], backend="mjx")
@@ -178,8 +217,16 @@ def child_equal(argv: list[str], options: dict[str, Any], result: str) -> int:
             state, _ = step(state)
         out[side] = jax.device_get(state)
     cmp = compare_trees(out["options"], out["default"])
-    atomic_write_json(result, {"equal": bool(cmp.equal), "max_abs_diff": float(cmp.max_abs),
-                               "options": options, "units": 2, "deterministic_ops": bool(det)})
+    atomic_write_json(
+        result,
+        {
+            "equal": bool(cmp.equal),
+            "max_abs_diff": float(cmp.max_abs),
+            "options": options,
+            "units": 2,
+            "deterministic_ops": bool(det),
+        },
+    )
     return 0
 
 
@@ -208,7 +255,7 @@ def _peer_steady(reports: list[dict[str, Any]]) -> tuple[float | None, list[floa
     # interval i ends at report i + 1; leave out those ending at the first two training reports
     skip = first_train + 2 - 1
     median, rates = _steady(pts, max(skip, 0))
-    sps = [r["sps"] for r in reports[first_train + 2:] if r.get("sps")]
+    sps = [r["sps"] for r in reports[first_train + 2 :] if r.get("sps")]
     return median, rates, (statistics.median(sps) if sps else None)
 
 
@@ -260,8 +307,17 @@ def peer_run(name: str, variant: str, steps: int, smoke: bool, timeout_s: float)
     fd, result = tempfile.mkstemp(prefix=f"peer-{name}-", suffix=".json")
     os.close(fd)
     os.unlink(result)
-    cmd = [sys.executable, "-m", "benchmarks.experiments.informed_peer", "--child-peer", name,
-           "--steps", str(steps), "--result", result] + (["--smoke"] if smoke else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.experiments.informed_peer",
+        "--child-peer",
+        name,
+        "--steps",
+        str(steps),
+        "--result",
+        result,
+    ] + (["--smoke"] if smoke else [])
     env = _flags_env(variant)
     rc, _, err, wall = _run(cmd, env, timeout_s)
     data = {}
@@ -272,12 +328,17 @@ def peer_run(name: str, variant: str, steps: int, smoke: bool, timeout_s: float)
     reports = data.get("reports", [])
     steady, rates, sps = _peer_steady(reports)
     return {
-        "end_to_end_s": round(wall, 2), "returncode": rc, "finished": bool(data.get("finished")),
+        "end_to_end_s": round(wall, 2),
+        "returncode": rc,
+        "finished": bool(data.get("finished")),
         "env_steps": reports[-1]["env_steps"] if reports else None,
-        "steady_env_steps_per_s": steady, "interval_rates": [round(r) for r in rates],
-        "brax_training_sps": sps, "reports": len(reports),
-        "final_eval_return": next((r["eval_return"] for r in reversed(reports) if r["eval_return"] is not None),
-                                  None),
+        "steady_env_steps_per_s": steady,
+        "interval_rates": [round(r) for r in rates],
+        "brax_training_sps": sps,
+        "reports": len(reports),
+        "final_eval_return": next(
+            (r["eval_return"] for r in reversed(reports) if r["eval_return"] is not None), None
+        ),
         "xla_flags": env.get("XLA_FLAGS", ""),
         "command": ("XLA_FLAGS=" + PEER_FLAGS + " " if variant == "peer_flags" else "")
         + f"python -m benchmarks.experiments.informed_peer --child-peer {name} --steps {steps}",
@@ -285,8 +346,9 @@ def peer_run(name: str, variant: str, steps: int, smoke: bool, timeout_s: float)
     }
 
 
-def rose_run(name: str, variant: str, steps: int, smoke: bool, caches: dict[str, str],
-             timeout_s: float) -> dict[str, Any]:
+def rose_run(
+    name: str, variant: str, steps: int, smoke: bool, caches: dict[str, str], timeout_s: float
+) -> dict[str, Any]:
     from algos import checkpoint
     from rose_jax import rundir
 
@@ -296,19 +358,29 @@ def rose_run(name: str, variant: str, steps: int, smoke: bool, caches: dict[str,
     run_dir = tempfile.mkdtemp(prefix=f"rose-{name}-{variant}-")
     os.rmdir(run_dir)
     cmd = [sys.executable, "-m", "rose_jax.cli", "train", *argv, "--run-dir", run_dir, "--no-tensorboard"]
-    env = {**_flags_env(variant), "ROSE_JAX_COMPILE_CACHE": caches["compile"],
-           "ROSE_JAX_PLAN_CACHE": caches["plans"]}
+    env = {
+        **_flags_env(variant),
+        "ROSE_JAX_COMPILE_CACHE": caches["compile"],
+        "ROSE_JAX_PLAN_CACHE": caches["plans"],
+    }
     rc, out, err, wall = _run(cmd, env, timeout_s)
     run = rundir.RunDir(run_dir)
     rows, info, summary = run.rows(), run.read_run() or {}, run.read_summary() or {}
     steady, rates = _rose_steady(rows, info)
     record = {
-        "end_to_end_s": round(wall, 2), "returncode": rc, "finished": summary.get("status") == "finished",
-        "env_steps": summary.get("env_steps"), "steady_env_steps_per_s": steady,
-        "interval_rates": [round(r) for r in rates], "rows": len(rows),
-        "final_eval_return": rows[-1].get("eval_episode_return", rows[-1].get("episode_return")) if rows else None,
+        "end_to_end_s": round(wall, 2),
+        "returncode": rc,
+        "finished": summary.get("status") == "finished",
+        "env_steps": summary.get("env_steps"),
+        "steady_env_steps_per_s": steady,
+        "interval_rates": [round(r) for r in rates],
+        "rows": len(rows),
+        "final_eval_return": rows[-1].get("eval_episode_return", rows[-1].get("episode_return"))
+        if rows
+        else None,
         "checkpoint": checkpoint.latest_step(run.checkpoint_dir),
-        "xla_options": info.get("xla_options"), "optimize": info.get("optimize"),
+        "xla_options": info.get("xla_options"),
+        "optimize": info.get("optimize"),
         "trial_cost_s": _trial_cost_s(info),
         "xla_options_line": next((ln.strip() for ln in out.splitlines() if "XLA options" in ln), None),
         "command": "python -m rose_jax.cli train " + " ".join(argv),
@@ -323,11 +395,24 @@ def equality(name: str, steps: int, smoke: bool, options: dict[str, Any], timeou
     os.close(fd)
     os.unlink(result)
     argv = rose_argv(workloads()[name], steps, smoke)
-    cmd = [sys.executable, "-m", "benchmarks.experiments.informed_peer", "--child-equal", json.dumps(options),
-           "--result", result, "--", *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.experiments.informed_peer",
+        "--child-equal",
+        json.dumps(options),
+        "--result",
+        result,
+        "--",
+        *argv,
+    ]
     rc, _, err, wall = _run(cmd, dict(os.environ), timeout_s)
     if rc != 0 or not os.path.exists(result):
-        return {"equal": None, "error": (err.strip().splitlines() or ["?"])[-1][:300], "wall_s": round(wall, 1)}
+        return {
+            "equal": None,
+            "error": (err.strip().splitlines() or ["?"])[-1][:300],
+            "wall_s": round(wall, 1),
+        }
     with open(result) as f:
         data = json.load(f)
     os.unlink(result)
@@ -349,16 +434,27 @@ def summarize(records: list[dict[str, Any]], equal: dict[str, dict[str, Any]] | 
         mine = [r for r in records if r["workload"] == name]
         ok = {v: [r for r in mine if r["variant"] == v and r["returncode"] == 0] for v in ALL_VARIANTS}
         e2e = {v: _med([r["end_to_end_s"] for r in ok[v]]) for v in ALL_VARIANTS if ok[v]}
-        spread = {v: [min(r["end_to_end_s"] for r in ok[v]), max(r["end_to_end_s"] for r in ok[v])]
-                  for v in ALL_VARIANTS if ok[v]}
-        rate = {v: _med([r["steady_env_steps_per_s"] for r in ok[v] if r["steady_env_steps_per_s"]])
-                for v in ALL_VARIANTS}
-        rose_rates = [r["steady_env_steps_per_s"] for v in ("rose_first", "rose_cached") for r in ok[v]
-                      if r["steady_env_steps_per_s"]]
+        spread = {
+            v: [min(r["end_to_end_s"] for r in ok[v]), max(r["end_to_end_s"] for r in ok[v])]
+            for v in ALL_VARIANTS
+            if ok[v]
+        }
+        rate = {
+            v: _med([r["steady_env_steps_per_s"] for r in ok[v] if r["steady_env_steps_per_s"]])
+            for v in ALL_VARIANTS
+        }
+        rose_rates = [
+            r["steady_env_steps_per_s"]
+            for v in ("rose_first", "rose_cached")
+            for r in ok[v]
+            if r["steady_env_steps_per_s"]
+        ]
         rose = _med(rose_rates)
         peers = [p for p in (rate["peer_default"], rate["peer_flags"]) if p]
         best_peer = max(peers) if peers else None
-        calls = {r.get("call") for v in ("peer_default", "peer_flags", "rose_first", "rose_cached") for r in ok[v]}
+        calls = {
+            r.get("call") for v in ("peer_default", "peer_flags", "rose_first", "rose_cached") for r in ok[v]
+        }
         kept = [r for v in ("rose_first", "rose_cached") for r in ok[v] if r.get("xla_options")]
         plan = sorted({(r["xla_options"] or {}).get("chosen") or "default" for r in kept})
         trial = [r["trial_cost_s"] for r in ok["rose_first"] if r.get("trial_cost_s") is not None]
@@ -370,29 +466,47 @@ def summarize(records: list[dict[str, Any]], equal: dict[str, dict[str, Any]] | 
         w = workloads()[name]
         steps = next((r["num_timesteps"] for r in mine), None)
         peer_e2e = e2e.get("peer_flags")
-        rows.append({
-            "workload": name, "what": w["what"], "num_timesteps": steps, "peer": "brax",
-            "peer_flags": PEER_FLAGS,
-            "peer_default_env_steps_per_s": rate["peer_default"], "peer_flags_env_steps_per_s": rate["peer_flags"],
-            "rose_env_steps_per_s": rose,
-            "speedup_vs_informed_peer": round(rose / best_peer, 3) if rose and best_peer else None,
-            "end_to_end_s": e2e, "spread": spread, "repeats": {v: len(ok[v]) for v in ALL_VARIANTS if ok[v]},
-            "failed": {v: len([r for r in mine if r["variant"] == v and r["returncode"] != 0])
-                       for v in ALL_VARIANTS if any(r["variant"] == v for r in mine)},
-            "same_call": len(calls) == 1 and None not in calls,
-            "search_s": search_s, "breakeven_env_steps": breakeven,
-            "plan": ", ".join(plan) or None, "equal": eq.get("equal"), "max_abs_diff": eq.get("max_abs_diff"),
-            "rose_first_vs_peer_flags": round(peer_e2e / e2e["rose_first"], 3)
-            if peer_e2e and e2e.get("rose_first") else None,
-            "rose_cached_vs_peer_flags": round(peer_e2e / e2e["rose_cached"], 3)
-            if peer_e2e and e2e.get("rose_cached") else None,
-            "command": next((r["command"] for r in mine if r["variant"] == "rose_first"), None),
-        })
+        rows.append(
+            {
+                "workload": name,
+                "what": w["what"],
+                "num_timesteps": steps,
+                "peer": "brax",
+                "peer_flags": PEER_FLAGS,
+                "peer_default_env_steps_per_s": rate["peer_default"],
+                "peer_flags_env_steps_per_s": rate["peer_flags"],
+                "rose_env_steps_per_s": rose,
+                "speedup_vs_informed_peer": round(rose / best_peer, 3) if rose and best_peer else None,
+                "end_to_end_s": e2e,
+                "spread": spread,
+                "repeats": {v: len(ok[v]) for v in ALL_VARIANTS if ok[v]},
+                "failed": {
+                    v: len([r for r in mine if r["variant"] == v and r["returncode"] != 0])
+                    for v in ALL_VARIANTS
+                    if any(r["variant"] == v for r in mine)
+                },
+                "same_call": len(calls) == 1 and None not in calls,
+                "search_s": search_s,
+                "breakeven_env_steps": breakeven,
+                "plan": ", ".join(plan) or None,
+                "equal": eq.get("equal"),
+                "max_abs_diff": eq.get("max_abs_diff"),
+                "rose_first_vs_peer_flags": round(peer_e2e / e2e["rose_first"], 3)
+                if peer_e2e and e2e.get("rose_first")
+                else None,
+                "rose_cached_vs_peer_flags": round(peer_e2e / e2e["rose_cached"], 3)
+                if peer_e2e and e2e.get("rose_cached")
+                else None,
+                "command": next((r["command"] for r in mine if r["variant"] == "rose_first"), None),
+            }
+        )
     return rows
 
 
-TARGETS = ("speedup_vs_informed_peer >= 1.0; end_to_end_s.rose_first <= end_to_end_s.peer_flags; "
-           "end_to_end_s.rose_cached at least 1.3x shorter than end_to_end_s.peer_flags")
+TARGETS = (
+    "speedup_vs_informed_peer >= 1.0; end_to_end_s.rose_first <= end_to_end_s.peer_flags; "
+    "end_to_end_s.rose_cached at least 1.3x shorter than end_to_end_s.peer_flags"
+)
 
 
 def write(out: str, records: list[dict[str, Any]], equal: dict[str, dict[str, Any]], command: str) -> None:
@@ -402,9 +516,10 @@ def write(out: str, records: list[dict[str, Any]], equal: dict[str, dict[str, An
     date = machine.get("date")
     for row in summary:
         row["date"] = date
-    atomic_write_json(os.path.join(out, "results.json"),
-                      {"machine": machine, "targets": TARGETS, "summary": summary, "equality": equal,
-                       "runs": records})
+    atomic_write_json(
+        os.path.join(out, "results.json"),
+        {"machine": machine, "targets": TARGETS, "summary": summary, "equality": equal, "runs": records},
+    )
     lines = [
         "# rose-jax vs the informed peer, end to end",
         "",
@@ -421,9 +536,23 @@ def write(out: str, records: list[dict[str, Any]], equal: dict[str, dict[str, An
         f"Targets: {TARGETS}.",
         "",
     ]
-    headers = ["workload", "steps", "peer default", "peer flags", "rose", "speedup vs informed peer",
-               "e2e peer default s", "e2e peer flags s", "e2e rose first s", "e2e rose cached s",
-               "first vs peer flags", "cached vs peer flags", "plan", "equal", "same call"]
+    headers = [
+        "workload",
+        "steps",
+        "peer default",
+        "peer flags",
+        "rose",
+        "speedup vs informed peer",
+        "e2e peer default s",
+        "e2e peer flags s",
+        "e2e rose first s",
+        "e2e rose cached s",
+        "first vs peer flags",
+        "cached vs peer flags",
+        "plan",
+        "equal",
+        "same call",
+    ]
 
     def e2e(row, v):
         m = row["end_to_end_s"].get(v)
@@ -431,26 +560,68 @@ def write(out: str, records: list[dict[str, Any]], equal: dict[str, dict[str, An
         n = row["repeats"].get(v, 0)
         return f"{common.fmt(m)} ({common.fmt(s[0])}-{common.fmt(s[1])}, n={n})" if m is not None else "-"
 
-    table = [[r["workload"], f"{r['num_timesteps']:,}" if r["num_timesteps"] else "-",
-              common.fmt(r["peer_default_env_steps_per_s"], ",.0f"), common.fmt(r["peer_flags_env_steps_per_s"], ",.0f"),
-              common.fmt(r["rose_env_steps_per_s"], ",.0f"), common.fmt(r["speedup_vs_informed_peer"], ".3f"),
-              e2e(r, "peer_default"), e2e(r, "peer_flags"), e2e(r, "rose_first"), e2e(r, "rose_cached"),
-              common.fmt(r["rose_first_vs_peer_flags"], ".3f"), common.fmt(r["rose_cached_vs_peer_flags"], ".3f"),
-              r["plan"] or "-", common.fmt_equal(r["equal"]), r["same_call"]] for r in summary]
+    table = [
+        [
+            r["workload"],
+            f"{r['num_timesteps']:,}" if r["num_timesteps"] else "-",
+            common.fmt(r["peer_default_env_steps_per_s"], ",.0f"),
+            common.fmt(r["peer_flags_env_steps_per_s"], ",.0f"),
+            common.fmt(r["rose_env_steps_per_s"], ",.0f"),
+            common.fmt(r["speedup_vs_informed_peer"], ".3f"),
+            e2e(r, "peer_default"),
+            e2e(r, "peer_flags"),
+            e2e(r, "rose_first"),
+            e2e(r, "rose_cached"),
+            common.fmt(r["rose_first_vs_peer_flags"], ".3f"),
+            common.fmt(r["rose_cached_vs_peer_flags"], ".3f"),
+            r["plan"] or "-",
+            common.fmt_equal(r["equal"]),
+            r["same_call"],
+        ]
+        for r in summary
+    ]
     lines.append(common.markdown_table(headers, table))
     lines.append("")
     for r in summary:
-        lines.append(f"- {r['workload']}: {r['what']}. Option trial cost {common.fmt(r['search_s'], '.2f')} s, "
-                     f"break-even {common.fmt(r['breakeven_env_steps'], ',.0f')} env steps; "
-                     f"max |diff| {common.fmt(r['max_abs_diff'], '.3g')}.")
+        lines.append(
+            f"- {r['workload']}: {r['what']}. Option trial cost {common.fmt(r['search_s'], '.2f')} s, "
+            f"break-even {common.fmt(r['breakeven_env_steps'], ',.0f')} env steps; "
+            f"max |diff| {common.fmt(r['max_abs_diff'], '.3g')}."
+        )
     lines += ["", "Runs (each process):", ""]
-    lines.append(common.markdown_table(
-        ["workload", "variant", "#", "call", "rc", "end to end s", "steady env-steps/s", "Brax training/sps",
-         "finished", "final eval return", "XLA options / error"],
-        [[r["workload"], r["variant"], r["repeat"], r.get("call"), r["returncode"], r["end_to_end_s"],
-          common.fmt(r["steady_env_steps_per_s"], ",.0f"), common.fmt(r.get("brax_training_sps"), ",.0f"),
-          r.get("finished"), common.fmt(r.get("final_eval_return"), ".1f"),
-          r.get("xla_options_line") or r.get("error") or ""] for r in records]))
+    lines.append(
+        common.markdown_table(
+            [
+                "workload",
+                "variant",
+                "#",
+                "call",
+                "rc",
+                "end to end s",
+                "steady env-steps/s",
+                "Brax training/sps",
+                "finished",
+                "final eval return",
+                "XLA options / error",
+            ],
+            [
+                [
+                    r["workload"],
+                    r["variant"],
+                    r["repeat"],
+                    r.get("call"),
+                    r["returncode"],
+                    r["end_to_end_s"],
+                    common.fmt(r["steady_env_steps_per_s"], ",.0f"),
+                    common.fmt(r.get("brax_training_sps"), ",.0f"),
+                    r.get("finished"),
+                    common.fmt(r.get("final_eval_return"), ".1f"),
+                    r.get("xla_options_line") or r.get("error") or "",
+                ]
+                for r in records
+            ],
+        )
+    )
     common.write_markdown_and_plot(out, lines, plot, summary)
 
 
@@ -462,11 +633,16 @@ def plot(summary: list[dict[str, Any]], path: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     names = [r["workload"] for r in summary]
-    rate_keys = (("peer default", "peer_default_env_steps_per_s"), ("peer flags", "peer_flags_env_steps_per_s"),
-                 ("rose", "rose_env_steps_per_s"))
+    rate_keys = (
+        ("peer default", "peer_default_env_steps_per_s"),
+        ("peer flags", "peer_flags_env_steps_per_s"),
+        ("rose", "rose_env_steps_per_s"),
+    )
     width = 0.8 / len(rate_keys)
     for i, (label, key) in enumerate(rate_keys):
-        axes[0].bar([k + i * width for k in range(len(names))], [r[key] or 0 for r in summary], width, label=label)
+        axes[0].bar(
+            [k + i * width for k in range(len(names))], [r[key] or 0 for r in summary], width, label=label
+        )
     width = 0.8 / len(VARIANTS)
     for i, v in enumerate(VARIANTS):
         xs = [k + i * width for k in range(len(names))]
@@ -497,8 +673,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--budget-s", type=float, default=540.0, help="start no run after this many seconds")
     p.add_argument("--run-timeout-s", type=float, default=420.0)
-    p.add_argument("--check-equal", choices=("auto", "yes", "no"), default="auto",
-                   help="bitwise check of the kept option set (auto: on a GPU)")
+    p.add_argument(
+        "--check-equal",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="bitwise check of the kept option set (auto: on a GPU)",
+    )
     p.add_argument("--out", default=OUT_DIR)
     p.add_argument("--merge", action="store_true", help="add to the runs already in --out/results.json")
     p.add_argument("--smoke", action="store_true", help="the CPU smoke workload, one repeat")
@@ -508,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     rest: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, rest = argv[:i], argv[i + 1:]
+        argv, rest = argv[:i], argv[i + 1 :]
     args = p.parse_args(argv)
     if args.child_peer:
         return child_peer(args.child_peer, int(args.steps), args.smoke, args.result)
@@ -548,7 +728,10 @@ def main(argv: list[str] | None = None) -> int:
                 caches = {}
                 for kind in ("rose", "rose_optimize"):
                     base = os.path.join(tmp, f"{name}-{repeat}-{kind}")
-                    caches[kind] = {"compile": os.path.join(base, "compile"), "plans": os.path.join(base, "plans")}
+                    caches[kind] = {
+                        "compile": os.path.join(base, "compile"),
+                        "plans": os.path.join(base, "plans"),
+                    }
                 for v in variants:
                     if common.elapsed() > args.budget_s:
                         common.log(f"budget spent: {name} {v} #{repeat} not run")
@@ -558,27 +741,39 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         kind = "rose_optimize" if v.startswith("rose_optimize") else "rose"
                         rec = rose_run(name, v, steps, args.smoke, caches[kind], args.run_timeout_s)
-                    rec = {"workload": name, "variant": v, "repeat": repeat, "call": date, "num_timesteps": steps,
-                           **rec}
+                    rec = {
+                        "workload": name,
+                        "variant": v,
+                        "repeat": repeat,
+                        "call": date,
+                        "num_timesteps": steps,
+                        **rec,
+                    }
                     records.append(rec)
-                    common.log(f"{name} {v} #{repeat}: rc={rec['returncode']} {rec['end_to_end_s']:.1f}s, steady "
-                               f"{common.fmt(rec['steady_env_steps_per_s'], ',.0f')} env-steps/s "
-                               f"{rec.get('xla_options_line') or rec.get('error') or ''}")
+                    common.log(
+                        f"{name} {v} #{repeat}: rc={rec['returncode']} {rec['end_to_end_s']:.1f}s, steady "
+                        f"{common.fmt(rec['steady_env_steps_per_s'], ',.0f')} env-steps/s "
+                        f"{rec.get('xla_options_line') or rec.get('error') or ''}"
+                    )
                     write(args.out, records, equal, command)
         import jax
 
         check = args.check_equal == "yes" or (args.check_equal == "auto" and jax.default_backend() == "gpu")
         for name in names if check else ():
-            chosen = [r for r in records if r["workload"] == name and r["variant"] == "rose_first"
-                      and r.get("xla_options")]
+            chosen = [
+                r
+                for r in records
+                if r["workload"] == name and r["variant"] == "rose_first" and r.get("xla_options")
+            ]
             if not chosen:
                 continue
             opts = (chosen[-1]["xla_options"] or {}).get("options") or {}
             if common.elapsed() > args.budget_s + 60:
                 common.log(f"budget spent: equality of {name} not checked")
                 continue
-            equal[name] = equality(name, int(args.steps or known[name]["steps"]), args.smoke, opts,
-                                   args.run_timeout_s)
+            equal[name] = equality(
+                name, int(args.steps or known[name]["steps"]), args.smoke, opts, args.run_timeout_s
+            )
             common.log(f"{name} equality: {equal[name]}")
         write(args.out, records, equal, command)
     finally:

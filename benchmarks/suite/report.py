@@ -655,9 +655,11 @@ def informed_peer_headline(root: str | None = None) -> str | None:
     return (
         "Against the informed peer, end to end (`python -m benchmarks.experiments.informed_peer`): "
         f"{machine.get('date', '?')} on {machine.get('gpu') or machine.get('backend', '?')}; jax "
-        f"{machine.get('jax', '?')}, brax {machine.get('brax', '?')}. Brax's own trainer with Brax's published "
+        f"{machine.get('jax', '?')}, brax {machine.get('brax', '?')}. Brax's own trainer with Brax's "
+        "published "
         "keywords as shipped and with `XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT`, vs "
-        "`rose-jax train` with the same keywords (first run on empty caches, then cached); steady env-steps/s "
+        "`rose-jax train` with the same keywords (first run on empty caches, then cached); steady "
+        "env-steps/s "
         "and whole runs in their own processes (s: median, min-max, n repeats). Generated from "
         f"`{source}`; details in `{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
     )
@@ -687,7 +689,8 @@ def default_options_headline(root: str | None = None) -> str | None:
                      "—" if ee is None else f"{ee:.2f}x"])
     table = common.markdown_table(
         ["workload", "XLA defaults env-steps/s", "informed peer (flag) env-steps/s", "rose-jax env-steps/s",
-         "vs informed peer", "XLA defaults s", "informed peer s", "rose-jax s", "end to end vs informed peer"],
+         "vs informed peer", "XLA defaults s", "informed peer s", "rose-jax s",
+         "end to end vs informed peer"],
         body)
     machine = doc.get("machine") or {}
     source = os.path.relpath(path, os.path.dirname(README))

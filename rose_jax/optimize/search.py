@@ -194,17 +194,16 @@ class OptimizeOptions:
             raise ValueError(f"optimize: isolate_timeout must be > 0 s, got {self.isolate_timeout!r}")
         if self.budget_s is not None and not self.budget_s >= 0:
             raise ValueError(f"optimize: budget_s must be >= 0 s or None, got {self.budget_s!r}")
-        if self.run_units is not None and (isinstance(self.run_units, bool) or not isinstance(self.run_units, int)
-                                           or self.run_units < 1):
+        units = self.run_units
+        if units is not None and (isinstance(units, bool) or not isinstance(units, int) or units < 1):
             raise ValueError(f"optimize: run_units must be a positive int or None, got {self.run_units!r}")
         if not 0 < self.budget_share <= 1:
             raise ValueError(f"optimize: budget_share must be in (0, 1], got {self.budget_share!r}")
 
     def budget(self, baseline_s: float) -> float | None:
         """Seconds the search may take: ``budget_s`` and ``budget_share`` of the run (None: no limit)."""
-        limits = [b for b in (self.budget_s,
-                              None if self.run_units is None else self.budget_share * baseline_s * self.run_units)
-                  if b is not None]
+        share = None if self.run_units is None else self.budget_share * baseline_s * self.run_units
+        limits = [b for b in (self.budget_s, share) if b is not None]
         return min(limits) if limits else None
 
     @property

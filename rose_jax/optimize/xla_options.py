@@ -225,7 +225,8 @@ class TrialStep:
         if not (self.cache_dir and self.cache_key) or "default" not in medians:
             return
         entry = {"chosen": self.chosen, "median_ms": {n: round(m * 1e3, 3) for n, m in medians.items()},
-                 "speedup": round(medians["default"] / medians[self.chosen], 4) if self.chosen in medians else None,
+                 "speedup": (round(medians["default"] / medians[self.chosen], 4)
+                             if self.chosen in medians else None),
                  "refused": dict(self.refused), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         try:
             cache.store(self.cache_dir, self.cache_key, entry)
