@@ -9,7 +9,8 @@
 The contract is :mod:`rose_jax.optimize.base` (``Transform``: ``legal(tree)``, ``apply(fn)``,
 ``tolerance`` and what the search needs to know about it; ``HostStep``); one module per
 transformation family, each with its own ``candidates(ctx)``: :mod:`~.scans` (``unroll_scans``,
-``hoist_invariants``), :mod:`~.fuse` (``overlap_independent``), :mod:`~.offload`
+``hoist_invariants``), :mod:`~.hoist` (``hoist_independent``: a loop's carry-independent work
+as its own recurrence and one batched pass ahead of it), :mod:`~.fuse` (``overlap_independent``), :mod:`~.offload`
 (``offload_component``: a metrics-only component, e.g. the evaluation, in a worker process
 behind the next call), :mod:`~.group_rollout` (env groups, in one process or in worker
 processes via :mod:`~.processes`), :mod:`~.split_compile` (per-component compilation with
@@ -24,6 +25,7 @@ from rose_jax.optimize.base import EXACT, FUSION_TOLERANCE, HostStep, Tolerance,
 from rose_jax.optimize.fuse import overlap_independent
 from rose_jax.optimize.env_groups import ProgramTree, trace_program
 from rose_jax.optimize.group_rollout import check_collect, group_rollout
+from rose_jax.optimize.hoist import hoist_independent, split_scan
 from rose_jax.optimize.offload import Deferred, OffloadedStep, offload_component, resolve
 from rose_jax.optimize.registry import known_transforms, register_transform, transform_by_name
 from rose_jax.optimize.report import CandidateRecord, PlanReport, format_report
@@ -50,6 +52,7 @@ __all__ = [
     "compose",
     "format_report",
     "group_rollout",
+    "hoist_independent",
     "hoist_invariants",
     "invariant_eqns",
     "known_transforms",
@@ -58,6 +61,7 @@ __all__ = [
     "overlap_independent",
     "register_transform",
     "resolve",
+    "split_scan",
     "trace_program",
     "transform_by_name",
     "unroll_scans",
