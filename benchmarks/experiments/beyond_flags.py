@@ -1,0 +1,275 @@
+"""Issue 32's question: does a restructuring beat the best XLA flags alone on the same program?
+
+    python -m benchmarks.experiments.beyond_flags --workloads sac-hopper,ppo-ant
+    python -m benchmarks.experiments.beyond_flags --smoke          # CPU: tiny PPO, any machine
+
+Per workload (informed_peer's: Brax's published configs through ``rose-jax train``'s own
+config path, :func:`benchmarks.experiments.informed_peer.rose_argv`), one process builds the
+iteration ``rose-jax train`` runs (``cli.train_job``) and compiles it under the best option set
+(``--options``, default ``concurrent_scheduling``: the informed user's flag, per program):
+
+- ``flags_only``: the iteration, jitted, under the options;
+- ``hoist``: ``hoist_independent()`` (every scan's carry-independent work ahead of the loop, see
+  ``rose_jax/optimize/hoist.py``) under the same options;
+- ``optimize`` (``--search``): the plan ``rose_jax.optimize.optimize`` keeps with its default
+  candidate generation (its search time recorded).
+
+Steady rates: each variant compiled and warmed, then timed in turns (``--blocks`` blocks of
+``--calls`` calls, one variant after another in each turn, so drifts hit all alike), median
+seconds per iteration and the blocks' min/max. Equality: two iterations of each variant against
+``flags_only`` under deterministic XLA ops (GPU), compared within the transform's tolerance, with
+the max abs difference. Where the time goes: the xplane kernel summary of one block per variant
+when ``--profile`` is given. Writes ``results.json``, ``results.md`` and ``results.png`` into
+``--out`` (default ``benchmarks/results/beyond_flags``); ``--merge`` adds to an earlier call's rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from benchmarks import common
+from rose_jax.io import atomic_write_json
+
+OUT_DIR = os.path.join(common.RESULTS_DIR, "beyond_flags")
+VARIANTS = ("flags_only", "hoist")
+
+
+def build(name: str, smoke: bool):
+    """``(job, iteration, state, env steps per iteration)`` of workload ``name``."""
+    import jax
+
+    from benchmarks.experiments import informed_peer
+    from rose_jax import cli
+
+    w = informed_peer.workloads()[name]
+    argv = informed_peer.rose_argv(w, w["steps"], smoke)
+    job = cli.train_job(argv)
+    env = job.env
+    resolve = getattr(job.algo.module, "resolve_env", None)
+    if resolve is not None:
+        env = resolve(job.config, env)
+    fn = job.algo.iteration(job.config, env)
+    state = job.algo.init(job.config, job.env, jax.random.PRNGKey(job.config.seed))
+    return job, fn, state, int(job.config.env_steps_per_iteration), argv
+
+
+def variant_fn(variant: str, fn):
+    if variant == "flags_only":
+        return fn
+    if variant == "hoist":
+        from rose_jax.optimize import hoist_independent
+
+        return hoist_independent().apply(fn)
+    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+
+
+def _compile(fn, state, options: dict[str, Any]):
+    import jax
+
+    t0 = time.perf_counter()
+    step = jax.jit(fn).lower(state).compile(compiler_options=options or None)
+    return step, time.perf_counter() - t0
+
+
+def _block(step, state, calls: int):
+    import jax
+
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        state, m = step(state)
+    jax.block_until_ready((state, m))
+    return state, (time.perf_counter() - t0) / calls
+
+
+def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
+    import jax
+
+    from rose_jax.compare import compare_trees
+
+    job, fn, state0, env_steps, argv = build(name, args.smoke)
+    on_gpu = jax.default_backend() == "gpu"
+    steps, states, compile_s, legal = {}, {}, {}, {}
+    for v in args.variants:
+        try:
+            f = variant_fn(v, fn)
+            if v != "flags_only":
+                from rose_jax import trace as rtrace
+                from rose_jax.optimize import hoist_independent
+
+                legal[v] = hoist_independent().legal(rtrace.trace(fn, state0))[1]
+            steps[v], compile_s[v] = _compile(f, state0, options)
+            states[v], _ = _block(steps[v], state0, 2)  # warm
+            common.log(f"{name} {v}: compiled in {compile_s[v]:.1f}s")
+        except Exception as e:  # noqa: BLE001 - one variant's failure is reported, the rest go on
+            common.log(f"{name} {v}: failed: {type(e).__name__}: {e}")
+            legal[v] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+    per: dict[str, list[float]] = {v: [] for v in steps}
+    for _ in range(args.blocks):
+        for v in steps:
+            states[v], s = _block(steps[v], states[v], args.calls)
+            per[v].append(s)
+    rows = []
+    base = statistics.median(per["flags_only"]) if per.get("flags_only") else None
+    for v in args.variants:
+        rec: dict[str, Any] = {"workload": name, "variant": v, "options": options, "legal": legal.get(v)}
+        if v in per and per[v]:
+            med = statistics.median(per[v])
+            rec.update(
+                seconds_per_iteration=med,
+                env_steps_per_s=env_steps / med,
+                spread_env_steps_per_s=[env_steps / max(per[v]), env_steps / min(per[v])],
+                blocks=len(per[v]),
+                calls_per_block=args.calls,
+                compile_s=round(compile_s[v], 2),
+                speedup_vs_flags_only=(base / med) if base else None,
+            )
+        rows.append(rec)
+    # equality under deterministic ops: two iterations of each variant from the same state
+    det = {**options, "xla_gpu_deterministic_ops": True} if on_gpu else dict(options)
+    try:
+        ref_step, _ = _compile(fn, state0, det)
+        ref = jax.device_get(_block(ref_step, state0, 2)[0])
+        for rec in rows:
+            v = rec["variant"]
+            if v == "flags_only" or v not in steps:
+                continue
+            from rose_jax.optimize.hoist import HOIST_TOLERANCE
+
+            st, _ = _compile(variant_fn(v, fn), state0, det)
+            out = jax.device_get(_block(st, state0, 2)[0])
+            exact = compare_trees(out, ref)
+            tol = compare_trees(out, ref, rtol=HOIST_TOLERANCE.rtol)
+            rec.update(
+                equal=bool(exact.equal),
+                within_tolerance=bool(tol.equal),
+                tolerance=HOIST_TOLERANCE.to_json(),
+                max_abs_diff=float(exact.max_abs),
+                equality_deterministic_ops=on_gpu,
+            )
+    except Exception as e:  # noqa: BLE001
+        common.log(f"{name} equality failed: {type(e).__name__}: {e}")
+    for rec in rows:
+        rec["command"] = "python -m rose_jax.cli train " + " ".join(argv)
+        rec["env_steps_per_iteration"] = env_steps
+    return {"rows": rows}
+
+
+def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    info = common.machine_info(jax_devices=True)
+    atomic_write_json(os.path.join(out, "results.json"), {"machine": info, "command": command, "rows": rows})
+    lines = [
+        "# Beyond the flag: restructurings vs the best XLA options alone (issue 32)",
+        "",
+        f"{info.get('date')} on {info.get('gpu') or info.get('platform')}; command: `{command}`.",
+        "Same process, same option set for every variant; steady seconds per iteration = median of "
+        "the timed blocks (taken in turns); equality: two iterations under deterministic ops vs "
+        "flags_only. Generated by `benchmarks/experiments/beyond_flags.py`.",
+        "",
+        common.markdown_table(
+            [
+                "workload",
+                "variant",
+                "env-steps/s (median, min-max)",
+                "vs flags_only",
+                "compile s",
+                "equal",
+                "max abs diff",
+                "what moved",
+            ],
+            [
+                [
+                    r["workload"],
+                    r["variant"],
+                    f"{common.fmt(r.get('env_steps_per_s'), ',.0f')} ("
+                    + "-".join(
+                        common.fmt(x, ",.0f") for x in (r.get("spread_env_steps_per_s") or [None, None])
+                    )
+                    + ")",
+                    common.fmt(r.get("speedup_vs_flags_only"), ".3f"),
+                    common.fmt(r.get("compile_s")),
+                    common.fmt_equal(r.get("equal")),
+                    common.fmt(r.get("max_abs_diff"), ".2e"),
+                    (r.get("legal") or "-")[:160],
+                ]
+                for r in rows
+            ],
+        ),
+    ]
+    common.write_markdown_and_plot(out, lines, _plot, rows)
+
+
+def _plot(rows, path):  # pragma: no cover - drawing
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = [f"{r['workload']}\n{r['variant']}" for r in rows if r.get("env_steps_per_s")]
+    vals = [r["env_steps_per_s"] for r in rows if r.get("env_steps_per_s")]
+    ax.bar(range(len(vals)), vals)
+    ax.set_xticks(range(len(vals)), names, fontsize=7)
+    ax.set_ylabel("env-steps/s")
+    ax.set_title("same options, with and without the restructuring")
+    fig.tight_layout()
+    common.save_plot(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workloads", default="sac-hopper,ppo-ant")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--options", default="concurrent_scheduling", help="a name of xla_options.SETS")
+    p.add_argument("--blocks", type=int, default=5)
+    p.add_argument("--calls", type=int, default=20, help="iterations per timed block")
+    p.add_argument("--out", default=OUT_DIR)
+    p.add_argument("--merge", action="store_true")
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args(argv)
+    from benchmarks.experiments import informed_peer
+    from rose_jax.optimize import xla_options
+
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for v in args.variants:
+        if v not in VARIANTS:
+            p.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+    if "flags_only" not in args.variants:
+        args.variants.insert(0, "flags_only")
+    if args.options not in xla_options.SETS:
+        p.error(f"unknown option set {args.options!r}; known: {', '.join(xla_options.SETS)}")
+    if args.blocks < 3:
+        p.error("--blocks must be >= 3 (steady rates over at least 3 timed blocks)")
+    names = ["smoke"] if args.smoke else [w.strip() for w in args.workloads.split(",") if w.strip()]
+    known = informed_peer.workloads()
+    for n in names:
+        if n not in known:
+            p.error(f"unknown workload {n!r}; known: {', '.join(known)}")
+    import jax
+
+    options = xla_options.SETS[args.options] if jax.default_backend() == "gpu" else {}
+    rows: list[dict[str, Any]] = []
+    if args.merge and os.path.exists(os.path.join(args.out, "results.json")):
+        with open(os.path.join(args.out, "results.json")) as f:
+            rows = [r for r in json.load(f).get("rows", []) if r["workload"] not in names]
+    command = "python -m benchmarks.experiments.beyond_flags " + " ".join(argv)
+    for n in names:
+        try:
+            rows += measure(n, args, options)["rows"]
+        except Exception as e:  # noqa: BLE001 - a workload's failure is a row, the rest go on
+            common.log(f"{n}: failed: {type(e).__name__}: {e}")
+            rows.append({"workload": n, "variant": "flags_only", "error": f"{type(e).__name__}: {e}"[:300]})
+        write(args.out, rows, command)
+    print(open(os.path.join(args.out, "results.md")).read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
