@@ -11,8 +11,9 @@ iteration ``rose-jax train`` runs (``cli.train_job``) and compiles it under the 
 - ``flags_only``: the iteration, jitted, under the options;
 - ``hoist``: ``hoist_independent()`` (every scan's carry-independent work ahead of the loop, see
   ``rose_jax/optimize/hoist.py``) under the same options;
-- ``optimize`` (``--search``): the plan ``rose_jax.optimize.optimize`` keeps with its default
-  candidate generation (its search time recorded).
+- ``set:NAME``: the plain iteration under another option set of ``xla_options.SETS`` (e.g. the
+  sets for small latency-bound kernels: ``triton_gemm_any``, ``cublaslt``, ``latency_hiding``,
+  ``concurrent_regions``).
 
 Steady rates: each variant compiled and warmed, then timed in turns (``--blocks`` blocks of
 ``--calls`` calls, one variant after another in each turn, so drifts hit all alike), median
@@ -60,13 +61,22 @@ def build(name: str, smoke: bool):
 
 
 def variant_fn(variant: str, fn):
-    if variant == "flags_only":
+    if variant == "flags_only" or variant.startswith("set:"):
         return fn
     if variant == "hoist":
         from rose_jax.optimize import hoist_independent
 
         return hoist_independent().apply(fn)
-    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
+    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, set:NAME")
+
+
+def variant_options(variant: str, options: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
+    """``set:NAME`` variants compile the plain iteration under xla_options.SETS[NAME] instead."""
+    from rose_jax.optimize import xla_options
+
+    if variant.startswith("set:"):
+        return dict(xla_options.SETS[variant[4:]]) if on_gpu else {}
+    return options
 
 
 def _compile(fn, state, options: dict[str, Any]):
@@ -98,12 +108,12 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     for v in args.variants:
         try:
             f = variant_fn(v, fn)
-            if v != "flags_only":
+            if v == "hoist":
                 from rose_jax import trace as rtrace
                 from rose_jax.optimize import hoist_independent
 
                 legal[v] = hoist_independent().legal(rtrace.trace(fn, state0))[1]
-            steps[v], compile_s[v] = _compile(f, state0, options)
+            steps[v], compile_s[v] = _compile(f, state0, variant_options(v, options, on_gpu))
             states[v], _ = _block(steps[v], state0, 2)  # warm
             common.log(f"{name} {v}: compiled in {compile_s[v]:.1f}s")
         except Exception as e:  # noqa: BLE001 - one variant's failure is reported, the rest go on
@@ -117,7 +127,12 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     rows = []
     base = statistics.median(per["flags_only"]) if per.get("flags_only") else None
     for v in args.variants:
-        rec: dict[str, Any] = {"workload": name, "variant": v, "options": options, "legal": legal.get(v)}
+        rec: dict[str, Any] = {
+            "workload": name,
+            "variant": v,
+            "options": variant_options(v, options, on_gpu),
+            "legal": legal.get(v),
+        }
         if v in per and per[v]:
             med = statistics.median(per[v])
             rec.update(
@@ -137,11 +152,15 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
         ref = jax.device_get(_block(ref_step, state0, 2)[0])
         for rec in rows:
             v = rec["variant"]
-            if v == "flags_only" or v not in steps:
+            if v == "flags_only" or v not in steps or v not in args.check_equal:
                 continue
+            v_det = {
+                **variant_options(v, options, on_gpu),
+                **({"xla_gpu_deterministic_ops": True} if on_gpu else {}),
+            }
             from rose_jax.optimize.hoist import HOIST_TOLERANCE
 
-            st, _ = _compile(variant_fn(v, fn), state0, det)
+            st, _ = _compile(variant_fn(v, fn), state0, v_det)
             out = jax.device_get(_block(st, state0, 2)[0])
             exact = compare_trees(out, ref)
             tol = compare_trees(out, ref, rtol=HOIST_TOLERANCE.rtol)
@@ -230,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--options", default="concurrent_scheduling", help="a name of xla_options.SETS")
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--calls", type=int, default=20, help="iterations per timed block")
+    p.add_argument(
+        "--check-equal", default="hoist", help="comma-separated variants whose equality is checked"
+    )
     p.add_argument("--out", default=OUT_DIR)
     p.add_argument("--merge", action="store_true")
     p.add_argument("--smoke", action="store_true")
@@ -238,9 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     from rose_jax.optimize import xla_options
 
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args.check_equal = {v.strip() for v in args.check_equal.split(",") if v.strip()}
     for v in args.variants:
-        if v not in VARIANTS:
-            p.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+        if v not in VARIANTS and not (v.startswith("set:") and v[4:] in xla_options.SETS):
+            p.error(
+                f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, "
+                f"set:NAME of {', '.join(xla_options.SETS)}"
+            )
     if "flags_only" not in args.variants:
         args.variants.insert(0, "flags_only")
     if args.options not in xla_options.SETS:

@@ -70,6 +70,19 @@ SETS: dict[str, dict[str, Any]] = {
     # Not yet timed on the H200: searched per component by split_compile, not tried by default.
     "concurrent_regions": {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT_REGIONS"},
     "lhs_scheduling": {"xla_gpu_command_buffer_scheduling_mode": "LHS"},
+    # Fewer, larger kernels for small matmul chains (issue 32), each on top of CONCURRENT: Triton
+    # GEMMs for every dot (XLA fuses their elementwise producers and consumers into the GEMM
+    # kernel), cuBLASLt GEMMs (bias / activation epilogues fused), and the latency-hiding
+    # scheduler. Timed by benchmarks/experiments/beyond_flags.py; not tried by default.
+    "triton_gemm_any": {
+        "xla_gpu_command_buffer_scheduling_mode": "CONCURRENT",
+        "xla_gpu_triton_gemm_any": True,
+    },
+    "cublaslt": {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT", "xla_gpu_enable_cublaslt": True},
+    "latency_hiding": {
+        "xla_gpu_command_buffer_scheduling_mode": "CONCURRENT",
+        "xla_gpu_enable_latency_hiding_scheduler": True,
+    },
 }
 # The sets tried by default on a GPU, first to last.
 DEFAULT_CANDIDATES = ("concurrent_scheduling", "concurrent_no_loops")
@@ -173,8 +186,10 @@ class TrialStep:
         self.times = {n: [] for n in self.builds}
         if rest:
             self._pool = ThreadPoolExecutor(max_workers=len(rest), thread_name_prefix="xla-options")
-            self._pending = {n: self._pool.submit(lowered.compile, compiler_options=opts or None)
-                             for n, opts in rest.items()}
+            self._pending = {
+                n: self._pool.submit(lowered.compile, compiler_options=opts or None)
+                for n, opts in rest.items()
+            }
         self._harvest(wait=wait)
 
     def _key(self, lowered: Any) -> str:
@@ -214,8 +229,11 @@ class TrialStep:
             return False
         self.chosen, self.cached = chosen, entry
         speed = entry.get("speedup")
-        self.line = (f"XLA options: {chosen} kept (the decision cached on {entry.get('date', '?')}"
-                     + (f", {speed:.2f}x over the default build" if speed else "") + "; no trial)")
+        self.line = (
+            f"XLA options: {chosen} kept (the decision cached on {entry.get('date', '?')}"
+            + (f", {speed:.2f}x over the default build" if speed else "")
+            + "; no trial)"
+        )
         self.log(self.line)
         return True
 
@@ -224,10 +242,15 @@ class TrialStep:
 
         if not (self.cache_dir and self.cache_key) or "default" not in medians:
             return
-        entry = {"chosen": self.chosen, "median_ms": {n: round(m * 1e3, 3) for n, m in medians.items()},
-                 "speedup": (round(medians["default"] / medians[self.chosen], 4)
-                             if self.chosen in medians else None),
-                 "refused": dict(self.refused), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        entry = {
+            "chosen": self.chosen,
+            "median_ms": {n: round(m * 1e3, 3) for n, m in medians.items()},
+            "speedup": (
+                round(medians["default"] / medians[self.chosen], 4) if self.chosen in medians else None
+            ),
+            "refused": dict(self.refused),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
         try:
             cache.store(self.cache_dir, self.cache_key, entry)
         except (OSError, ValueError) as e:  # the decision holds for this run; a later one tries again
@@ -287,8 +310,10 @@ class TrialStep:
             self.line = f"XLA options: default build kept ({why}{refused})"
         else:
             self.chosen = best
-            self.line = (f"XLA options: {best} kept ({medians[best] * 1e3:.1f} ms per unit vs "
-                         f"{base * 1e3:.1f} ms default, {base / medians[best]:.2f}x{refused})")
+            self.line = (
+                f"XLA options: {best} kept ({medians[best] * 1e3:.1f} ms per unit vs "
+                f"{base * 1e3:.1f} ms default, {base / medians[best]:.2f}x{refused})"
+            )
         for name in list(self.builds):  # free what will not run again
             if name != self.chosen:
                 del self.builds[name]
@@ -383,6 +408,12 @@ def sets_from_spec(spec: str) -> dict[str, dict[str, Any]]:
 
 __all__ = [
     "trial_maker",
-    "DEFAULT_CANDIDATES", "DEFAULT_MARGIN", "DEFAULT_ROUNDS", "ENV_SETS", "SETS", "TrialStep",
-    "candidate_sets", "sets_from_spec",
+    "DEFAULT_CANDIDATES",
+    "DEFAULT_MARGIN",
+    "DEFAULT_ROUNDS",
+    "ENV_SETS",
+    "SETS",
+    "TrialStep",
+    "candidate_sets",
+    "sets_from_spec",
 ]
