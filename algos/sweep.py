@@ -275,6 +275,7 @@ def train_many(
     resume: bool = False,
     xla_options: Mapping[str, Mapping[str, Any]] | None = None,
     xla_options_cache: str | None = None,
+    transform: Any = None,
     log: Callable[[str], None] = print,
 ) -> SweepResult:
     """Train K runs of one config (``len(seeds)``: seeds, and with ``settings`` the values of
@@ -319,6 +320,9 @@ def train_many(
         line through ``log`` and recorded in every run's ``run.json`` (``xla_options``). None or
         empty: XLA's defaults, no trial. ``xla_options_cache``: the plan cache where the decision
         is stored and found again by a later group of the same program (no trial then).
+      transform: a ``rose_jax.optimize`` ``Transform`` (``level="fn"``) applied to the unit step
+        before it is vmapped and jitted (e.g. to train a candidate plan's program for
+        ``algos.equivalence.learning_check``). None: the step as the algorithm defines it.
 
     Returns:
       a :class:`SweepResult`. On an exception every seed's summary says ``failed`` with the error.
@@ -354,7 +358,9 @@ def train_many(
         raise ValueError("train_many: resume=True needs run_dirs with checkpoints")
 
     batched = k > 1
-    init_fn, step = _compiled(config, env, batched, fields)
+    if transform is not None and getattr(transform, "level", None) != "fn":
+        raise ValueError(f"train_many: transform must be a level='fn' Transform, got {transform!r}")
+    init_fn, step = _compiled(config, env, batched, fields, transform)
     if values is not None:
         values_step, values = step, jax.device_put(values)  # one transfer; each step reads them
 
@@ -371,7 +377,7 @@ def train_many(
             xla_options = None
     if xla_options:
 
-        raw = _raw_cached(_compiled_key(config, fields), env, batched, fields)[1]
+        raw = _raw_cached(_compiled_key(config, fields), env, batched, fields, transform)[1]
         rounds = xo.trial_rounds(num_steps, xla_options)
 
         def decided(line: str) -> None:
@@ -471,13 +477,13 @@ def _json_default(x: Any) -> Any:
 
 
 def _compiled(config: Any, env: Any, batched: bool,
-              fields: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
+              fields: tuple[str, ...] = (), transform: Any = None) -> tuple[Callable, Callable]:
     """(init, step), jitted and vmapped when ``batched``; cached per (config without seed and
     without the values of ``fields``, env, fields): the seed only enters through the init key,
     ``fields`` (data fields) through ``step(state, values)`` (:func:`settings_step`), so every
     value of them shares one program. The key config holds the class defaults of ``fields``;
     init reads no data field (``DATA_FIELDS``' rule), so its state is each run's."""
-    return _compiled_cached(_compiled_key(config, fields), env, batched, tuple(fields))
+    return _compiled_cached(_compiled_key(config, fields), env, batched, tuple(fields), transform)
 
 
 def _compiled_key(config: Any, fields: Sequence[str]) -> Any:
@@ -488,13 +494,16 @@ def _compiled_key(config: Any, fields: Sequence[str]) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def _raw_cached(config: Any, env: Any, batched: bool,
-                fields: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
-    """(init, step) before jit: vmapped when ``batched``; ``step(state[, values])``."""
+                fields: tuple[str, ...] = (), transform: Any = None) -> tuple[Callable, Callable]:
+    """(init, step) before jit: vmapped when ``batched``; ``step(state[, values])``; ``transform``
+    (a Transform) rewrites the unbatched step first."""
     import jax
 
     record, env_resolved, step, _ = _algo_of(config, env)
     if fields:
         step = settings_step(config, env)  # resolves env itself (PPO's resolve_env wraps again)
+    if transform is not None:
+        step = transform.apply(step)
 
     def init(key):
         return record.init(config, env_resolved, key)
@@ -504,10 +513,10 @@ def _raw_cached(config: Any, env: Any, batched: bool,
 
 @functools.lru_cache(maxsize=16)
 def _compiled_cached(config: Any, env: Any, batched: bool,
-                     fields: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
+                     fields: tuple[str, ...] = (), transform: Any = None) -> tuple[Callable, Callable]:
     import jax
 
-    init, step = _raw_cached(config, env, batched, fields)
+    init, step = _raw_cached(config, env, batched, fields, transform)
     donate = (0,) if jax.default_backend() != "cpu" else ()  # CPU cannot donate (it would warn)
     return (jax.jit(init) if batched else init), jax.jit(step, donate_argnums=donate)
 

@@ -10,7 +10,8 @@ The contract is :mod:`rose_jax.optimize.base` (``Transform``: ``legal(tree)``, `
 ``tolerance`` and what the search needs to know about it; ``HostStep``); one module per
 transformation family, each with its own ``candidates(ctx)``: :mod:`~.scans` (``unroll_scans``,
 ``hoist_invariants``), :mod:`~.hoist` (``hoist_independent``: a loop's carry-independent work
-as its own recurrence and one batched pass ahead of it), :mod:`~.fuse` (``overlap_independent``), :mod:`~.offload`
+as its own recurrence and one batched pass ahead of it), :mod:`~.fuse`
+(``overlap_independent``), :mod:`~.offload`
 (``offload_component``: a metrics-only component, e.g. the evaluation, in a worker process
 behind the next call), :mod:`~.group_rollout` (env groups, in one process or in worker
 processes via :mod:`~.processes`), :mod:`~.split_compile` (per-component compilation with

@@ -37,6 +37,7 @@ class CandidateRecord:
     equality: str = ""  # how ``equal`` was decided: "stepwise" | "trajectory" ("" not reached)
     e2e_baseline_s: float | None = None  # the baseline timed in turns with this candidate
     isolation: str = ""  # the child process's verdict on the first compile ("" not isolated)
+    learning_check: dict | None = None  # tolerance-kept candidates: LearningCheck.to_json()
 
 
 @dataclasses.dataclass

@@ -136,6 +136,11 @@ class OptimizeOptions:
       also at most ``budget_share`` of that run at the baseline's speed (a search that costs more
       than a small share of its run cannot pay for itself; ``rose-jax train --optimize`` passes it).
     budget_share: see ``run_units``.
+    learning_check: ``transform -> rose_jax.optimize.learning.LearningCheck`` (e.g.
+      ``algos.equivalence.checker(config, env)``: both programs trained on the same >= 5 seeds).
+      A faster candidate kept under a tolerance (``level="fn"``, results not bitwise equal) is
+      kept only if this check passes; its verdict is in the candidate's record. None: not run
+      (the record says so), the stepwise tolerance alone decides.
     """
 
     windows: Sequence[Any] | str | None = None
@@ -162,6 +167,7 @@ class OptimizeOptions:
     budget_s: float | None = None
     run_units: int | None = None
     budget_share: float = 0.1
+    learning_check: Callable[[Transform], Any] | None = None
 
     def __post_init__(self):
         if self.n_iters < 1 or self.repeats < 1:
@@ -758,6 +764,8 @@ class _Search:
             if res is not None and self.verdict(
                 rec, res, res.base.median - res.cand.median, versus_plan=False
             ):
+                if not self.learns_alike(rec, t, res):
+                    continue
                 if res.settled:  # what the step chose by measuring goes into the plan
                     t = transform_by_name(t.name, {**dict(t.params), **res.settled})
                     self.say(
@@ -765,6 +773,30 @@ class _Search:
                     )
                 kept.append((t, res.scaled_s, res.cmp))
         return kept
+
+    def learns_alike(self, rec: CandidateRecord, t: Transform, res: _Trial) -> bool:
+        """For a candidate kept under a tolerance with results not bitwise equal: the learning
+        check (``learning_check``), recorded in ``rec``; False (not kept) when it fails."""
+        if t.tolerance.exact or res.cmp is None or res.cmp.max_abs == 0.0:
+            return True
+        check = self.opts.learning_check
+        if check is None or t.level != "fn":
+            rec.learning_check = {"passed": None, "reason": "not run (no learning_check given)"}
+            return True
+        try:
+            verdict = check(t)
+            rec.learning_check = verdict.to_json()
+            ok, why = bool(verdict.passed), verdict.reason
+        except Exception as e:  # noqa: BLE001 - a failing check refuses the candidate, never the search
+            ok, why = False, f"could not run: {_failure(e)}"
+            rec.learning_check = {"passed": False, "reason": why}
+        if not ok:
+            rec.kept = False
+            rec.reason = f"faster and within {t.tolerance.rtol:g} rtol, but the learning check failed: {why}"
+        else:
+            rec.reason += f"; learning check: {why}"
+        self.say(f"[optimize] {rec.label}: learning check: {why}")
+        return ok
 
     def spent(self, rec: CandidateRecord) -> bool:
         """Whether the search's budget is spent (then ``rec`` is not measured and says why)."""
