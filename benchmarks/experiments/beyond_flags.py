@@ -11,6 +11,8 @@ iteration ``rose-jax train`` runs (``cli.train_job``) and compiles it under the 
 - ``flags_only``: the iteration, jitted, under the options;
 - ``hoist``: ``hoist_independent()`` (every scan's carry-independent work ahead of the loop, see
   ``rose_jax/optimize/hoist.py``) under the same options;
+- ``unroll:N``: the gradient-step (SAC) / minibatch (PPO) loops unrolled by N (``unroll_scans``),
+  so that under CONCURRENT scheduling one step's tail may overlap the next one's head;
 - ``set:NAME``: the plain iteration under another option set of ``xla_options.SETS`` (e.g. the
   sets for small latency-bound kernels: ``triton_gemm_any``, ``cublaslt``, ``latency_hiding``,
   ``concurrent_regions``).
@@ -39,6 +41,13 @@ from rose_jax.io import atomic_write_json
 
 OUT_DIR = os.path.join(common.RESULTS_DIR, "beyond_flags")
 VARIANTS = ("flags_only", "hoist")
+# unroll:N variants unroll the gradient-step / minibatch loops (their steps then overlap under
+# CONCURRENT scheduling: step i's tail beside step i+1's head)
+UNROLL_LOOPS = ("_grad_step", "minibatch_step")
+
+
+def UNROLL_WHERE(site) -> bool:  # noqa: N802 - a where spec, named like the constants it replaces
+    return getattr(site, "name", "") in UNROLL_LOOPS
 
 
 def build(name: str, smoke: bool):
@@ -60,14 +69,22 @@ def build(name: str, smoke: bool):
     return job, fn, state, int(job.config.env_steps_per_iteration), argv
 
 
-def variant_fn(variant: str, fn):
-    if variant == "flags_only" or variant.startswith("set:"):
-        return fn
-    if variant == "hoist":
-        from rose_jax.optimize import hoist_independent
+def transform_of(variant: str):
+    """The Transform a variant applies (None: the plain iteration)."""
+    from rose_jax.optimize import hoist_independent, unroll_scans
 
-        return hoist_independent().apply(fn)
-    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, set:NAME")
+    if variant == "flags_only" or variant.startswith("set:"):
+        return None
+    if variant == "hoist":
+        return hoist_independent()
+    if variant.startswith("unroll:"):
+        return unroll_scans(int(variant[7:]), where=UNROLL_WHERE)
+    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, set:NAME, unroll:N")
+
+
+def variant_fn(variant: str, fn):
+    t = transform_of(variant)
+    return fn if t is None else t.apply(fn)
 
 
 def variant_options(variant: str, options: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
@@ -108,11 +125,11 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     for v in args.variants:
         try:
             f = variant_fn(v, fn)
-            if v == "hoist":
+            t = transform_of(v)
+            if t is not None:
                 from rose_jax import trace as rtrace
-                from rose_jax.optimize import hoist_independent
 
-                legal[v] = hoist_independent().legal(rtrace.trace(fn, state0))[1]
+                legal[v] = t.legal(rtrace.trace(fn, state0))[1]
             steps[v], compile_s[v] = _compile(f, state0, variant_options(v, options, on_gpu))
             states[v], _ = _block(steps[v], state0, 2)  # warm
             common.log(f"{name} {v}: compiled in {compile_s[v]:.1f}s")
@@ -262,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     args.check_equal = {v.strip() for v in args.check_equal.split(",") if v.strip()}
     for v in args.variants:
-        if v not in VARIANTS and not (v.startswith("set:") and v[4:] in xla_options.SETS):
+        if v not in VARIANTS and not (v.startswith("set:") and v[4:] in xla_options.SETS) and not (
+            v.startswith("unroll:") and v[7:].isdigit() and int(v[7:]) >= 2
+        ):
             p.error(
                 f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, "
                 f"set:NAME of {', '.join(xla_options.SETS)}"

@@ -1,0 +1,56 @@
+"""benchmarks/experiments/beyond_flags.py without a GPU: its variants name real transforms, bad
+variants are one-line argparse errors, and its files are written from hand-made rows."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from benchmarks.experiments import beyond_flags as B
+
+
+def test_variants_name_the_library_transforms():
+    assert B.transform_of("flags_only") is None and B.transform_of("set:cublaslt") is None
+    assert B.transform_of("hoist").name == "hoist_independent"
+    t = B.transform_of("unroll:4")
+    assert t.name == "unroll_scans" and dict(t.params)["factor"] == 4
+
+
+@pytest.mark.parametrize("bad", ["nonsense", "set:no_such_set", "unroll:1", "unroll:x"])
+def test_bad_variant_is_an_argparse_error(bad, capsys):
+    with pytest.raises(SystemExit):
+        B.main(["--variants", f"flags_only,{bad}", "--out", "/nonexistent"])
+    assert "unknown variant" in capsys.readouterr().err
+
+
+def test_files_from_rows(tmp_path):
+    rows = [
+        {
+            "workload": "sac-hopper",
+            "variant": "flags_only",
+            "env_steps_per_s": 9600.0,
+            "spread_env_steps_per_s": [9500.0, 9700.0],
+            "speedup_vs_flags_only": 1.0,
+            "compile_s": 30.0,
+        },
+        {
+            "workload": "sac-hopper",
+            "variant": "hoist",
+            "env_steps_per_s": 9800.0,
+            "spread_env_steps_per_s": [9700.0, 9900.0],
+            "speedup_vs_flags_only": 1.02,
+            "compile_s": 31.0,
+            "equal": False,
+            "within_tolerance": True,
+            "max_abs_diff": 1e-7,
+            "legal": "moved",
+        },
+    ]
+    B.write(str(tmp_path), rows, "python -m benchmarks.experiments.beyond_flags")
+    data = json.load(open(tmp_path / "results.json"))
+    assert data["rows"] == rows and "machine" in data and data["command"].startswith("python -m")
+    md = open(tmp_path / "results.md").read()
+    assert "| sac-hopper | hoist | 9,800 (9,700-9,900) | 1.020 |" in md
+    assert os.path.exists(tmp_path / "results.png")
