@@ -24,14 +24,23 @@ from typing import Any, Sequence
 from rose_jax.io import atomic_write_json, atomic_write_text
 
 from benchmarks import common
-from benchmarks.suite.workloads import BASELINES, LABELS, VARIANTS
+from benchmarks.suite.workloads import (
+    BASELINES,
+    INFORMED_PEERS,
+    LABELS,
+    PEER_OPTION_SET,
+    PEER_XLA_FLAGS,
+    VARIANTS,
+)
 
 SUITE_DIR = os.path.join(common.RESULTS_DIR, "suite")
 README = os.path.join(common.REPO_DIR, "README.md")
 START, END = "<!-- RESULTS -->", "<!-- /RESULTS -->"
 SHORT = {
     "brax": "(a) Brax",
+    "brax_flags": "(a') Brax + flag",
     "single_jit": "(b) single-jit",
+    "single_jit_flags": "(b') single-jit + options",
     "hand_pipelined": "(c) hand pipeline",
     "rose_jax": "(d) rose-jax",
 }
@@ -49,11 +58,52 @@ def rate(row: dict, variant: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else None
 
 
+def peer_pair(row: dict, peer: str) -> dict:
+    """(d) against one peer (``"brax"`` or ``"single_jit"``) as the measurement standard asks: against
+    the faster of the peer as shipped and the peer with the best global XLA flags
+    (:data:`benchmarks.suite.workloads.INFORMED_PEERS`).
+
+    Returns ``{"best", "env_steps_per_s", "ratio", "measured", "informed"}``: the faster measured
+    variant of the pair, its rate, (d) / it, the pair's measured variants, and ``informed``: both
+    were measured (the ratio is then to the informed peer; otherwise to what ran, or None).
+    """
+    pair = (peer, INFORMED_PEERS[peer])
+    measured = {v: rate(row, v) for v in pair if rate(row, v) is not None}
+    best = max(measured, key=measured.get) if measured else None
+    d = rate(row, "rose_jax")
+    return {
+        "best": best,
+        "env_steps_per_s": measured[best] if best else None,
+        "ratio": d / measured[best] if (d is not None and best) else None,
+        "measured": [v for v in pair if v in measured],
+        "informed": len(measured) == len(pair),
+    }
+
+
+def peer_fields(row: dict) -> dict:
+    """The keys :func:`peer_cells` reads, for a suite row: ``rose_env_steps_per_s`` ((d)'s rate) and
+    ``informed_peer_env_steps_per_s``: the fastest peer whose pair ((a)/(a'), (b)/(b')) was measured
+    in full, with ``informed_peer`` naming that variant; None where no pair was (rows measured
+    before the informed-peer method then read "not measured"). The suite times no whole runs of
+    equal length, so ``end_to_end_s`` / ``peer_end_to_end_s`` stay absent."""
+    pairs = [peer_pair(row, p) for p in INFORMED_PEERS]
+    informed = [p for p in pairs if p["informed"]]
+    best = max(informed, key=lambda p: p["env_steps_per_s"]) if informed else None
+    return {
+        "rose_env_steps_per_s": rate(row, "rose_jax"),
+        "informed_peer": best["best"] if best else None,
+        "informed_peer_env_steps_per_s": best["env_steps_per_s"] if best else None,
+    }
+
+
 def summarize(row: dict) -> dict:
-    """The row's derived numbers: best baseline of (a)-(c), ratio (d) / best, overhead, break-even.
+    """The row's derived numbers: best baseline of (a)-(c) (each peer as shipped and flagged), ratio
+    (d) / best, (d) against each peer's pair, overhead, break-even.
 
     Returns ``{"best_baseline", "best_baseline_env_steps_per_s", "ratio", "search_overhead_s",
-    "breakeven_env_steps", "baselines_measured"}``; values are None where a number is missing.
+    "breakeven_env_steps", "baselines_measured", "vs_brax", "vs_single_jit", "ratio_vs_brax",
+    "ratio_vs_single_jit"}`` and :func:`peer_fields`'s keys; values are None where a number is missing.
+    ``vs_<peer>`` is :func:`peer_pair`: (d) / the faster of the peer as shipped and with the flag.
     ``breakeven_env_steps``: env steps after which (d) including its search overhead has caught
     up with the best baseline (None unless (d) is faster).
     """
@@ -67,6 +117,7 @@ def summarize(row: dict) -> dict:
     breakeven = None
     if ratio is not None and ratio > 1.0 and isinstance(overhead, (int, float)):
         breakeven = overhead / (1.0 / best_rate - 1.0 / d)
+    pairs = {p: peer_pair(row, p) for p in INFORMED_PEERS}
     return {
         "best_baseline": best,
         "best_baseline_env_steps_per_s": best_rate,
@@ -74,7 +125,35 @@ def summarize(row: dict) -> dict:
         "search_overhead_s": overhead,
         "breakeven_env_steps": breakeven,
         "baselines_measured": sorted(measured),
+        **{f"vs_{p}": pair for p, pair in pairs.items()},
+        **{f"ratio_vs_{p}": pair["ratio"] for p, pair in pairs.items()},
+        **peer_fields(row),
     }
+
+
+def with_peer_fields(row: dict) -> dict:
+    """``row`` (a suite row, as stored) with :func:`peer_fields`'s keys at its top level, where
+    :func:`peer_cells` reads them."""
+    return {**row, **peer_fields(row)}
+
+
+def pair_cell(row: dict, peer: str) -> str:
+    """(d) against a peer's pair: ``1.23x ((a') Brax + flag)``; with one of the pair missing, the
+    ratio to the one that ran and what the other's status was; "—" where the row has no such peer."""
+    pair = (peer, INFORMED_PEERS[peer])
+    recs = row.get("variants", {})
+    if not any(v in recs for v in pair):
+        return "—"
+    p = peer_pair(row, peer)
+    missing = [
+        f"{SHORT[v].split()[0]} {(recs.get(v) or {}).get('status') or NOT_MEASURED}"
+        for v in pair
+        if v not in p["measured"]
+    ]
+    if p["ratio"] is None:
+        return "; ".join(missing) if not p["measured"] else "—"
+    text = f"{p['ratio']:.2f}x ({SHORT[p['best']]}"
+    return text + (f" only; {', '.join(missing)})" if missing else ")")
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -156,6 +235,7 @@ def markdown(results: dict) -> str:
         "workload",
         *[SHORT[v] for v in VARIANTS],
         "d / best (a-c)",
+        *PAIR_COLUMNS,
         "search s",
         "SM % (a b c d)",
         "plan",
@@ -168,6 +248,7 @@ def markdown(results: dict) -> str:
                 row["name"],
                 *[cell(row, v) for v in VARIANTS],
                 "—" if s["ratio"] is None else f"{s['ratio']:.3f}",
+                *[pair_cell(row, p) for p in INFORMED_PEERS],
                 _fmt(s["search_overhead_s"]),
                 _activity(row),
                 _plan(row),
@@ -183,7 +264,11 @@ def markdown(results: dict) -> str:
         "Env-steps/s after warm-up (median over timed blocks; compilation excluded). "
         "(a) Brax's own trainer (`training/sps`), (b) our algorithm K iterations per jitted `lax.scan`, "
         "(c) (b) with a hand-written 2-group staggered rollout, (d) `rose_jax.optimize`'s plan run like (b) "
-        "(its search time is listed separately). Ratio = (d) / best of (a)-(c). "
+        "(its search time is listed separately). Each peer also runs with the best global XLA flags we "
+        "know, in the same device call: (a') Brax's trainer in a child process with "
+        f"`XLA_FLAGS={PEER_XLA_FLAGS}`, (b') (b)'s program compiled with the option set "
+        f"`{PEER_OPTION_SET}` (on a CPU: no options). Ratio = (d) / best of (a)-(c) including (a') and "
+        "(b'); the pair columns give (d) against the faster of (a)/(a') and of (b)/(b'). "
         "Rows named `...-epoch` time Brax's train loop instead: a call is several epochs, each K training "
         "iterations then an evaluation episode of the deterministic policy; env-steps/s counts training "
         "steps over the whole wall time, evaluation included, for (a) too (its time between progress "
@@ -320,8 +405,12 @@ def peer_cells(row: dict) -> list[str]:
     return [a, b]
 
 
+PAIR_COLUMNS = ["d / faster of (a), (a')", "d / faster of (b), (b')"]
+
+
 def headline(results: dict, source: str) -> str:
-    """The README block: one line of setting and a short table (workload, best baseline, rose-jax, ratio)."""
+    """The README block: one line of setting and a short table (workload, best baseline, rose-jax, ratio,
+    rose-jax against each peer's pair, the informed-peer columns)."""
     rows = results.get("rows", [])
     body = []
     for row in rows:
@@ -337,13 +426,15 @@ def headline(results: dict, source: str) -> str:
                 _fmt(s["search_overhead_s"]),
                 _plan(row),
                 _not_measured(row),
-                *peer_cells(row),
+                *[pair_cell(row, p) for p in INFORMED_PEERS],
+                *peer_cells(with_peer_fields(row)),
             ]
         )
     table = common.markdown_table(
         [
             "workload", "best baseline env-steps/s", "rose-jax env-steps/s", "ratio",
-            "SM % best -> rose-jax", "search s", "plan", "baselines not measured", *PEER_COLUMNS,
+            "SM % best -> rose-jax", "search s", "plan", "baselines not measured", *PAIR_COLUMNS,
+            *PEER_COLUMNS,
         ],
         body,
     )
@@ -351,7 +442,9 @@ def headline(results: dict, source: str) -> str:
     return (
         f"Suite `{results.get('suite')}`: {_setting(results)}. Env-steps/s after warm-up; "
         "the best baseline is the fastest of Brax's own trainer, our single-jit loop and a hand-written "
-        "env-group pipeline. "
+        "env-group pipeline, each peer (Brax's trainer, our single-jit loop) as shipped and with the best "
+        f"global XLA flags we know (`{PEER_XLA_FLAGS}`), in the same device call; the informed peer is the "
+        "fastest peer measured both ways. "
         + (
             "Epoch rows time Brax's train loop (training iterations, then an evaluation episode, per "
             "epoch): env-steps/s counts training steps over the whole wall time, evaluation included. "
@@ -408,7 +501,9 @@ def plot(results: dict, path: str) -> None:
     rows = results.get("rows", [])
     colors = {
         "brax": "tab:gray",
+        "brax_flags": "dimgray",
         "single_jit": "tab:blue",
+        "single_jit_flags": "tab:cyan",
         "hand_pipelined": "tab:green",
         "rose_jax": "tab:red",
     }
@@ -449,6 +544,7 @@ def write_outputs(results: dict, directory: str, stem: str = "results", png: boo
     """Write ``<stem>.json`` (with summaries), ``<stem>.md`` and (``png``) ``<stem>.png``; returns paths."""
     for row in results.get("rows", []):
         row["summary"] = summarize(row)
+        row.update(peer_fields(row))
     base = os.path.join(directory, stem)
     atomic_write_json(base + ".json", results)
     atomic_write_text(base + ".md", markdown(results))

@@ -1,4 +1,4 @@
-"""The benchmark suite: Brax, single-jit, hand-pipelined and rose-jax, one process, one GPU.
+"""The benchmark suite: Brax, single-jit, hand-pipelined and rose-jax, one GPU.
 
     python -m benchmarks.suite.run --suite quick                # H200 headline rows, < 8 min with compilation
     python -m benchmarks.suite.run --suite full --part 3/32     # one part of every combination
@@ -7,7 +7,13 @@
     python -m benchmarks.suite.run --suite full --list          # rows, parts and estimated device time
 
 Every variant of a row (see :mod:`benchmarks.suite.workloads`) runs in this process on the same device with
-the same hyperparameters, env count and initial state. Throughput is env-steps/s after warm-up:
+the same hyperparameters, env count and initial state, except (a'): Brax's trainer with ``XLA_FLAGS`` +=
+:data:`benchmarks.suite.workloads.PEER_XLA_FLAGS` must start its own process (XLA reads the flags at
+process start), so it runs as ``python -m benchmarks.suite.run --suite S --child-brax ROW --result F``
+right after (a), in the same device call; the child writes (a)'s record to ``F`` (atomically), and
+its failure or timeout is that variant's ``error``. (b') is (b)'s program compiled with the option
+set :data:`benchmarks.suite.workloads.PEER_OPTION_SET` (``compiler_options``; none on a CPU, where
+the record says ``"options": {}``) and timed in turns with (b)-(d). Throughput is env-steps/s after warm-up:
 the median over ``blocks`` timed calls of K iterations each, every call fenced with
 ``block_until_ready`` (compilation is in the first, untimed call); the device-resident variants
 (b)-(d) are compiled first and then timed in turns, one call of each per round, so that drift
@@ -18,9 +24,11 @@ the GPU, one more call per variant runs under :class:`rose_jax.profile.Sampler` 
 activity (so the sampler never perturbs the timed blocks). Results: ``benchmarks/results/suite/
 <suite>/results.{json,md,png}`` (``part-i-of-n.*`` for a part, merged into ``results.*``).
 
-Three phases (:func:`run_rows`): every row's setup and its (b)/(c) compiles, ``--compile-workers``
+Three phases (:func:`run_rows`): every row's setup and its (b)/(b')/(c) compiles, ``--compile-workers``
 rows at a time (nothing is timed meanwhile); then row by row (d)'s search and the timed runs of
-(b), (d), (c); then the Brax runs (a), cheapest first, so a budget cuts SAC's Brax run first.
+(b), (b'), (d), (c); then the Brax runs (a) and (a'), cheapest row first, so a budget cuts SAC's Brax
+runs first. Every ratio of (d) is to the faster of each peer's pair ((a)/(a'), (b)/(b')): see
+:func:`benchmarks.suite.report.summarize`.
 A row's variants run in :data:`benchmarks.suite.workloads.RUN_ORDER`; with a time budget (``--budget-s``,
 default the suite's) a variant whose estimated cost no longer fits is skipped and recorded as
 ``skipped``; an exception in one variant is recorded as ``error`` and the suite goes on.
@@ -31,9 +39,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import math
 import os
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,6 +75,8 @@ class Context:
     t0: float = dataclasses.field(default_factory=time.perf_counter)
     # (variant, actual s, estimated s) per finished variant
     observed: list = dataclasses.field(default_factory=list)
+    # the persistent XLA compilation cache this run uses (handed to (a')'s child process)
+    compile_cache: str | None = None
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -71,13 +84,16 @@ class Context:
     def scale(self, variant: str | None = None) -> float:
         """Measured / estimated seconds so far (median, clamped to [0.3, 3]) of ``variant``'s runs,
         or of all variants when ``variant`` has none yet. Brax's whole train() is modelled apart
-        (it shares no compile with the others): without a Brax run so far its scale is 1.
+        (it shares no compile with the others): without a Brax run so far its scale is 1; (a')
+        (the same train() in a child process) is scaled like (a) until it has runs of its own.
 
         Per variant because the model's errors are: a (d) search that takes 2x its estimate says
         nothing about Brax's train(), and must not scale it out of the budget."""
         ratios = [(v, a / e) for v, a, e in self.observed if e > 0]
         own = [r for v, r in ratios if v == variant]
-        pool = own or ([] if variant == "brax" else [r for _, r in ratios])
+        if variant == "brax_flags" and not own:
+            own = [r for v, r in ratios if v == "brax"]
+        pool = own or ([] if variant in S.BRAX_VARIANTS else [r for _, r in ratios])
         if not pool:
             return 1.0
         return min(3.0, max(0.3, statistics.median(pool)))
@@ -102,7 +118,7 @@ def _activity_available(gpu: bool) -> tuple[bool, str]:
         return False, f"rose_jax.profile unavailable: {type(e).__name__}: {e}"
 
 
-def _enable_compile_cache(directory: str | None) -> tempfile.TemporaryDirectory | None:
+def _enable_compile_cache(directory: str | None) -> tuple[tempfile.TemporaryDirectory | None, str]:
     """Turn on JAX's persistent compilation cache (a temp dir unless ``directory``).
 
     Identical programs compiled twice in one run (Brax's second epoch, the optimizer's final
@@ -113,7 +129,7 @@ def _enable_compile_cache(directory: str | None) -> tempfile.TemporaryDirectory 
         tmp = tempfile.TemporaryDirectory(prefix="rose-jax-xla-cache-")
         directory = tmp.name
     common.enable_compile_cache(directory, min_compile_time_s=0.5)
-    return tmp
+    return tmp, directory
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -297,31 +313,55 @@ def _epoch_fn(row: Row) -> Callable:
 
 
 def _loop(row: Row, variant: str) -> Callable:
-    """The jitted (not yet compiled) K-iteration loop of (b) or (c); an epoch row: (b)'s jitted epoch."""
+    """The jitted (not yet compiled) K-iteration loop of (b) or (c); an epoch row: (b)'s jitted epoch.
+
+    (b') is (b)'s program: its XLA options are given when it is compiled (:func:`peer_options`)."""
     import jax
 
     from benchmarks.suite import baselines
 
     if row.w.unit == "epoch":
-        if variant != "single_jit":
+        if variant not in ("single_jit", "single_jit_flags"):
             raise ValueError(f"{row.w.name}: variant {variant} is not built for epoch rows")
         return jax.jit(_epoch_fn(row), donate_argnums=(0,) if jax.default_backend() != "cpu" else ())
-    if variant == "single_jit":
+    if variant in ("single_jit", "single_jit_flags"):
         it = row.algo.iteration(row.config, row.env)
     else:
         it = baselines.pipelined_iteration(row.w.algo, row.config, row.env, row.w.groups)
     return baselines.single_jit_loop(it, row.w.iterations_per_block)
 
 
+def peer_options(gpu: bool) -> dict:
+    """(b')'s compiler options: the option set :data:`benchmarks.suite.workloads.PEER_OPTION_SET` on a
+    GPU (XLA's GPU options); none on a CPU, where they do not apply."""
+    if not gpu:
+        return {}
+    from rose_jax.optimize.xla_options import SETS
+
+    return dict(SETS[S.PEER_OPTION_SET])
+
+
+def _compile(row: Row, variant: str) -> Callable:
+    """``jit(loop).lower(state0).compile(...)``: (b')'s with :func:`peer_options`, the others' plainly."""
+    import jax
+
+    lowered = _loop(row, variant).lower(row.state0)
+    if variant == "single_jit_flags":
+        return lowered.compile(compiler_options=peer_options(jax.default_backend() == "gpu") or None)
+    return lowered.compile()
+
+
 def precompile(row: Row, variant: str) -> None:
-    """Compile (b)'s or (c)'s loop ahead of time for ``row.state0`` (``jit(...).lower(...).compile()``).
+    """Compile (b)'s, (b')'s or (c)'s loop ahead of time for ``row.state0``
+    (``jit(...).lower(...).compile()``).
 
     Stores the compiled callable (same program, same donation as the jitted loop) and the compile
-    seconds in the row; on failure records why, and the variant compiles at its first call instead.
+    seconds in the row; on failure records why, and the variant compiles at its first call instead
+    ((b'): again ahead of its first call, with its options).
     """
     t = time.perf_counter()
     try:
-        row.compiled[variant] = _loop(row, variant).lower(row.state0).compile()
+        row.compiled[variant] = _compile(row, variant)
     except Exception as e:  # noqa: BLE001 - the variant falls back to compiling at its first call
         row.compile_error[variant] = _one_line(e)
     row.compile_s[variant] = time.perf_counter() - t
@@ -361,6 +401,27 @@ def prepare_single_jit(row: Row, ctx: Context) -> Prepared:
     loop = _unit_call(row, row.compiled.get("single_jit") or _loop(row, "single_jit"))
     row.single_jit_loop = loop
     return _warm(row, "single_jit", loop)
+
+
+def prepare_single_jit_flags(row: Row, ctx: Context) -> Prepared:
+    """(b'): (b)'s program compiled with the peer's XLA options (never silently without them: a failed
+    ahead-of-time compile is tried once more here, and a second failure is this variant's error)."""
+    compiled = row.compiled.get("single_jit_flags") or _compile(row, "single_jit_flags")
+    options = peer_options(ctx.gpu)
+    return _warm(
+        row,
+        "single_jit_flags",
+        _unit_call(row, compiled),
+        {
+            "option_set": S.PEER_OPTION_SET,
+            "options": options,
+            "note": (
+                f"(b)'s program compiled with compiler_options {options}"
+                if options
+                else "(b)'s program; no GPU, so no XLA options: compiled with XLA's defaults (options {})"
+            ),
+        },
+    )
 
 
 def prepare_hand_pipelined(row: Row, ctx: Context) -> Prepared:
@@ -513,7 +574,9 @@ def finish(p: Prepared, row: Row, ctx: Context) -> dict:
     return rec
 
 
-def run_brax(row: Row, ctx: Context) -> dict:
+def run_brax(row: Row, ctx: Context, variant: str = "brax") -> dict:
+    """Brax's own trainer on the row's workload in this process: its steady ``training/sps`` over the
+    epochs after its two compiles, its whole ``train()`` seconds (``variant``: the label to log)."""
     from benchmarks.suite import baselines
 
     w = row.w
@@ -574,7 +637,7 @@ def run_brax(row: Row, ctx: Context) -> dict:
         "note": note,
     }
     ctx.log(
-        f"    {LABEL['brax']}: {record['env_steps_per_s']:,.0f} env-steps/s (timed "
+        f"    {LABEL[variant]}: {record['env_steps_per_s']:,.0f} env-steps/s (timed "
         f"{', '.join(f'{r:,.0f}' for r in timed)}; training/sps of all epochs "
         f"{', '.join(f'{r:,.0f}' for r in run.sps)}); whole train() {run.total_s:.1f}s"
         + (f"; SM {activity['mean_sm_util']:.0f}%" if activity.get("mean_sm_util") is not None else "")
@@ -582,10 +645,124 @@ def run_brax(row: Row, ctx: Context) -> dict:
     return record
 
 
+def _child_timeout_s(estimate_s: float) -> float:
+    """How long (a')'s child may run: 4x its estimate, at least 2 minutes (a hung child must not
+    take the device call with it; a slow one is still waited for)."""
+    return max(120.0, 4.0 * estimate_s)
+
+
+def _tail(text: str | bytes | None, lines: int = 1) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    kept = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return " / ".join(kept[-lines:])[:300]
+
+
+def run_brax_flags(row: Row, ctx: Context, timeout_s: float | None = None) -> dict:
+    """(a'): :func:`run_brax` in a child process whose ``XLA_FLAGS`` add
+    :data:`benchmarks.suite.workloads.PEER_XLA_FLAGS` (XLA reads them at process start only).
+
+    The child (``--child-brax``) finds the row by name in ``ctx.suite``, uses this run's compile
+    cache, and writes its record to a temp file (atomically); this returns that record with the
+    command, the child's wall seconds and exit code. A child that fails, times out (``timeout_s``,
+    default :func:`_child_timeout_s` of the estimate) or writes no record gives an ``error`` record;
+    this never raises for the child.
+    """
+    w = row.w
+    flags = f"{os.environ.get('XLA_FLAGS', '')} {S.PEER_XLA_FLAGS}".strip()
+    fd, result = tempfile.mkstemp(prefix=f"suite-brax-flags-{w.name}-", suffix=".json")
+    os.close(fd)
+    os.unlink(result)
+    args = ["--suite", ctx.suite, "--child-brax", w.name]
+    args += ["--compile-cache", ctx.compile_cache] if ctx.compile_cache else []
+    cmd = [sys.executable, "-m", "benchmarks.suite.run", *args, "--result", result]
+    env = dict(os.environ, XLA_FLAGS=flags)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (common.REPO_DIR, os.environ.get("PYTHONPATH")) if p)
+    timeout = timeout_s if timeout_s is not None else _child_timeout_s(ctx.estimate(w, "brax_flags"))
+    base = {
+        "xla_flags": flags,
+        "command": f"XLA_FLAGS={shlex.quote(flags)} python -m benchmarks.suite.run {shlex.join(args)}",
+    }
+    t = time.perf_counter()
+    rc: int | None = None
+    try:
+        proc = subprocess.run(
+            cmd, env=env, cwd=common.REPO_DIR, capture_output=True, text=True, timeout=timeout
+        )
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
+        failure = None if rc == 0 else f"child process exited with {rc}: {_tail(err) or '(no output)'}"
+    except subprocess.TimeoutExpired as e:
+        out, err = e.stdout, e.stderr
+        failure = f"child process timed out after {timeout:.0f}s (killed)"
+    except OSError as e:
+        out, err, failure = "", "", f"child process did not start: {_one_line(e)}"
+    wall = time.perf_counter() - t
+    for line in (out.decode(errors="replace") if isinstance(out, bytes) else out or "").splitlines():
+        if line.strip():
+            ctx.log("  " + line if line.startswith("    ") else "    [child] " + line)
+    record: dict = {}
+    try:
+        with open(result) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        pass
+    finally:
+        if os.path.exists(result):
+            os.unlink(result)
+    if failure is None and record.get("status") is None:
+        failure = "child process wrote no record"
+    if failure is not None:
+        if err:
+            print(_tail(err, 20), file=sys.stderr)
+        record = {"status": "error", "error": record.get("error") or failure, **(
+            {"child_error": failure} if record.get("error") else {})}
+    record.update(base, returncode=rc, process_wall_s=wall)
+    return record
+
+
+def child_brax(suite: str, name: str, result: str, compile_cache: str | None) -> int:
+    """``--child-brax``: :func:`run_brax` on row ``name`` of ``suite`` under this process's
+    ``XLA_FLAGS``; its record (or the error) written to ``result``."""
+    t = time.perf_counter()
+    try:
+        rows = [w for w in S.get(suite).workloads if w.name == name]
+        if not rows:
+            raise ValueError(f"suite {suite!r} has no row named {name!r}")
+        w = rows[0]
+        import jax
+
+        import algos
+
+        if compile_cache:
+            common.enable_compile_cache(compile_cache, min_compile_time_s=0.5)
+        gpu = jax.default_backend() == "gpu"
+        env = w.make_env()
+        ctx = Context(
+            suite=suite,
+            budget_s=None,
+            gpu=gpu,
+            activity=_activity_available(gpu),
+            measure_threshold=False,
+            plan_cache=None,
+            log=lambda line: print(line, flush=True),
+            compile_cache=compile_cache,
+        )
+        record = run_brax(Row(w, env, w.config(env), algos.get(w.algo), None), ctx, "brax_flags")
+        record.update(backend=jax.default_backend(), child_xla_flags=os.environ.get("XLA_FLAGS", ""))
+        record["child_s"] = time.perf_counter() - t
+        atomic_write_json(result, record)
+        return 0
+    except Exception as e:  # noqa: BLE001 - the parent records the error
+        traceback.print_exc(file=sys.stderr)
+        atomic_write_json(result, {"status": "error", "error": _one_line(e)})
+        return 1
+
+
 LABEL = S.LABELS
 DEFAULT_WORKERS = 4  # concurrent row setups / compiles on a GPU host (the H200 host has 16 cores)
 PREPARE = {
     "single_jit": prepare_single_jit,
+    "single_jit_flags": prepare_single_jit_flags,
     "rose_jax": prepare_rose_jax,
     "hand_pipelined": prepare_hand_pipelined,
 }
@@ -722,7 +899,7 @@ def measure_row(row: Row, out: dict, ctx: Context, index: str = "") -> dict:
         out["variants"][p.variant] = finish(p, row, ctx)
     del prepared
     release(row)
-    return finalize(out, ctx, log=not any(v == "brax" for v in w.variants))
+    return finalize(out, ctx, log=not any(v in S.BRAX_VARIANTS for v in w.variants))
 
 
 def release(row: Row) -> None:
@@ -739,24 +916,28 @@ def release(row: Row) -> None:
 
 
 def brax_row(row: Row, out: dict, ctx: Context, index: str = "") -> dict:
-    """Phase 3 of a row: Brax's own trainer (a), if the budget still fits it."""
+    """Phase 3 of a row: Brax's own trainer as shipped (a) in this process, then with the peer's XLA
+    flag (a') in a child process, each if the budget still fits it."""
     w = row.w
     ctx.log(f"[{ctx.suite} brax {index}] {w.name}: Brax {w.algo}.train; elapsed {ctx.elapsed():.0f}s")
-    estimate = ctx.estimate(w, "brax")
-    if not _skip(out, "brax", ctx, estimate):
+    for v in [v for v in S.BRAX_VARIANTS if v in w.variants]:
+        estimate = ctx.estimate(w, v)
+        if _skip(out, v, ctx, estimate):
+            continue
         t = time.perf_counter()
         try:
-            rec = run_brax(row, ctx)
+            rec = run_brax(row, ctx) if v == "brax" else run_brax_flags(row, ctx)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc(file=sys.stderr)
             rec = {"status": "error", "error": _one_line(e)}
-            ctx.log(f"    {LABEL['brax']}: ERROR {rec['error']}")
+        if rec["status"] != "ok":
+            ctx.log(f"    {LABEL[v]}: ERROR {rec['error']}")
         rec["wall_s"] = time.perf_counter() - t
         rec["estimated_s"] = estimate
         if rec["status"] == "ok":
-            ctx.observed.append(("brax", rec["wall_s"], S.estimate_s(w, "brax", ctx.gpu)))
-        out["variants"]["brax"] = rec
-    gc.collect()
+            ctx.observed.append((v, rec["wall_s"], S.estimate_s(w, v, ctx.gpu)))
+        out["variants"][v] = rec
+        gc.collect()
     return finalize(out, ctx)
 
 
@@ -764,11 +945,17 @@ def finalize(out: dict, ctx: Context, log: bool = True) -> dict:
     """Variants in :data:`VARIANTS` order and the row's summary (recomputed whenever a variant is added)."""
     out["variants"] = {v: out["variants"][v] for v in S.VARIANTS if v in out["variants"]}
     out["summary"] = report.summarize(out)
+    out.update(report.peer_fields(out))  # the keys report.peer_cells reads
     s = out["summary"]
     if log and s["ratio"] is not None:
         ctx.log(
             f"    ratio (d) / best of {', '.join(s['baselines_measured'])} ({s['best_baseline']}): "
             f"{s['ratio']:.3f}; search overhead {s['search_overhead_s']:.1f}s"
+            + "".join(
+                f"; vs {p} pair {report.pair_cell(out, p)}"
+                for p in S.INFORMED_PEERS
+                if any(v in out["variants"] for v in (p, S.INFORMED_PEERS[p]))
+            )
         )
     return out
 
@@ -780,7 +967,7 @@ def run_workload(w: S.Workload, ctx: Context, index: str = "", precompile_varian
     if row is None:
         return out
     measure_row(row, out, ctx, index)
-    if "brax" in w.variants:
+    if any(v in w.variants for v in S.BRAX_VARIANTS):
         brax_row(row, out, ctx, index)
     return out
 
@@ -791,8 +978,9 @@ def run_rows(
     """The three phases over ``rows``; ``on_update(records)`` after each row and each Brax run.
 
     1. every row's setup and (b)/(c) compiles, ``workers`` at a time (nothing timed meanwhile);
-    2. row by row: (d)'s search, (b), (d), (c) timed in turns, SM activity;
-    3. the Brax runs, cheapest first (:func:`benchmarks.suite.workloads.brax_order`), so that a budget cuts
+    2. row by row: (d)'s search, (b), (b'), (d), (c) timed in turns, SM activity;
+    3. the Brax runs ((a), then (a') in a child process), cheapest row first
+       (:func:`benchmarks.suite.workloads.brax_order`), so that a budget cuts
        the most expensive (SAC's) first.
     """
     outs = [new_record(w) for w in rows]
@@ -861,12 +1049,12 @@ def print_plan(
         f"  start ~{plan['start']:.0f}s; precompile (setup + (b)/(c) compiles, {workers} at a time) "
         f"~{plan['precompile']:.0f}s (~{plan['precompile_serial']:.0f}s one after the other)"
     )
-    print(f"  {'row':34s} {'variants':45s} {'setup+b/c':>9s} {'b,d,c':>6s} {'(a)':>6s}")
+    print(f"  {'row':34s} {'variants':45s} {'setup+b/c':>9s} {'b,d,c':>6s} {'(a,a`)':>6s}")
     for w in rows:
         r = plan["rows"][w.name]
         print(
             f"  {w.name:34s} {','.join(w.variants):45s} ~{r['precompile']:7.0f}s ~{r['measure']:4.0f}s "
-            + (f"~{r['brax']:4.0f}s" if "brax" in w.variants else "     —")
+            + (f"~{r['brax']:4.0f}s" if any(v in w.variants for v in S.BRAX_VARIANTS) else "     —")
         )
     if plan["brax_order"]:
         print(
@@ -928,7 +1116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rows set up and (b)/(c)-compiled concurrently before anything is timed "
         f"(default: {DEFAULT_WORKERS} on a GPU, 1 on CPU; 1 = one after the other)",
     )
+    p.add_argument("--child-brax", metavar="ROW", help=argparse.SUPPRESS)  # (a')'s child process
+    p.add_argument("--result", help=argparse.SUPPRESS)  # where --child-brax writes its record
     args = p.parse_args(argv)
+    if args.child_brax:
+        if not args.result:
+            raise SystemExit("benchmarks.suite.run: --child-brax needs --result FILE")
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        return child_brax(args.suite, args.child_brax, args.result, args.compile_cache)
     if args.mps_client and not os.environ.get("ROSE_MPS_CLIENT"):
         from rose_jax.mps import MPSError, run_as_client
 
@@ -960,7 +1155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             suite, rows, plan_gpu, budget, args.compile_workers or (DEFAULT_WORKERS if plan_gpu else 1)
         )
         return 0
-    tmp_cache = _enable_compile_cache(args.compile_cache)
+    tmp_cache, cache_dir = _enable_compile_cache(args.compile_cache)
     ctx = Context(
         suite=suite.name,
         budget_s=budget,
@@ -969,6 +1164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure_threshold=suite.measure_threshold if args.threshold is None else args.threshold,
         plan_cache=args.plan_cache,
         log=lambda line: print(line, flush=True),
+        compile_cache=cache_dir,
     )
     directory = report.suite_dir(suite.name, args.out)
     stem = "results" if part is None else f"part-{part[0]}-of-{part[1]}"

@@ -1,13 +1,20 @@
 """Benchmark workloads and suites: frozen data, no JAX at import time.
 
 A :class:`Workload` is one row of the results table: an algorithm (PPO or SAC) on one environment
-with one policy size and env count, measured as up to four variants (:data:`VARIANTS`):
+with one policy size and env count, measured as up to six variants (:data:`VARIANTS`):
 
-  ``brax``            (a) Brax's own ``ppo.train`` / ``sac.train`` (Brax envs only), its ``training/sps``
-  ``single_jit``      (b) our algorithm, K iterations inside one jitted ``lax.scan`` (PureJaxRL style)
-  ``hand_pipelined``  (c) (b) with the rollout split into 2 env groups, staggered by hand
-                          (:mod:`benchmarks.suite.baselines`): group B's policy next to group A's sim
-  ``rose_jax``        (d) ``rose_jax.optimize.optimize`` of the same iteration, run like (b)
+  ``brax``              (a) Brax's own ``ppo.train`` / ``sac.train`` (Brax envs only), its ``training/sps``
+  ``brax_flags``        (a') (a) in a child process with ``XLA_FLAGS`` + :data:`PEER_XLA_FLAGS`
+  ``single_jit``        (b) our algorithm, K iterations inside one jitted ``lax.scan`` (PureJaxRL style)
+  ``single_jit_flags``  (b') (b) compiled with the XLA option set :data:`PEER_OPTION_SET` (a GPU;
+                            on a CPU the options are empty)
+  ``hand_pipelined``    (c) (b) with the rollout split into 2 env groups, staggered by hand
+                            (:mod:`benchmarks.suite.baselines`): group B's policy next to group A's sim
+  ``rose_jax``          (d) ``rose_jax.optimize.optimize`` of the same iteration, run like (b)
+
+Each peer (Brax's trainer, our single-jit loop) runs as shipped AND with the best global XLA flags
+we know (the informed peer, issue 30): :data:`INFORMED_PEERS` pairs them, and every row that has a
+peer has its flagged partner too (:func:`with_informed_peers`); a ratio is to the faster of the two.
 
 A :class:`Suite` is a named tuple of workloads with a device-time budget. Suites:
 
@@ -30,20 +37,43 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-VARIANTS = ("brax", "single_jit", "hand_pipelined", "rose_jax")
+VARIANTS = ("brax", "brax_flags", "single_jit", "single_jit_flags", "hand_pipelined", "rose_jax")
 UNITS = ("iteration", "epoch")
-BASELINES = ("brax", "single_jit", "hand_pipelined")
+BASELINES = ("brax", "brax_flags", "single_jit", "single_jit_flags", "hand_pipelined")
+# peer as shipped -> the same peer with the best global XLA flags we know (the informed peer)
+INFORMED_PEERS = {"brax": "brax_flags", "single_jit": "single_jit_flags"}
+# Brax's trainer cannot take compiler options: the flag goes into its process's XLA_FLAGS (read at
+# process start only, so (a') runs in a child process). Our single-jit loop takes the same option as
+# compiler options (rose_jax.optimize.xla_options.SETS[PEER_OPTION_SET]).
+PEER_XLA_FLAGS = "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT"
+PEER_OPTION_SET = "concurrent_scheduling"
 LABELS = {
     "brax": "(a) Brax train",
+    "brax_flags": "(a') Brax train + XLA flag",
     "single_jit": "(b) single-jit loop",
+    "single_jit_flags": "(b') single-jit loop + XLA options",
     "hand_pipelined": "(c) hand env-group pipeline",
     "rose_jax": "(d) rose-jax optimized",
 }
-# The order variants run in: (b) first (reference for equality checks and for reuse by (d)),
-# then (d), so that the headline ratio exists even when a time budget cuts the row short.
-# benchmarks.suite.run compiles (b) and (c) of every row ahead of time and runs every row's Brax (a)
-# after all rows' (b)-(d), cheapest first, so a budget cuts the Brax runs (SAC's last) first.
-RUN_ORDER = ("single_jit", "rose_jax", "hand_pipelined", "brax")
+# The order variants run in: (b) first (reference for equality checks and for reuse by (d)), its
+# flagged partner (b') (compiled ahead, cheap to run), then (d), so that the headline ratio exists
+# even when a time budget cuts the row short. benchmarks.suite.run compiles (b), (b') and (c) of
+# every row ahead of time and runs every row's Brax (a), (a') after all rows' (b)-(d), cheapest
+# first, so a budget cuts the Brax runs (SAC's last) first.
+RUN_ORDER = ("single_jit", "single_jit_flags", "rose_jax", "hand_pipelined", "brax", "brax_flags")
+BRAX_VARIANTS = ("brax", "brax_flags")  # run last, as whole Brax train() calls
+
+
+def with_informed_peers(variants: tuple[str, ...]) -> tuple[str, ...]:
+    """``variants`` with each peer's flagged partner (:data:`INFORMED_PEERS`) right after it, once."""
+    out: list[str] = []
+    for v in variants:
+        if v not in out:
+            out.append(v)
+        partner = INFORMED_PEERS.get(v)
+        if partner is not None and partner not in out:
+            out.append(partner)
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,8 +207,9 @@ class Workload:
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown:
             bad("variants", f"has unknown names {unknown} (known: {', '.join(VARIANTS)})")
-        if "brax" in self.variants and self.brax_env is None:
-            bad("variants", "includes 'brax' but brax_env is None (Brax runs only Brax envs)")
+        for v in BRAX_VARIANTS:
+            if v in self.variants and self.brax_env is None:
+                bad("variants", f"includes {v!r} but brax_env is None (Brax runs only Brax envs)")
         if self.groups != 2:
             bad("groups", "must be 2 (the hand-pipelined baseline staggers two env groups)")
         if self.num_envs % self.groups:
@@ -379,6 +410,7 @@ def _row(algo: str, base_hp: tuple, env: str, num_envs: int, policy: tuple[int, 
             variants=tuple(v for v in fields["variants"] if v != "hand_pipelined"),
         )
     fields.update(kw)
+    fields["variants"] = with_informed_peers(tuple(fields["variants"]))
     return Workload(**fields)
 
 
@@ -434,6 +466,7 @@ def _tiny_row(
         optimizer=_TINY_OPT,
     )
     fields.update(kw)
+    fields["variants"] = with_informed_peers(tuple(fields["variants"]))
     return Workload(
         algo=algo,
         env=env,
@@ -595,11 +628,15 @@ COMPILE_S = {"ant": 21.0, "humanoid": 38.0, "halfcheetah": 18.0, "mjx_swimmer": 
 CPU_COMPILE_S = 4.0
 VARIANT_COMPILES = {
     "brax": 3.3,
+    "brax_flags": 3.3,  # the same train() in a child process (+ BRAX_CHILD_START_S)
     "single_jit": 1.0,
+    "single_jit_flags": 1.0,  # (b) compiled again with the peer's XLA options
     "hand_pipelined": 1.7,
     "rose_jax": 1.0,  # + CANDIDATE_COMPILES per measured candidate, see compile_s
 }
 BRAX_SAC_COMPILES = 6.0  # Brax's SAC train() took 125.7 s on ant on 2026-12-04 (6.0 x 21 s)
+# (a')'s child process: Python, JAX (CUDA) and Brax start before its train() (a guess, not measured)
+BRAX_CHILD_START_S, CPU_BRAX_CHILD_START_S = 10.0, 4.0
 CANDIDATE_COMPILES = 1.5
 # A split_compile candidate compiles every stage under every option set it measures, each first in
 # an isolated child: the 2026-12-04 quick run (3 sets; search PPO ant 133 s, SAC ant 104 s) fits
@@ -630,7 +667,8 @@ RATE = {"ant": 4.8e5, "humanoid": 1.5e5, "halfcheetah": 5e5, "mjx_swimmer": 1.5e
 # worker adds this fraction of a worker's throughput (the GIL serialises tracing; XLA's own
 # passes already use some cores), and the slowest row is slowed by PARALLEL_SLOWDOWN.
 PARALLEL_EFFICIENCY, PARALLEL_SLOWDOWN = 0.5, 1.15
-PRECOMPILED = ("single_jit", "hand_pipelined")  # variants benchmarks.suite.run compiles ahead of time
+# variants benchmarks.suite.run compiles ahead of time
+PRECOMPILED = ("single_jit", "single_jit_flags", "hand_pipelined")
 # Epoch rows (benchmarks/results/optimize_epoch*/logs, H200): the epoch program (training scan + evaluation)
 # compiles in ~28 s on ant vs 21 s for the K-iteration loop; an evaluation of 128 envs x 1000
 # latency-bound MJX steps takes ~2.0 s (seconds per evaluation step below; CPU: tiny envs).
@@ -680,10 +718,13 @@ def setup_s(w: Workload, gpu: bool = True) -> float:
 def compile_s(w: Workload, variant: str, gpu: bool = True) -> float:
     """Estimated compile (and, for (d), search; for (a), whole-train overhead) seconds of a variant."""
     base = COMPILE_S.get(_env(w), 17.5) if gpu else CPU_COMPILE_S
-    if w.unit == "epoch" and variant != "brax":
+    if w.unit == "epoch" and variant not in BRAX_VARIANTS:
         base *= EPOCH_COMPILES
-    if variant == "brax":
-        return base * (BRAX_SAC_COMPILES if w.algo == "sac" else VARIANT_COMPILES["brax"])
+    if variant in BRAX_VARIANTS:
+        seconds = base * (BRAX_SAC_COMPILES if w.algo == "sac" else VARIANT_COMPILES[variant])
+        if variant == "brax_flags":  # a child process
+            seconds += BRAX_CHILD_START_S if gpu else CPU_BRAX_CHILD_START_S
+        return seconds
     if variant == "rose_jax":
         o = w.optimizer
         measured = _measured_candidates(w)
@@ -715,7 +756,7 @@ def run_s(w: Workload, variant: str, gpu: bool = True) -> float:
             o, measured = w.optimizer, _measured_candidates(w)
             eq = o.equality_iters or o.n_iters
             seconds += epoch_s * (2 * o.repeats * o.n_iters * (1 + measured) + 3 * eq)
-        if gpu and variant != "brax":
+        if gpu and variant not in BRAX_VARIANTS:
             seconds += ACTIVITY_S
         return seconds
     if variant == "rose_jax":
@@ -723,7 +764,7 @@ def run_s(w: Workload, variant: str, gpu: bool = True) -> float:
         seconds *= 1.0 + 2.0 * o.repeats * o.n_iters * (1 + _measured_candidates(w)) / max(
             w.iterations_per_block * w.blocks, 1
         )
-    if gpu and variant != "brax":
+    if gpu and variant not in BRAX_VARIANTS:
         seconds += ACTIVITY_S
     return seconds
 
@@ -745,15 +786,17 @@ def plan_s(rows: tuple[Workload, ...], gpu: bool = True, workers: int = 1) -> di
     """Estimated seconds of ``benchmarks.suite.run``'s three phases over ``rows``.
 
     1. precompile: every row's setup and its :data:`PRECOMPILED` variants' compiles, ``workers``
-       rows at a time; 2. per row: (d)'s search and the timed runs of (b), (d), (c);
-    3. the Brax runs (a), cheapest first. Returns ``{"start", "precompile", "precompile_serial",
-    "rows": {name: {"precompile", "measure", "brax"}}, "brax_order", "total"}``.
+       rows at a time; 2. per row: (d)'s search and the timed runs of (b), (b'), (d), (c);
+    3. the Brax runs (a) and (a'), cheapest row first. Returns ``{"start", "precompile",
+    "precompile_serial", "rows": {name: {"precompile", "measure", "brax"}}, "brax_order", "total"}``.
     """
     per_row = {}
     for w in rows:
         pre = setup_s(w, gpu) + sum(compile_s(w, v, gpu) for v in w.variants if v in PRECOMPILED)
-        measure = sum(estimate_s(w, v, gpu, precompiled=True) for v in w.variants if v != "brax")
-        brax = estimate_s(w, "brax", gpu) if "brax" in w.variants else 0.0
+        measure = sum(
+            estimate_s(w, v, gpu, precompiled=True) for v in w.variants if v not in BRAX_VARIANTS
+        )
+        brax = brax_s(w, gpu)
         per_row[w.name] = {"precompile": pre, "measure": measure, "brax": brax}
     serial = sum(r["precompile"] for r in per_row.values())
     k = max(1, min(int(workers), len(rows)))
@@ -774,10 +817,19 @@ def plan_s(rows: tuple[Workload, ...], gpu: bool = True, workers: int = 1) -> di
     }
 
 
+def brax_s(w: Workload, gpu: bool = True) -> float:
+    """Estimated seconds of ``w``'s Brax runs: (a) in process and (a') in a child process."""
+    return sum(estimate_s(w, v, gpu) for v in BRAX_VARIANTS if v in w.variants)
+
+
 def brax_order(rows: tuple[Workload, ...], gpu: bool = True) -> list[str]:
     """Names of the rows with a Brax variant, in the order their Brax runs go: cheapest first
     (the expensive ones, e.g. SAC's, are then the first a time budget cuts); ties in row order."""
-    with_brax = [(estimate_s(w, "brax", gpu), i, w.name) for i, w in enumerate(rows) if "brax" in w.variants]
+    with_brax = [
+        (brax_s(w, gpu), i, w.name)
+        for i, w in enumerate(rows)
+        if any(v in w.variants for v in BRAX_VARIANTS)
+    ]
     return [name for _, _, name in sorted(with_brax)]
 
 
