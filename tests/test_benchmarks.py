@@ -94,10 +94,13 @@ def test_epoch_rows_validate_and_name_themselves():
     with pytest.raises(ValueError, match="unit"):
         S.Workload(algo="ppo", env="cartpole", num_envs=8, policy_hidden_sizes=(8,), unit="episode",
                    variants=("single_jit",))
-    # the epoch suite: one row per part, each part within one device call (10 min)
+    # the epoch suite: one row per part, each part within one device call (10 min). With the informed
+    # peers (b') and (a') a row no longer fits one call whole: everything but its Brax pair does, and
+    # the Brax runs go last, so the budget cuts (and records as skipped) only those
     epoch = S.get("epoch")
     assert S.parts_needed(epoch) == len(epoch.workloads) and epoch.budget_s < 600
-    assert all(S.estimate_s(w) <= epoch.budget_s for w in epoch.workloads)
+    assert all(S.estimate_s(w) - S.brax_s(w) <= epoch.budget_s for w in epoch.workloads)
+    assert all({"brax_flags", "single_jit_flags"} <= set(w.variants) for w in epoch.workloads)
     assert all(w.optimizer.candidates[0][0] == "offload_component" for w in epoch.workloads)
 
 
@@ -112,11 +115,11 @@ def test_quick_plan_runs_brax_last_with_sac_last_of_all_and_fits_in_three_parts(
     )
     assert plan["total"] < S.plan_s(rows, gpu=True, workers=1)["total"]
     # the split_compile searches do not fit two calls (2026-12-04: part 2 with ant and humanoid would
-    # have taken ~640 s; humanoid's (d) was cut): three parts, each within the suite's budget, and
-    # every row in exactly one of them
+    # have taken ~640 s; humanoid's (d) was cut), and with the informed peers (a') and (b') (issue 30)
+    # not three: four parts, each within the suite's budget, and every row in exactly one of them
     quick = S.get("quick")
-    assert S.parts_needed(quick, quick.budget_s) == 3 and quick.budget_s < 8 * 60
-    parts = [S.split(rows, i, 3) for i in (1, 2, 3)]
+    assert S.parts_needed(quick, quick.budget_s) == 4 and quick.budget_s < 8 * 60
+    parts = [S.split(rows, i, 4) for i in (1, 2, 3, 4)]
     assert sorted(w.name for p in parts for w in p) == sorted(w.name for w in rows)
     assert all(S.plan_s(p, gpu=True, workers=4)["total"] < quick.budget_s for p in parts)
     # that run's measured part (SAC ant 1024 + swimmer: 420 s in process) is not underestimated
@@ -252,6 +255,83 @@ def test_every_speedup_table_has_the_informed_peer_and_end_to_end_columns(tmp_pa
     assert report.informed_peer_headline(str(tmp_path / "none")) is None
 
 
+def test_every_peer_runs_as_shipped_and_with_the_best_flags_in_every_row():
+    """Issue 30: each peer (Brax's trainer, our single-jit loop) runs with its informed partner."""
+    assert S.with_informed_peers(("single_jit", "rose_jax", "brax")) == (
+        "single_jit", "single_jit_flags", "rose_jax", "brax", "brax_flags")
+    for suite in S.SUITES.values():
+        for w in suite.workloads:
+            for peer, flagged in S.INFORMED_PEERS.items():
+                assert (peer in w.variants) == (flagged in w.variants), (suite.name, w.name)
+    assert set(S.RUN_ORDER) == set(S.VARIANTS) and "single_jit_flags" in S.PRECOMPILED
+    with pytest.raises(ValueError, match="brax_flags"):
+        S.Workload(algo="ppo", env="cartpole", num_envs=8, policy_hidden_sizes=(8,), variants=("brax_flags",))
+    # (a') is estimated like (a), plus its child process's start; the plan counts both as Brax runs
+    ant = S.get("quick").workloads[0]
+    assert S.estimate_s(ant, "brax_flags") == pytest.approx(S.estimate_s(ant, "brax") + S.BRAX_CHILD_START_S)
+    assert S.plan_s((ant,))["rows"][ant.name]["brax"] == pytest.approx(S.brax_s(ant))
+    assert S.estimate_s(ant, "single_jit_flags", precompiled=True) == S.estimate_s(
+        ant, "single_jit", precompiled=True)
+    from benchmarks.suite import run
+
+    ctx = run.Context("q", 100.0, True, (False, ""), False, None, lambda s: None)
+    ctx.observed += [("brax", 120.0, 60.0), ("rose_jax", 10.0, 40.0)]
+    assert ctx.scale("brax_flags") == pytest.approx(2.0)  # like (a) until it has runs of its own
+    ctx.observed.append(("brax_flags", 50.0, 50.0))
+    assert ctx.scale("brax_flags") == pytest.approx(1.0)
+    assert run.peer_options(gpu=False) == {}
+    assert run.peer_options(gpu=True) == {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
+    assert S.PEER_XLA_FLAGS == "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT"
+
+
+def test_ratios_are_to_the_faster_of_each_peer_pair():
+    row = _row(brax=100.0, brax_flags=150.0, single_jit=330.0, single_jit_flags=300.0, hand_pipelined=250.0,
+               rose_jax=450.0)
+    s = report.summarize(row)
+    assert s["best_baseline"] == "single_jit" and s["ratio"] == pytest.approx(450 / 330)
+    assert s["vs_brax"]["best"] == "brax_flags" and s["ratio_vs_brax"] == pytest.approx(3.0)
+    assert s["vs_single_jit"]["best"] == "single_jit" and s["ratio_vs_single_jit"] == pytest.approx(450 / 330)
+    assert s["informed_peer"] == "single_jit" and s["informed_peer_env_steps_per_s"] == 330.0
+    assert report.pair_cell(row, "brax") == "3.00x ((a') Brax + flag)"
+    assert report.peer_cells(report.with_peer_fields(row)) == ["330 (1.36x)", "not measured"]
+    text = report.headline({"rows": [row]}, "x.json")
+    line = next(ln for ln in text.splitlines() if ln.startswith("| r |"))
+    assert "| 1.36x | 3.00x ((a') Brax + flag) | 1.36x ((b) single-jit) |" in line
+    assert line.endswith("| 330 (1.36x) | not measured |")
+    # the flagged single-jit faster: every ratio against it; a failed (a') leaves (a) alone, said so,
+    # and that pair is not the informed peer
+    row = _row(brax=100.0, brax_flags="error", single_jit=300.0, single_jit_flags=400.0, rose_jax=420.0)
+    s = report.summarize(row)
+    assert s["ratio"] == pytest.approx(420 / 400) and s["ratio_vs_single_jit"] == pytest.approx(420 / 400)
+    assert s["ratio_vs_brax"] == pytest.approx(4.2) and s["vs_brax"]["informed"] is False
+    assert report.pair_cell(row, "brax") == "4.20x ((a) Brax only; (a') error)"
+    assert s["informed_peer"] == "single_jit_flags"
+    # rows measured before the informed-peer method: no pair in full, so "not measured"
+    old = _row(brax=100.0, single_jit=200.0, rose_jax=190.0)
+    assert report.peer_fields(old)["informed_peer_env_steps_per_s"] is None
+    assert report.peer_cells(report.with_peer_fields(old)) == ["not measured", "not measured"]
+    assert report.pair_cell(old, "single_jit") == "0.95x ((b) single-jit only; (b') not measured)"
+    assert report.pair_cell(_row(single_jit=1.0), "brax") == "—"
+    md = report.markdown({"rows": [row, old]})
+    assert "(a') Brax + flag" in md and "4.20x ((a) Brax only; (a') error)" in md
+
+
+def test_brax_flags_child_failure_or_timeout_is_an_error_record():
+    """(a')'s child process: a row it cannot find (it exits 1 with its error) and a timeout (killed)
+    are the variant's error records, never an exception of the suite."""
+    from benchmarks.suite import run
+
+    lines = []
+    ctx = run.Context("tiny", None, False, (False, ""), False, None, lines.append)
+    w = dataclasses.replace(S.get("tiny").workloads[2], num_envs=32)  # not a row of the tiny suite
+    rec = run.run_brax_flags(run.Row(w, None, None, None, None), ctx, timeout_s=60)
+    assert rec["status"] == "error" and "no row named 'ppo-fast-32-2x16'" in rec["error"], rec
+    assert rec["returncode"] == 1 and S.PEER_XLA_FLAGS in rec["xla_flags"]
+    assert "--child-brax" in rec["command"]
+    rec = run.run_brax_flags(run.Row(w, None, None, None, None), ctx, timeout_s=0.01)
+    assert rec["status"] == "error" and "timed out" in rec["error"] and rec["returncode"] is None
+
+
 # ---------------------------------------------------------------------------------------------
 # README block
 
@@ -368,9 +448,19 @@ def test_tiny_suite_measures_every_variant(tiny_results):
             assert rec["env_steps_per_s"] > 0 and len(rec["blocks"]) == row["workload"]["blocks"]
             assert all(b > 0 for b in rec["blocks"])
             assert rec["sm_activity"]["status"] == "unavailable" and "cpu" in rec["sm_activity"]["reason"]
-        # Brax's own trainer ran (tiny Brax env), with its training/sps per epoch
-        if "brax" in row["variants"]:
-            assert len(row["variants"]["brax"]["all_epochs_sps"]) == 2 + row["workload"]["blocks"]
+        # Brax's own trainer ran (tiny Brax env), with its training/sps per epoch, as shipped and (a')
+        # in a child process with the peer's XLA flag
+        for v in ("brax", "brax_flags"):
+            if v in row["variants"]:
+                assert len(row["variants"][v]["all_epochs_sps"]) == 2 + row["workload"]["blocks"]
+        if "brax_flags" in row["variants"]:
+            rec = row["variants"]["brax_flags"]
+            assert rec["returncode"] == 0 and rec["backend"] == "cpu", rec
+            assert S.PEER_XLA_FLAGS in rec["child_xla_flags"] and "--child-brax" in rec["command"]
+        # (b'): (b)'s program, on a CPU with no options (and so the same parameters)
+        sj = row["variants"]["single_jit_flags"]
+        assert sj["options"] == {} and sj["option_set"] == S.PEER_OPTION_SET
+        assert sj["max_abs_diff_vs_single_jit"] == 0.0 and sj["precompile_s"] > 0
         # same results as the single-jit loop: the hand pipeline up to per-group float rounding
         for v in ("hand_pipelined", "rose_jax"):
             if v in row["variants"]:
@@ -406,6 +496,11 @@ def test_tiny_suite_ratio_is_rose_jax_over_best_baseline(tiny_results):
         s = row["summary"]
         assert s["best_baseline"] == best
         assert s["ratio"] == pytest.approx(row["variants"]["rose_jax"]["env_steps_per_s"] / baselines[best])
+        for peer, flagged in S.INFORMED_PEERS.items():  # each peer: the faster of its pair
+            if peer in row["variants"]:
+                pair = max(baselines[peer], baselines[flagged])
+                assert s[f"ratio_vs_{peer}"] == pytest.approx(row["rose_env_steps_per_s"] / pair)
+        assert row["informed_peer_env_steps_per_s"] == s["informed_peer_env_steps_per_s"] is not None
     # the cartpole row defines a return threshold and the tiny suite measures it
     ttt = results["rows"][0]["variants"]["single_jit"]["time_to_threshold"]
     assert ttt["threshold"] == 90.0 and ttt["seconds"] >= 0 and isinstance(ttt["reached"], bool)

@@ -422,19 +422,18 @@ def headline(results: dict, source: str) -> str:
                 "—" if best is None else f"{_fmt_rate(s['best_baseline_env_steps_per_s'])} {SHORT[best]}",
                 cell(row, "rose_jax"),
                 "—" if s["ratio"] is None else f"{s['ratio']:.2f}x",
+                *[pair_cell(row, p) for p in INFORMED_PEERS],
                 _sm_gain(row, best),
                 _fmt(s["search_overhead_s"]),
                 _plan(row),
                 _not_measured(row),
-                *[pair_cell(row, p) for p in INFORMED_PEERS],
                 *peer_cells(with_peer_fields(row)),
             ]
         )
     table = common.markdown_table(
         [
-            "workload", "best baseline env-steps/s", "rose-jax env-steps/s", "ratio",
-            "SM % best -> rose-jax", "search s", "plan", "baselines not measured", *PAIR_COLUMNS,
-            *PEER_COLUMNS,
+            "workload", "best baseline env-steps/s", "rose-jax env-steps/s", "ratio", *PAIR_COLUMNS,
+            "SM % best -> rose-jax", "search s", "plan", "baselines not measured", *PEER_COLUMNS,
         ],
         body,
     )

@@ -19,10 +19,11 @@ peer has its flagged partner too (:func:`with_informed_peers`); a ratio is to th
 A :class:`Suite` is a named tuple of workloads with a device-time budget. Suites:
 
   ``tiny``   CPU smoke suite (pure-JAX cartpole/pendulum, Brax's trivial ``fast`` env); < 2 min here
-  ``quick``  four H200 rows (PPO ant / humanoid / MJCF swimmer 2048 envs, SAC ant 1024 envs); two
+  ``quick``  four H200 rows (PPO ant / humanoid / MJCF swimmer 2048 envs, SAC ant 1024 envs); four
              parts, < 8 min each
   ``epoch``  Brax's train loop (training epochs + evaluation; ``Workload.unit == "epoch"``), PPO ant
-             2048 and SAC ant 1024 envs, as an MPS client; one row per part, < 10 min each
+             2048 and SAC ant 1024 envs, as an MPS client; one row per part, < 10 min each (its Brax
+             runs (a), (a') do not fit beside (b') and are cut by the budget)
   ``full``   every combination {PPO, SAC} x {ant, humanoid, halfcheetah, mjx_swimmer} x {4x32, 4x256}
              x two env counts; run it in parts (``--part i/n``, see :func:`split`)
 
@@ -523,7 +524,7 @@ TINY = Suite(
 # the option sets below, measured), the overlap experiment's winner on the H200
 # (benchmarks/results/overlap/). "no_command_buffers" is left out: MJX runs about 3x slower without
 # command buffers, measuring it only costs compiles. Even one such candidate makes the suite three parts
-# (humanoid's search alone took 238 s on 2026-12-04).
+# (humanoid's search alone took 238 s on 2026-12-04); with the informed peers (a'), (b') four.
 # PPO: rollout | learn with "default" or "concurrent" per stage (PPO ant 4096 on the H200: the rollout
 # fastest by default, the learn's scans 1.9x faster captured as CONCURRENT command buffers). SAC: the
 # split lost (0.96x on ant 1024); the whole iteration as one stage under its fastest option set won
@@ -547,8 +548,9 @@ QUICK = Suite(
     name="quick",
     description="H200 headline suite: PPO ant (all four variants), SAC ant 1024 envs, PPO MJCF swimmer "
     "and PPO humanoid at 2048 envs, 4x32 policy; few iterations; one optimizer candidate (per-"
-    "component compilation, XLA options measured per stage); three parts (--part 1/3 .. 3/3), "
-    "one device call each; (b)/(c) compiled ahead in parallel; Brax runs last in each part",
+    "component compilation, XLA options measured per stage); each peer also with the best global XLA "
+    "flag ((a'), (b')); four parts (--part 1/4 .. 4/4), one device call each; (b)/(b')/(c) compiled ahead "
+    "in parallel; Brax runs last in each part",
     workloads=(
         ppo_row("ant", 2048, _QUICK_NET, iterations_per_block=4, **_QUICK),
         sac_row(
@@ -591,8 +593,9 @@ EPOCH = Suite(
     description="Brax's train loop on the H200: PPO ant 2048 envs and SAC ant 1024 envs, 4x32 policy; one "
     "epoch = about 1M (PPO) / 0.5M (SAC) training env steps, then an evaluation of 128 envs x 1000 steps "
     "(deterministic policy); 3 epochs per timed call; (a) Brax's train() with its evaluations, (b) our "
-    "jitted epoch, (d) the optimizer with the offload candidate. Run as an MPS client (--mps-client), "
-    "one row per part (--part 1/2, --part 2/2), each under 9.5 min",
+    "jitted epoch, (d) the optimizer with the offload candidate, (a') and (b') with the peer's XLA flag. Run "
+    "as an MPS client (--mps-client), one row per part (--part 1/2, --part 2/2), each under 9.5 min: "
+    "with (a') and (b') a row's Brax runs (last) no longer fit and are cut by the budget",
     workloads=(
         ppo_row("ant", 2048, (32,) * 4, unit="epoch", iterations_per_block=50, blocks=2, optimizer=EPOCH_OPT),
         sac_row(
