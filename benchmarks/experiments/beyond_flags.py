@@ -21,8 +21,9 @@ Steady rates: each variant compiled and warmed, then timed in turns (``--blocks`
 ``--calls`` calls, one variant after another in each turn, so drifts hit all alike), median
 seconds per iteration and the blocks' min/max. Equality: two iterations of each variant against
 ``flags_only`` under deterministic XLA ops (GPU), compared within the transform's tolerance, with
-the max abs difference. Where the time goes: the xplane kernel summary of one block per variant
-when ``--profile`` is given. Writes ``results.json``, ``results.md`` and ``results.png`` into
+the max abs difference. Where the time goes (``--profile``, GPU): each variant's kernels per
+iteration, GPU busy share, median kernel and gap (:func:`kernel_profile`). Writes
+``results.json``, ``results.md`` and ``results.png`` into
 ``--out`` (default ``benchmarks/results/beyond_flags``); ``--merge`` adds to an earlier call's rows.
 """
 
@@ -114,6 +115,56 @@ def _block(step, state, calls: int):
     return state, (time.perf_counter() - t0) / calls
 
 
+def kernel_profile(step, state, calls: int) -> tuple[Any, dict[str, Any]]:
+    """Where an iteration's time goes: ``calls`` calls under ``jax.profiler`` (xplane kernel events,
+    :mod:`rose_jax.profile.xplane`), per iteration: kernels launched, GPU busy time (union of kernel
+    intervals, all streams), the share of the wall it covers, the median kernel and gap lengths,
+    and the longest kernels by total time. ``{"available": False, "reason": ...}`` without a GPU."""
+    import tempfile
+
+    import jax
+
+    from rose_jax.profile import xplane
+
+    if jax.default_backend() != "gpu":
+        return state, {"available": False, "reason": f"no GPU: JAX backend is {jax.default_backend()!r}"}
+    logdir = tempfile.mkdtemp(prefix="beyond-flags-trace-")
+    since = time.time()
+    t0 = time.perf_counter()
+    with jax.profiler.trace(logdir):
+        for _ in range(calls):
+            state, m = step(state)
+        jax.block_until_ready((state, m))
+    wall = (time.perf_counter() - t0) / calls
+    path = xplane._newest_xplane(logdir, since)
+    if path is None:
+        return state, {"available": False, "reason": "jax.profiler wrote no trace"}
+    trace = xplane.trace_from_file(path, {}, min_gap_us=0.0)
+    kern = [e for e in trace.events if e.kind == "kernel"]
+    if not kern:
+        return state, {"available": False, "reason": trace.reason or "no kernel events"}
+    busy_by, gap_list, span = xplane.busy_and_gaps([e._replace(path="all") for e in kern])
+    busy = busy_by.get("all", 0.0)  # the union of every kernel's interval, all streams
+    durs = sorted(e.duration_ns for e in kern)
+    gaps = sorted(g.duration_ns for g in gap_list)
+    by_name: dict[str, float] = {}
+    for e in kern:
+        base = e.name.rstrip("0123456789_")
+        by_name[base] = by_name.get(base, 0.0) + e.duration_ns
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return state, {
+        "available": True,
+        "calls": calls,
+        "wall_ms_per_iteration_profiled": round(wall * 1e3, 3),
+        "kernels_per_iteration": len(kern) / calls,
+        "busy_ms_per_iteration": round(busy / calls * 1e-6, 3),
+        "busy_share_of_span": round(busy / span, 3) if span else None,
+        "median_kernel_us": round(durs[len(durs) // 2] / 1e3, 2),
+        "median_gap_us": round(gaps[len(gaps) // 2] / 1e3, 2) if gaps else None,
+        "top_kernels_ms_per_iteration": {k: round(v / calls * 1e-6, 3) for k, v in top},
+    }
+
+
 def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     import jax
 
@@ -141,6 +192,10 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
         for v in steps:
             states[v], s = _block(steps[v], states[v], args.calls)
             per[v].append(s)
+    profiles = {}
+    if args.profile:
+        for v in steps:
+            states[v], profiles[v] = kernel_profile(steps[v], states[v], args.profile_calls)
     rows = []
     base = statistics.median(per["flags_only"]) if per.get("flags_only") else None
     for v in args.variants:
@@ -161,6 +216,8 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
                 compile_s=round(compile_s[v], 2),
                 speedup_vs_flags_only=(base / med) if base else None,
             )
+        if v in profiles:
+            rec["profile"] = profiles[v]
         rows.append(rec)
     # equality under deterministic ops: two iterations of each variant from the same state
     det = {**options, "xla_gpu_deterministic_ops": True} if on_gpu else dict(options)
@@ -217,6 +274,7 @@ def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
                 "compile s",
                 "equal",
                 "max abs diff",
+                "kernels/iter, busy share, median kernel us",
                 "what moved",
             ],
             [
@@ -232,6 +290,7 @@ def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
                     common.fmt(r.get("compile_s")),
                     common.fmt_equal(r.get("equal")),
                     common.fmt(r.get("max_abs_diff"), ".2e"),
+                    _profile_cell(r.get("profile")),
                     (r.get("legal") or "-")[:160],
                 ]
                 for r in rows
@@ -239,6 +298,17 @@ def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
         ),
     ]
     common.write_markdown_and_plot(out, lines, _plot, rows)
+
+
+def _profile_cell(p: dict | None) -> str:
+    if not p:
+        return "-"
+    if not p.get("available"):
+        return f"not traced ({p.get('reason')})"
+    return (
+        f"{p['kernels_per_iteration']:,.0f}, {common.fmt(p.get('busy_share_of_span'), '.2f')}, "
+        f"{p['median_kernel_us']}"
+    )
 
 
 def _plot(rows, path):  # pragma: no cover - drawing
@@ -269,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--check-equal", default="hoist", help="comma-separated variants whose equality is checked"
     )
+    p.add_argument("--profile", action="store_true", help="kernel trace of each variant (GPU)")
+    p.add_argument("--profile-calls", type=int, default=3)
     p.add_argument("--out", default=OUT_DIR)
     p.add_argument("--merge", action="store_true")
     p.add_argument("--smoke", action="store_true")
@@ -279,8 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     args.check_equal = {v.strip() for v in args.check_equal.split(",") if v.strip()}
     for v in args.variants:
-        if v not in VARIANTS and not (v.startswith("set:") and v[4:] in xla_options.SETS) and not (
-            v.startswith("unroll:") and v[7:].isdigit() and int(v[7:]) >= 2
+        if (
+            v not in VARIANTS
+            and not (v.startswith("set:") and v[4:] in xla_options.SETS)
+            and not (v.startswith("unroll:") and v[7:].isdigit() and int(v[7:]) >= 2)
         ):
             p.error(
                 f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, "
