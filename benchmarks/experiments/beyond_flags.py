@@ -195,7 +195,10 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     profiles = {}
     if args.profile:
         for v in steps:
-            states[v], profiles[v] = kernel_profile(steps[v], states[v], args.profile_calls)
+            try:
+                states[v], profiles[v] = kernel_profile(steps[v], states[v], args.profile_calls)
+            except Exception as e:  # noqa: BLE001 - a failed trace is a note, never lost timings
+                profiles[v] = {"available": False, "reason": f"{type(e).__name__}: {e}"[:300]}
     rows = []
     base = statistics.median(per["flags_only"]) if per.get("flags_only") else None
     for v in args.variants:
