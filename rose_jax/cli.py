@@ -346,6 +346,7 @@ def _train(args, locked: list[Any]) -> int:
     except ValueError as e:
         raise _fail(e) from None
     budget = _optimize_budget(args.optimize_budget)
+    budget.update(_learning_check_kw(job, args.learning_check_steps))
     path = args.run_dir or _default_run_dir(job.env_name, job.algo.name)
     run = rundir.RunDir(path)
     if args.resume and stored is not None and run.finished():
@@ -616,6 +617,23 @@ def _optimize_budget(text: str) -> dict[str, Any]:
     return {"run_units": None, "budget_s": seconds}
 
 
+def _learning_check_kw(job: Job, steps: int) -> dict[str, Any]:
+    """``--learning-check-steps N`` as ``optimize`` keywords: candidates kept under a tolerance
+    (not bitwise) must also learn alike over 5 seeds of N env steps per side
+    (``algos.equivalence``); 0: no learning check (the search's report says so)."""
+    if steps is None or steps == 0:
+        return {}
+    if steps < 0:
+        raise _fail(f"--learning-check-steps must be >= 0, got {steps}")
+    from algos import equivalence
+
+    try:
+        config = dataclasses.replace(job.config, num_timesteps=int(steps))
+    except ValueError as e:
+        raise _fail(f"--learning-check-steps {steps}: {e}") from None
+    return {"learning_check": equivalence.checker(config, job.env)}
+
+
 def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None):
     """``train --optimize``: ``make_step(state)`` searches (or loads the cached) rose-jax plan of
     what train runs per report (PPO: the iteration program, or with ``num_evals`` set the epoch of
@@ -781,6 +799,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --optimize: how long the search may take before it stops early and keeps the "
                         "best plan so far: auto = a tenth of the run at the untransformed speed, none = no "
                         "limit, or seconds (default: %(default)s)")
+    t.add_argument("--learning-check-steps", type=int, default=0, metavar="N",
+                   help="with --optimize: a candidate kept under a tolerance (not bitwise equal) must also "
+                        "learn alike: 5 seeds per side trained for N env steps, final returns not different "
+                        "(Welch, 5%%) and means within 5%%; 0 = no learning check (default: %(default)s)")
     t.add_argument("--xla-options", default="auto", metavar="auto|default|SETS",
                    help="XLA option sets tried on the first iterations, the fastest kept (GPU only): auto = "
                         "CONCURRENT command buffers with and without loops; default = XLA's defaults, no "

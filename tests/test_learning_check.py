@@ -119,3 +119,16 @@ def test_search_keeps_a_tolerance_plan_only_if_it_learns_alike(passes):
     assert rec.kept is passes
     if not passes:
         assert "learning check failed" in rec.reason and not report.plan
+
+
+def test_cli_learning_check_steps():
+    """`rose-jax train --learning-check-steps N` hands the search a checker of N-step runs; a
+    negative N is a one-line error."""
+    from rose_jax import cli
+
+    job = cli.train_job(["--env", "cartpole", "--algo", "ppo", "--steps", "4096"])
+    assert cli._learning_check_kw(job, 0) == {}
+    kw = cli._learning_check_kw(job, 2048)
+    assert callable(kw["learning_check"])
+    with pytest.raises(cli.UsageError, match="--learning-check-steps must be >= 0"):
+        cli._learning_check_kw(job, -1)
