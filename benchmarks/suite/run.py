@@ -1049,7 +1049,8 @@ def print_plan(
         f"  start ~{plan['start']:.0f}s; precompile (setup + (b)/(c) compiles, {workers} at a time) "
         f"~{plan['precompile']:.0f}s (~{plan['precompile_serial']:.0f}s one after the other)"
     )
-    print(f"  {'row':34s} {'variants':45s} {'setup+b/c':>9s} {'b,d,c':>6s} {'(a,a`)':>6s}")
+    brax_head = "(a,a')"
+    print(f"  {'row':34s} {'variants':45s} {'setup+b/c':>9s} {'b,d,c':>6s} {brax_head:>6s}")
     for w in rows:
         r = plan["rows"][w.name]
         print(
