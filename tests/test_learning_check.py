@@ -54,7 +54,7 @@ def test_real_check_trains_both_sides_on_the_same_seeds():
     assert c.passed, c.reason
 
 
-def _fast_inexact_transform():
+def _fast_inexact_transform(needs_check: bool = False):
     """A stand-in transform (not a real family): much faster than the heavy baseline below and
     within its stated rtol, but not bitwise equal, so the search must ask for a learning check."""
     import jax.numpy as jnp
@@ -67,7 +67,7 @@ def _fast_inexact_transform():
     return Transform(
         "test_inexact",
         (),
-        Tolerance(1e-3, 0.0, "test: last-bit change"),
+        Tolerance(1e-3, 0.0, "test: last-bit change", learning_check=needs_check),
         "fn",
         lambda tree: (True, "test"),
         apply,
@@ -132,3 +132,26 @@ def test_cli_learning_check_steps():
     assert callable(kw["learning_check"])
     with pytest.raises(cli.UsageError, match="--learning-check-steps must be >= 0"):
         cli._learning_check_kw(job, -1)
+
+
+def test_a_reassociation_plan_without_a_learning_check_is_not_kept():
+    import jax.numpy as jnp
+
+    from rose_jax.optimize import optimize
+    from rose_jax.optimize.stream_overlap import stream_overlap
+
+    loose = stream_overlap("a", "b", reassociate=True)
+    assert loose.tolerance.learning_check and dict(loose.params)["reassociate"] is True
+    assert "reassociate" not in dict(stream_overlap("a", "b").params)
+    _, report = optimize(
+        _heavy,
+        jnp.ones((64,), jnp.float32),
+        candidates=[_fast_inexact_transform(True)],
+        isolate=False,
+        n_iters=2,
+        repeats=3,
+        combine=False,
+    )
+    rec = report.candidates[0]
+    assert not rec.kept and not report.plan
+    assert "no learning check was given" in rec.reason, rec.reason
