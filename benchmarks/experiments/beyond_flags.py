@@ -11,6 +11,7 @@ iteration ``rose-jax train`` runs (``cli.train_job``) and compiles it under the 
 - ``flags_only``: the iteration, jitted, under the options;
 - ``hoist``: ``hoist_independent()`` (every scan's carry-independent work ahead of the loop, see
   ``rose_jax/optimize/hoist.py``) under the same options;
+- ``hoist:WHERE``: the same, on the loops matching a where spec only (``update``: PPO's update loops);
 - ``unroll:N``: the gradient-step (SAC) / minibatch (PPO) loops unrolled by N (``unroll_scans``),
   so that under CONCURRENT scheduling one step's tail may overlap the next one's head;
 - ``set:NAME``: the plain iteration under another option set of ``xla_options.SETS`` (e.g. the
@@ -78,6 +79,8 @@ def transform_of(variant: str):
         return None
     if variant == "hoist":
         return hoist_independent()
+    if variant.startswith("hoist:"):  # one loop (a where spec: "update", "train_steps/_grad_step")
+        return hoist_independent(where=variant[6:])
     if variant.startswith("unroll:"):
         return unroll_scans(int(variant[7:]), where=UNROLL_WHERE)
     raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, set:NAME, unroll:N")
@@ -229,7 +232,7 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
         ref = jax.device_get(_block(ref_step, state0, 2)[0])
         for rec in rows:
             v = rec["variant"]
-            if v == "flags_only" or v not in steps or v not in args.check_equal:
+            if v == "flags_only" or v not in steps or v.split(":")[0] not in args.check_equal:
                 continue
             v_det = {
                 **variant_options(v, options, on_gpu),
@@ -246,6 +249,8 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
                 within_tolerance=bool(tol.equal),
                 tolerance=HOIST_TOLERANCE.to_json(),
                 max_abs_diff=float(exact.max_abs),
+                worst_leaf=exact.worst,
+                tolerance_verdict=tol.reason,
                 equality_deterministic_ops=on_gpu,
             )
     except Exception as e:  # noqa: BLE001
@@ -358,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             v not in VARIANTS
             and not (v.startswith("set:") and v[4:] in xla_options.SETS)
             and not (v.startswith("unroll:") and v[7:].isdigit() and int(v[7:]) >= 2)
+            and not (v.startswith("hoist:") and len(v) > 6)
         ):
             p.error(
                 f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, "
