@@ -52,5 +52,5 @@ def test_files_from_rows(tmp_path):
     data = json.load(open(tmp_path / "results.json"))
     assert data["rows"] == rows and "machine" in data and data["command"].startswith("python -m")
     md = open(tmp_path / "results.md").read()
-    assert "| sac-hopper | hoist | 9,800 (9,700-9,900) | 1.020 |" in md
+    assert "| sac-hopper | - | hoist | 9,800 (9,700-9,900) | 1.020 |" in md
     assert os.path.exists(tmp_path / "results.png")

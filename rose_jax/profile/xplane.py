@@ -476,7 +476,8 @@ def busy_and_gaps(events: Sequence[KernelEvent], min_gap_ns: float = 0.0) -> tup
     return busy, gaps, span
 
 
-def _newest_xplane(logdir: str, since: float) -> str | None:
+def newest_xplane(logdir: str, since: float) -> str | None:
+    """The newest ``*.xplane.pb`` under ``logdir`` written since ``since`` (unix seconds), or None."""
     files = [
         f
         for f in glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
@@ -509,7 +510,7 @@ def kernel_trace(
     with jax.profiler.trace(logdir):
         for _ in range(repeats):
             jax.block_until_ready(jitted(*args))
-    path = _newest_xplane(logdir, since)
+    path = newest_xplane(logdir, since)
     if path is None:
         return KernelTrace(
             False, f"jax.profiler wrote no .xplane.pb under {logdir}", (), {}, (), 0.0, None, logdir
