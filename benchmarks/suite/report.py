@@ -438,12 +438,22 @@ def headline(results: dict, source: str) -> str:
         body,
     )
     epoch = any((row.get("workload") or {}).get("unit") == "epoch" for row in rows)
+    flagged = any(
+        p in (row.get("variants") or {}) for row in rows for p in ("brax_flags", "single_jit_flags")
+    )
+    peers = (
+        "each peer (Brax's trainer, our single-jit loop) as shipped and with the best "
+        f"global XLA flags we know (`{PEER_XLA_FLAGS}`), in the same device call; the informed peer is the "
+        "fastest peer measured both ways. "
+        if flagged
+        else "each peer as shipped only: these rows were measured before the suite ran the peers with "
+        f"the informed flag (`{PEER_XLA_FLAGS}`), so every informed-peer column says not measured. "
+    )
     return (
         f"Suite `{results.get('suite')}`: {_setting(results)}. Env-steps/s after warm-up; "
         "the best baseline is the fastest of Brax's own trainer, our single-jit loop and a hand-written "
-        "env-group pipeline, each peer (Brax's trainer, our single-jit loop) as shipped and with the best "
-        f"global XLA flags we know (`{PEER_XLA_FLAGS}`), in the same device call; the informed peer is the "
-        "fastest peer measured both ways. "
+        "env-group pipeline, "
+        + peers
         + (
             "Epoch rows time Brax's train loop (training iterations, then an evaluation episode, per "
             "epoch): env-steps/s counts training steps over the whole wall time, evaluation included. "
@@ -747,6 +757,8 @@ def informed_peer_headline(root: str | None = None) -> str | None:
          "Brax s", "Brax + flag s", "rose-jax first s", "rose-jax cached s", "plan", "equal"], body)
     machine = doc.get("machine") or {}
     source = os.path.relpath(path, os.path.dirname(README))
+    has_notes = os.path.exists(os.path.join(os.path.dirname(path), "notes.md"))
+    notes = os.path.join(os.path.dirname(source), "notes.md") if has_notes else ""
     return (
         "Against the informed peer, end to end (`python -m benchmarks.experiments.informed_peer`): "
         f"{machine.get('date', '?')} on {machine.get('gpu') or machine.get('backend', '?')}; jax "
@@ -754,9 +766,11 @@ def informed_peer_headline(root: str | None = None) -> str | None:
         "published "
         "keywords as shipped and with `XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT`, vs "
         "`rose-jax train` with the same keywords (first run on empty caches, then cached); steady "
-        "env-steps/s "
+        "env-steps/s (the rate between progress reports, evaluation included) "
         "and whole runs in their own processes (s: median, min-max, n repeats). Generated from "
-        f"`{source}`; details in `{os.path.splitext(source)[0]}.md`.\n\n{table}\n"
+        f"`{source}`; details in `{os.path.splitext(source)[0]}.md`"
+        + (f" and `{notes}` (what was not measured)" if notes else "")
+        + f".\n\n{table}\n"
     )
 
 
