@@ -138,17 +138,41 @@ def _real_iteration(name):
 def test_real_iterations_same_state(name, loop):
     it, state = _real_iteration(name)
     t = hoist.hoist_independent()
-    ok, why = t.legal(rtrace.trace(it, state))
+    tree = rtrace.trace(it, state)
+    ok, why = t.legal(tree)
     assert ok and loop in why, why
+    if name == "sac":  # the family's generator offers the gradient-step loop, with its model
+        cands = hoist.candidates(CandidateContext(tree=tree, program=None, baseline_s=1e-3))
+        assert [c.window for c in cands] == ["train_steps/_grad_step"]
+        assert cands[0].predicted > 0 and "carry-independent" in cands[0].model
     ref, _ = jax.jit(it)(state)
     out, _ = jax.jit(t.apply(it))(state)
     cmp = compare_trees(out, ref, rtol=t.tolerance.rtol)
     assert cmp.equal, cmp
 
 
-def test_candidates_offer_the_gradient_step_loop():
-    it, state = _real_iteration("sac")
-    ctx = CandidateContext(tree=rtrace.trace(it, state), program=None, baseline_s=1e-3)
-    cands = hoist.candidates(ctx)
-    assert [c.window for c in cands] == ["train_steps/_grad_step"]
-    assert cands[0].predicted > 0 and "carry-independent" in cands[0].model
+def test_the_search_generates_measures_and_checks_hoist_on_a_real_program():
+    """rose_jax.optimize.optimize with its default candidate generation (restricted to this family)
+    offers hoist_independent per loop of PPO's Program, and the one it measures is legal, timed end
+    to end and equal to the baseline (stepwise)."""
+    import envs
+    from algos import ppo
+    from rose_jax.optimize import optimize
+
+    cfg = H.tiny_ppo_config(num_epochs=2)
+    env = envs.make("cartpole")
+    _, report = optimize(
+        ppo.program(cfg, env),
+        ppo.init(cfg, env, jax.random.PRNGKey(0)),
+        families=("hoist_independent",),
+        isolate=False,
+        n_iters=1,
+        repeats=2,
+        combine=False,
+        quotas="off",
+        max_candidates=1,
+    )
+    wheres = [c.label for c in report.candidates]
+    assert any("update/epoch_step" in w for w in wheres) and any("rollout/step" in w for w in wheres), wheres
+    measured = [c for c in report.candidates if c.stage == "e2e"]
+    assert len(measured) == 1 and measured[0].legal and measured[0].equal is True, measured
