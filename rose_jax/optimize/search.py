@@ -754,6 +754,12 @@ class _Search:
                 rec.reason = f"illegal: {rec.legal_reason}"
                 self.say(f"[optimize] {t.label}: {rec.reason}")
                 continue
+            if t.tolerance.learning_check and opts.learning_check is None:
+                rec.reason = (
+                    "not measured: kept only with a learning check (its tolerance says so) and none was "
+                    "given (OptimizeOptions.learning_check; rose-jax train --learning-check-steps N)"
+                )
+                continue
             if measured >= opts.max_candidates:
                 rec.reason = f"not measured: max_candidates={opts.max_candidates} reached"
                 continue
