@@ -41,7 +41,14 @@ import jax
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import Tolerance, Transform
-from rose_jax.optimize.predict import Candidate, CandidateContext, outer_trips, where_of
+from rose_jax.optimize.predict import (
+    Candidate,
+    CandidateContext,
+    candidate_scans,
+    moved_out_gain,
+    outer_trips,
+    scan_of,
+)
 from rose_jax.optimize.where import Where, site_select, tree_loops, where_label
 
 # The largest total size of the values batched out of one loop (every iteration's at once).
@@ -328,13 +335,6 @@ def _run_split(
     return [*carry, *ys]
 
 
-def _scan_of(node) -> C.ScanParams | None:
-    eqns = node.eqns()
-    if len(eqns) != 1 or eqns[0].primitive.name != C.SCAN:
-        return None
-    return C.scan_params(eqns[0].params)
-
-
 def describe(split: ScanSplit, body: Any) -> str:
     """One line: what moves out of the loop and what it costs."""
     parts = []
@@ -360,7 +360,7 @@ def hoist_independent(where: Where = None) -> Transform:
             return False, f"no scan matches {where_label(where)}"
         found, refused = [], []
         for node in loops:
-            scan = _scan_of(node)
+            scan = scan_of(node)
             if scan is None:
                 continue
             split = split_scan(scan)
@@ -401,25 +401,16 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
     run once instead of ``trips`` times, less nothing for the extra recurrence scan (it is
     light by construction): ``loop time x moved/body x (1 - 1/trips)``.
     """
-    tree = ctx.tree
-    scans = [n for n in tree.walk() if n.kind == "scan" and (n.trip_count or 0) >= 2]
-    if ctx.by_path:
-        scans = [n for n in scans if ctx.idle_for(n) is not None] or scans
-    scans.sort(key=lambda n: -ctx.time_share(n))
     out: list[Candidate] = []
-    seen: set[str] = set()
-    for node in scans:
-        where = where_of(node)
-        scan = _scan_of(node)
-        if where in seen or scan is None:
+    for node, where in candidate_scans(ctx):
+        scan = scan_of(node)
+        if scan is None:
             continue
-        seen.add(where)
         split = split_scan(scan)
         if not split.moves or not split.b_eqns:
             continue
-        share = len(split.b_eqns) / max(len(scan.body.eqns), 1)
-        gain = ctx.baseline_s * ctx.time_share(node) * share * (1.0 - 1.0 / node.trip_count)
-        trips = node.trip_count * outer_trips(tree, node)
+        gain = moved_out_gain(ctx, node, len(split.b_eqns), len(scan.body.eqns))
+        trips = node.trip_count * outer_trips(ctx.tree, node)
         out.append(
             Candidate(
                 hoist_independent(where),

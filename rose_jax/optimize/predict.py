@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from rose_jax.jaxpr import compat as C
 from rose_jax.optimize.base import Transform
 from rose_jax.optimize.where import tree_loops
 from rose_jax.program import Program
@@ -90,6 +91,38 @@ def loop_time(tree, where, baseline_s: float, by_path: dict[str, float], kind: s
     return baseline_s * min(share, 1.0), (max(idle) if idle else None)
 
 
+def scan_of(node) -> Any:
+    """The ``ScanParams`` of a LoopTree scan node (its single scan equation), else None."""
+    eqns = node.eqns()
+    if len(eqns) != 1 or eqns[0].primitive.name != C.SCAN:
+        return None
+    return C.scan_params(eqns[0].params)
+
+
+def candidate_scans(ctx: "CandidateContext") -> list[tuple[Any, str]]:
+    """``(node, where spec)`` of the scans of at least two steps that loop families generate
+    candidates for: those in a profiled window (without windows every one), most expensive first,
+    each where spec once."""
+    scans = [n for n in ctx.tree.walk() if n.kind == "scan" and (n.trip_count or 0) >= 2]
+    if ctx.by_path:
+        scans = [n for n in scans if ctx.idle_for(n) is not None] or scans
+    scans.sort(key=lambda n: -ctx.time_share(n))
+    out, seen = [], set()
+    for node in scans:
+        where = where_of(node)
+        if where not in seen:
+            seen.add(where)
+            out.append((node, where))
+    return out
+
+
+def moved_out_gain(ctx: "CandidateContext", node, moved: int, total: int) -> float:
+    """Seconds per iteration saved by running ``moved`` of a loop body's ``total`` equations once
+    instead of every step: the loop's time x moved/total x (1 - 1/trips)."""
+    share = moved / max(total, 1)
+    return ctx.baseline_s * ctx.time_share(node) * share * (1.0 - 1.0 / node.trip_count)
+
+
 @dataclasses.dataclass(frozen=True)
 class CandidateContext:
     """What a family's ``candidates(ctx)`` reads.
@@ -134,9 +167,12 @@ __all__ = [
     "LOOP_OVERHEAD_S",
     "Candidate",
     "CandidateContext",
+    "candidate_scans",
     "idle_for",
     "loop_time",
+    "moved_out_gain",
     "outer_trips",
+    "scan_of",
     "time_share",
     "where_of",
     "windows_by_path",

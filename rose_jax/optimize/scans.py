@@ -13,7 +13,14 @@ from typing import Any
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import FUSION_TOLERANCE, Transform
-from rose_jax.optimize.predict import Candidate, CandidateContext, outer_trips, where_of
+from rose_jax.optimize.predict import (
+    Candidate,
+    CandidateContext,
+    candidate_scans,
+    moved_out_gain,
+    outer_trips,
+    scan_of,
+)
 from rose_jax.optimize.where import Where, site_select, tree_loops, where_label
 
 
@@ -133,10 +140,10 @@ def hoist_invariants(where: Where = None) -> Transform:
             return False, f"no scan matches {where_label(where)}"
         counts = []
         for node in loops:
-            eqns = node.eqns()
-            if len(eqns) != 1 or eqns[0].primitive.name != C.SCAN:
+            scan = scan_of(node)
+            if scan is None:
                 continue
-            n = len(invariant_eqns(C.scan_params(eqns[0].params)))
+            n = len(invariant_eqns(scan))
             if n:
                 counts.append(f"{'/'.join(node.component_path + (node.name,))}: {n}")
         if not counts:
@@ -178,17 +185,8 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
     the loop's time.
     """
     tree, overhead = ctx.tree, ctx.loop_overhead_s
-    scans = [n for n in tree.walk() if n.kind == "scan" and (n.trip_count or 0) >= 2]
-    if ctx.by_path:
-        scans = [n for n in scans if ctx.idle_for(n) is not None] or scans
-    scans.sort(key=lambda n: -ctx.time_share(n))
     out: list[Candidate] = []
-    seen: set[str] = set()
-    for node in scans:
-        where = where_of(node)
-        if where in seen:
-            continue
-        seen.add(where)
+    for node, where in candidate_scans(ctx):
         trips = node.trip_count * outer_trips(tree, node)
         for f in ctx.unroll_factors:
             if f >= 2 and f <= node.trip_count:
@@ -201,13 +199,11 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
                         f"{trips} loop iterations x (1-1/{f}) x {overhead * 1e6:.0f}us loop overhead",
                     )
                 )
-        eqns = node.eqns()
-        if len(eqns) == 1 and eqns[0].primitive.name == "scan":
-            scan = C.scan_params(eqns[0].params)
+        scan = scan_of(node)
+        if scan is not None:
             n_inv = len(invariant_eqns(scan))
             if n_inv:
-                share = n_inv / max(len(scan.body.eqns), 1)
-                gain = ctx.baseline_s * ctx.time_share(node) * share * (1.0 - 1.0 / node.trip_count)
+                gain = moved_out_gain(ctx, node, n_inv, len(scan.body.eqns))
                 out.append(
                     Candidate(
                         hoist_invariants(where),
