@@ -12,6 +12,9 @@ iteration ``rose-jax train`` runs (``cli.train_job``) and compiles it under the 
 - ``hoist``: ``hoist_independent()`` (every scan's carry-independent work ahead of the loop, see
   ``rose_jax/optimize/hoist.py``) under the same options;
 - ``hoist:WHERE``: the same, on the loops matching a where spec only (``update``: PPO's update loops);
+- ``inplace`` / ``inplace:WHERE``: ``update_in_place()`` (every read of a loop's old carry ordered
+  before the elementwise updates that overwrite it, so XLA stops copying the carry every step,
+  see ``rose_jax/optimize/inplace.py``), on every scan or the matching ones;
 - ``unroll:N``: the gradient-step (SAC) / minibatch (PPO) loops unrolled by N (``unroll_scans``),
   so that under CONCURRENT scheduling one step's tail may overlap the next one's head;
 - ``set:NAME``: the plain iteration under another option set of ``xla_options.SETS`` (e.g. the
@@ -75,7 +78,7 @@ def build(name: str, smoke: bool):
 
 def transform_of(variant: str):
     """The Transform a variant applies (None: the plain iteration)."""
-    from rose_jax.optimize import hoist_independent, unroll_scans
+    from rose_jax.optimize import hoist_independent, unroll_scans, update_in_place
 
     if variant == "flags_only" or variant.startswith("set:"):
         return None
@@ -83,9 +86,16 @@ def transform_of(variant: str):
         return hoist_independent()
     if variant.startswith("hoist:"):  # one loop (a where spec: "update", "train_steps/_grad_step")
         return hoist_independent(where=variant[6:])
+    if variant == "inplace":
+        return update_in_place()
+    if variant.startswith("inplace:"):
+        return update_in_place(where=variant[8:])
     if variant.startswith("unroll:"):
         return unroll_scans(int(variant[7:]), where=UNROLL_WHERE)
-    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, set:NAME, unroll:N")
+    raise ValueError(
+        f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, hoist:WHERE, inplace, inplace:WHERE, "
+        "set:NAME, unroll:N"
+    )
 
 
 def variant_fn(variant: str, fn):
@@ -374,10 +384,11 @@ def main(argv: list[str] | None = None) -> int:
             and not (v.startswith("set:") and v[4:] in xla_options.SETS)
             and not (v.startswith("unroll:") and v[7:].isdigit() and int(v[7:]) >= 2)
             and not (v.startswith("hoist:") and len(v) > 6)
+            and not (v == "inplace" or (v.startswith("inplace:") and len(v) > 8))
         ):
             p.error(
-                f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, "
-                f"set:NAME of {', '.join(xla_options.SETS)}"
+                f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, hoist:WHERE, inplace, "
+                f"inplace:WHERE, unroll:N, set:NAME of {', '.join(xla_options.SETS)}"
             )
     if "flags_only" not in args.variants:
         args.variants.insert(0, "flags_only")

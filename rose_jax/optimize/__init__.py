@@ -10,7 +10,9 @@ The contract is :mod:`rose_jax.optimize.base` (``Transform``: ``legal(tree)``, `
 ``tolerance`` and what the search needs to know about it; ``HostStep``); one module per
 transformation family, each with its own ``candidates(ctx)``: :mod:`~.scans` (``unroll_scans``,
 ``hoist_invariants``), :mod:`~.hoist` (``hoist_independent``: a loop's carry-independent work
-as its own recurrence and one batched pass ahead of it), :mod:`~.fuse`
+as its own recurrence and one batched pass ahead of it), :mod:`~.inplace` (``update_in_place``:
+a loop's reads of its old carry ordered before the updates that overwrite it, so XLA stops
+copying the carry every step), :mod:`~.fuse`
 (``overlap_independent``), :mod:`~.offload`
 (``offload_component``: a metrics-only component, e.g. the evaluation, in a worker process
 behind the next call), :mod:`~.group_rollout` (env groups, in one process or in worker
@@ -27,6 +29,7 @@ from rose_jax.optimize.fuse import overlap_independent
 from rose_jax.optimize.env_groups import ProgramTree, trace_program
 from rose_jax.optimize.group_rollout import check_collect, group_rollout
 from rose_jax.optimize.hoist import hoist_independent, split_scan
+from rose_jax.optimize.inplace import split_tail, update_in_place
 from rose_jax.optimize.offload import Deferred, OffloadedStep, offload_component, resolve
 from rose_jax.optimize.registry import known_transforms, register_transform, transform_by_name
 from rose_jax.optimize.report import CandidateRecord, PlanReport, format_report
@@ -63,7 +66,9 @@ __all__ = [
     "register_transform",
     "resolve",
     "split_scan",
+    "split_tail",
     "trace_program",
     "transform_by_name",
     "unroll_scans",
+    "update_in_place",
 ]

@@ -25,6 +25,7 @@ from rose_jax.optimize.base import Transform
 _FAMILIES: dict[str, tuple[str, ...]] = {
     "rose_jax.optimize.scans": ("unroll_scans", "hoist_invariants"),
     "rose_jax.optimize.hoist": ("hoist_independent",),
+    "rose_jax.optimize.inplace": ("update_in_place",),
     "rose_jax.optimize.fuse": ("overlap_independent",),
     "rose_jax.optimize.offload": ("offload_component",),
     "rose_jax.optimize.group_rollout": ("group_rollout",),
