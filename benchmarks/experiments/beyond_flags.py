@@ -167,6 +167,7 @@ def kernel_profile(step, state, calls: int) -> tuple[Any, dict[str, Any]]:
         base = e.name.rstrip("0123456789_")
         by_name[base] = by_name.get(base, 0.0) + e.duration_ns
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    by_component = component_split(kern, calls)
     return state, {
         "available": True,
         "calls": calls,
@@ -177,7 +178,29 @@ def kernel_profile(step, state, calls: int) -> tuple[Any, dict[str, Any]]:
         "median_kernel_us": round(durs[len(durs) // 2] / 1e3, 2),
         "median_gap_us": round(gaps[len(gaps) // 2] / 1e3, 2) if gaps else None,
         "top_kernels_ms_per_iteration": {k: round(v / calls * 1e-6, 3) for k, v in top},
+        "by_component": by_component,
     }
+
+
+def component_split(kernels, calls: int) -> dict[str, dict[str, Any]]:
+    """Per top-level component (``collect``, ``train_steps``, ``rollout``, ...; the kernel's
+    component path from the trace's HLO, :mod:`rose_jax.profile.xplane`): kernels and kernel
+    milliseconds per iteration, and that component's three longest kernel kinds."""
+    out: dict[str, dict[str, Any]] = {}
+    names: dict[str, dict[str, float]] = {}
+    for e in kernels:
+        comp = (e.path or "(glue)").split("/")[0] or "(glue)"
+        rec = out.setdefault(comp, {"kernels": 0, "kernel_ms": 0.0})
+        rec["kernels"] += 1
+        rec["kernel_ms"] += e.duration_ns * 1e-6
+        base = e.name.rstrip("0123456789_")
+        names.setdefault(comp, {})[base] = names.setdefault(comp, {}).get(base, 0.0) + e.duration_ns * 1e-6
+    for comp, rec in out.items():
+        rec["kernels"] = round(rec["kernels"] / calls, 1)
+        rec["kernel_ms"] = round(rec["kernel_ms"] / calls, 3)
+        top = sorted(names[comp].items(), key=lambda kv: -kv[1])[:3]
+        rec["top_ms"] = {k: round(v / calls, 3) for k, v in top}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["kernel_ms"]))
 
 
 def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
@@ -332,10 +355,16 @@ def _profile_cell(p: dict | None) -> str:
         return "-"
     if not p.get("available"):
         return f"not traced ({p.get('reason')})"
-    return (
+    cell = (
         f"{p['kernels_per_iteration']:,.0f}, {common.fmt(p.get('busy_share_of_span'), '.2f')}, "
         f"{p['median_kernel_us']}"
     )
+    split = p.get("by_component") or {}
+    if split:
+        cell += "; " + ", ".join(
+            f"{c}: {r['kernels']:,.0f} kernels {r['kernel_ms']:.1f} ms" for c, r in list(split.items())[:3]
+        )
+    return cell
 
 
 def _plot(rows, path):  # pragma: no cover - drawing
