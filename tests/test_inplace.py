@@ -113,6 +113,18 @@ def test_the_copies_of_the_carried_parameters_are_gone():
     assert after < before
 
 
+def test_the_model_offers_it_only_where_the_copies_outweigh_the_reads_held():
+    """2 copies saved, 5 read results held: 2 - 5 x BARRIER_VALUE_SHARE <= 0, so the search is
+    not offered the toy's loop (the calibration that made none of the H100's measured loops
+    predicted to gain, as none did)."""
+    args = _inputs(0)
+    split = inplace.split_tail(_scan_of(two_losses, *args))
+    held = len(split.barrier) - len(split.in_place)
+    assert len(split.in_place) - held * inplace.BARRIER_VALUE_SHARE <= 0
+    ctx = CandidateContext(tree=rtrace.trace(two_losses, *args), program=None, baseline_s=1e-3)
+    assert inplace.candidates(ctx) == []
+
+
 def test_refused_without_a_tail_or_anything_to_order():
     h, xs = jnp.ones((8, 8)), jnp.ones((3, 5, 8))
     assert "no update tail" in inplace.split_tail(_scan_of(no_tail, h, xs)).why

@@ -209,7 +209,9 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     from rose_jax.compare import compare_trees
 
     job, fn, state0, env_steps, argv = build(name, args.smoke)
-    call = common.machine_info(jax_devices=False).get("date")
+    machine = common.machine_info(jax_devices=True)
+    call = machine.get("date")
+    device = machine.get("gpu") or machine.get("platform")
     on_gpu = jax.default_backend() == "gpu"
     steps, states, compile_s, legal = {}, {}, {}, {}
     for v in args.variants:
@@ -298,6 +300,7 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
         rec["command"] = "python -m rose_jax.cli train " + " ".join(argv)
         rec["env_steps_per_iteration"] = env_steps
         rec["call"] = call
+        rec["device"] = device
     return {"rows": rows}
 
 
@@ -329,7 +332,7 @@ def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
             [
                 [
                     r["workload"],
-                    r.get("call") or "-",
+                    (r.get("call") or "-") + (f" ({_short_device(r['device'])})" if r.get("device") else ""),
                     r["variant"],
                     f"{common.fmt(r.get('env_steps_per_s'), ',.0f')} ("
                     + "-".join(
@@ -348,6 +351,14 @@ def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
         ),
     ]
     common.write_markdown_and_plot(out, lines, _plot, rows)
+
+
+def _short_device(device: str) -> str:
+    """``'NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB'`` -> ``'H100'``."""
+    for name in ("H200", "H100", "A100", "L4"):
+        if name in device:
+            return name
+    return device.split(",")[0][:24]
 
 
 def _profile_cell(p: dict | None) -> str:
@@ -436,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     if args.merge and os.path.exists(os.path.join(args.out, "results.json")):
         with open(os.path.join(args.out, "results.json")) as f:
-            rows = [r for r in json.load(f).get("rows", []) if r["workload"] not in names]
+            rows = list(json.load(f).get("rows", []))  # every earlier call's rows, each with its call
     command = "python -m benchmarks.experiments.beyond_flags " + " ".join(argv)
     for n in names:
         try:

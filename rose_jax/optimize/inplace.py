@@ -67,6 +67,13 @@ ELEMENTWISE = frozenset(
 # Seconds one copied carried leaf costs per loop step: on GPU one small D2D copy kernel
 # (``memcpy32_post``, ~1.3 us measured on the H200, with its launch gap), on CPU a memcpy.
 COPY_S = {"gpu": 2e-6, "cpu": 0.5e-6}
+# What each read result held by the barrier costs, as a share of one copy: the fusions XLA can no
+# longer make across the barrier. Calibrated on the H100 (benchmarks/results/beyond_flags,
+# 2026-12-05): with it, none of the measured loops is predicted to gain, as none did: SAC
+# hopper's gradient step (30 copies saved, 78 read results held: 1.02x, within the spread),
+# Brax hopper's physics loop (8 and 49: memcpy kernels -6 ms, other fusions +7 ms: 0.90x), MJX
+# ant PPO's rollout step (0.75x).
+BARRIER_VALUE_SHARE = 0.4
 
 
 def _tail_eqn(eqn: Any) -> bool:
@@ -280,8 +287,10 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
     """Per scan of at least two steps whose old carried values are read outside the update tail
     (those in a profiled window; without windows every one), most expensive first.
 
-    Model (seconds per iteration): one copy kernel saved per such carried value per step,
-    ``trips x values x`` :data:`COPY_S`.
+    Model (seconds per iteration): one copy kernel saved per such carried value per step, less
+    the fusions lost to each read result the barrier holds, ``trips x (copied - held x``
+    :data:`BARRIER_VALUE_SHARE` ``) x`` :data:`COPY_S`; offered only where that is positive (a
+    loop that copies many values each read in few places).
     """
     out: list[Candidate] = []
     per_copy = COPY_S.get(ctx.platform, COPY_S["gpu"])
@@ -293,13 +302,17 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
         if not split.moves:
             continue
         trips = node.trip_count * outer_trips(ctx.tree, node)
+        copied, held = len(split.in_place), len(split.barrier) - len(split.in_place)
+        gain = trips * (copied - held * BARRIER_VALUE_SHARE) * per_copy
+        if gain <= 0:
+            continue
         out.append(
             Candidate(
                 update_in_place(where),
                 where,
-                trips * len(split.in_place) * per_copy,
-                f"{trips} steps x {len(split.in_place)} carried values not copied x "
-                f"{per_copy * 1e6:.1f}us per copy",
+                gain,
+                f"{trips} steps x ({copied} carried values not copied - {held} read results held x "
+                f"{BARRIER_VALUE_SHARE}) x {per_copy * 1e6:.1f}us per copy",
             )
         )
     return out
