@@ -70,10 +70,8 @@ class Algo:
         eval_epoch = getattr(self.module, "eval_epoch", None)
         if eval_epoch is not None and getattr(config, "num_evals", None) is not None:
             return eval_epoch(config, env)  # resolves the env itself
-        # the env train runs on (a name or Brax env built, action_repeat wrapped: PPO), resolved
-        # once here, so the optimizer searches the iteration train compiles
-        resolve = getattr(self.module, "resolve_env", None)
-        return self.program(config, env if resolve is None else resolve(config, env), **kwargs)
+        # resolved once here, so the optimizer searches the iteration train compiles
+        return self.program(config, self.train_env(config, env), **kwargs)
 
     def unit_fn(self, config: Any, env: Any) -> Callable[[Any], tuple[Any, Any]]:
         """The pure ``state -> (state, metrics)`` that ``train`` jits and runs once per progress
@@ -84,8 +82,15 @@ class Algo:
         eval_epoch = getattr(self.module, "eval_epoch", None)
         if eval_epoch is not None and getattr(config, "num_evals", None) is not None:
             return eval_epoch(config, env)
+        return self.iteration(config, self.train_env(config, env))
+
+    def train_env(self, config: Any, env: Any) -> Any:
+        """The env ``train`` runs on: the algorithm's ``resolve_env(config, env)`` where it has one
+        (PPO: a registry name or Brax env built, ``episode_length`` and ``action_repeat`` wrapped,
+        as Brax's trainer does), else ``env``. Call it once: PPO's wraps ``action_repeat`` again
+        at every call."""
         resolve = getattr(self.module, "resolve_env", None)
-        return self.iteration(config, env if resolve is None else resolve(config, env))
+        return env if resolve is None else resolve(config, env)
 
     # ------------------------------------------------------------------ progress
     def evaluates(self, config: Any) -> bool:

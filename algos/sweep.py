@@ -134,11 +134,7 @@ def _unit(record: Any, config: Any, env: Any, resolved: Any) -> Callable:
 def _algo_of(config: Any, env: Any) -> tuple[Any, Any, Callable, int]:
     """(record, env, step, number of steps) of ``config`` on ``env``, validated."""
     record = _record_of(config)
-    resolved = env
-    if record.name == "ppo":  # as ppo.train does: Brax env objects, episode_length, action_repeat
-        from algos import ppo_brax
-
-        resolved = ppo_brax.resolve_env(config, env)
+    resolved = record.train_env(config, env)  # as train does (PPO: Brax envs, action_repeat)
     step = _unit(record, config, env, resolved)
     # with num_evals: Brax's max(num_evals - 1, 1) epochs (its step-0 evaluation is not run here)
     return record, resolved, step, record.num_units(config)

@@ -67,11 +67,7 @@ def build(name: str, smoke: bool):
     w = informed_peer.workloads()[name]
     argv = informed_peer.rose_argv(w, w["steps"], smoke)
     job = cli.train_job(argv)
-    env = job.env
-    resolve = getattr(job.algo.module, "resolve_env", None)
-    if resolve is not None:
-        env = resolve(job.config, env)
-    fn = job.algo.iteration(job.config, env)
+    fn = job.algo.iteration(job.config, job.algo.train_env(job.config, job.env))
     state = job.algo.init(job.config, job.env, jax.random.PRNGKey(job.config.seed))
     return job, fn, state, int(job.config.env_steps_per_iteration), argv
 
