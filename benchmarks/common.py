@@ -113,6 +113,36 @@ def machine_info(jax_devices: bool = True) -> dict[str, Any]:
     return info
 
 
+def state_after(step: Callable, state: Any, calls: int) -> Any:
+    """``state`` after ``calls`` calls of a compiled ``step(state) -> (state, metrics)``, on the
+    host (what the equality checks compare)."""
+    import jax
+
+    for _ in range(calls):
+        state, _ = step(state)
+    return jax.device_get(state)
+
+
+def equality_fields(out: Any, ref: Any, tolerance: Any = None) -> dict[str, Any]:
+    """How ``out`` compares with ``ref`` (:func:`rose_jax.compare.compare_trees`): ``equal``
+    (bitwise), ``max_abs_diff``, ``worst_leaf``; with a :class:`rose_jax.optimize.Tolerance`
+    also ``within_tolerance``, ``tolerance`` and ``tolerance_verdict``."""
+    from rose_jax.compare import compare_trees
+
+    exact = compare_trees(out, ref)
+    rec: dict[str, Any] = {
+        "equal": bool(exact.equal),
+        "max_abs_diff": float(exact.max_abs),
+        "worst_leaf": exact.worst,
+    }
+    if tolerance is not None:
+        tol = compare_trees(out, ref, rtol=tolerance.rtol, atol=tolerance.atol)
+        rec.update(
+            within_tolerance=bool(tol.equal), tolerance=tolerance.to_json(), tolerance_verdict=tol.reason
+        )
+    return rec
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def fmt(v):
         if isinstance(v, float):

@@ -202,7 +202,6 @@ def component_split(kernels, calls: int) -> dict[str, dict[str, Any]]:
 def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     import jax
 
-    from rose_jax.compare import compare_trees
 
     job, fn, state0, env_steps, argv = build(name, args.smoke)
     machine = common.machine_info(jax_devices=True)
@@ -263,7 +262,7 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     det = {**options, "xla_gpu_deterministic_ops": True} if on_gpu else dict(options)
     try:
         ref_step, _ = _compile(fn, state0, det)
-        ref = jax.device_get(_block(ref_step, state0, args.equal_iters)[0])
+        ref = common.state_after(ref_step, state0, args.equal_iters)
         for rec in rows:
             v = rec["variant"]
             if v == "flags_only" or v not in steps or v.split(":")[0] not in args.check_equal:
@@ -275,18 +274,10 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
             from rose_jax.optimize.base import EXACT
 
             t = transform_of(v)  # option sets change launches, not arithmetic: bitwise
-            tolerance = EXACT if t is None else t.tolerance
             st, _ = _compile(variant_fn(v, fn), state0, v_det)
-            out = jax.device_get(_block(st, state0, args.equal_iters)[0])
-            exact = compare_trees(out, ref)
-            tol = compare_trees(out, ref, rtol=tolerance.rtol, atol=tolerance.atol)
+            out = common.state_after(st, state0, args.equal_iters)
             rec.update(
-                equal=bool(exact.equal),
-                within_tolerance=bool(tol.equal),
-                tolerance=tolerance.to_json(),
-                max_abs_diff=float(exact.max_abs),
-                worst_leaf=exact.worst,
-                tolerance_verdict=tol.reason,
+                common.equality_fields(out, ref, EXACT if t is None else t.tolerance),
                 equality_deterministic_ops=on_gpu,
                 equality_iterations=args.equal_iters,
             )

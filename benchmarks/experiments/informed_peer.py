@@ -202,26 +202,22 @@ def child_equal(argv: list[str], options: dict[str, Any], result: str) -> int:
     import jax
 
     from rose_jax import cli
-    from rose_jax.compare import compare_trees
 
     job = cli.train_job(argv)
     fn = job.algo.unit_fn(job.config, job.env)
     det = {"xla_gpu_deterministic_ops": True} if jax.default_backend() == "gpu" else {}
     state0 = job.algo.init(job.config, job.env, jax.random.PRNGKey(job.config.seed))
     lowered = jax.jit(fn).lower(state0)
-    out = {}
-    for side, opts in (("default", det), ("options", {**options, **det})):
-        step = lowered.compile(compiler_options=opts or None)
-        state = state0
-        for _ in range(2):
-            state, _ = step(state)
-        out[side] = jax.device_get(state)
-    cmp = compare_trees(out["options"], out["default"])
+    out = {
+        side: common.state_after(lowered.compile(compiler_options=opts or None), state0, 2)
+        for side, opts in (("default", det), ("options", {**options, **det}))
+    }
+    cmp = common.equality_fields(out["options"], out["default"])
     atomic_write_json(
         result,
         {
-            "equal": bool(cmp.equal),
-            "max_abs_diff": float(cmp.max_abs),
+            "equal": cmp["equal"],
+            "max_abs_diff": cmp["max_abs_diff"],
             "options": options,
             "units": 2,
             "deterministic_ops": bool(det),
