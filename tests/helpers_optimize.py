@@ -41,6 +41,19 @@ def tiny_sac_config(**overrides):
     return sac.SACConfig(**{**fields, **overrides})
 
 
+def real_iteration(name: str):
+    """``(iteration, initial state)`` of a tiny real SAC (pendulum, 4 gradient steps per env step)
+    or PPO (cartpole, 2 epochs) iteration, for the loop families' tests."""
+    import envs
+    from algos import ppo, sac
+
+    if name == "sac":
+        mod, cfg, env = sac, tiny_sac_config(grad_updates_per_step=4), envs.make("pendulum")
+    else:
+        mod, cfg, env = ppo, tiny_ppo_config(num_epochs=2), envs.make("cartpole")
+    return mod.iteration(cfg, env), mod.init(cfg, env, jax.random.PRNGKey(0))
+
+
 def run(step, state, n: int):
     """``state`` after ``n`` calls of ``step`` (``state -> (state, metrics)``)."""
     for _ in range(n):

@@ -139,20 +139,9 @@ def test_bad_mode_is_one_clear_error():
         inplace.update_in_place(mode="everything")
 
 
-def _real_iteration(name):
-    import envs
-    from algos import ppo, sac
-
-    if name == "sac":
-        mod, cfg, env = sac, H.tiny_sac_config(grad_updates_per_step=4), envs.make("pendulum")
-    else:
-        mod, cfg, env = ppo, H.tiny_ppo_config(num_epochs=2), envs.make("cartpole")
-    return mod.iteration(cfg, env), mod.init(cfg, env, jax.random.PRNGKey(0))
-
-
 @pytest.mark.parametrize("name,loop", [("sac", "_grad_step"), ("ppo", "minibatch_step")])
 def test_real_iterations_same_state(name, loop):
-    it, state = _real_iteration(name)
+    it, state = H.real_iteration(name)
     t = inplace.update_in_place()
     tree = rtrace.trace(it, state)
     ok, why = t.legal(tree)

@@ -48,8 +48,9 @@ from rose_jax.optimize.predict import (
     moved_out_gain,
     outer_trips,
     scan_of,
+    scans_legal,
 )
-from rose_jax.optimize.where import Where, site_select, tree_loops, where_label
+from rose_jax.optimize.where import Where, site_select, where_label
 
 # The largest total size of the values batched out of one loop (every iteration's at once).
 MAX_HOIST_BYTES = 2 << 30
@@ -355,23 +356,13 @@ def hoist_independent(where: Where = None) -> Transform:
     select = site_select(where)
 
     def legal(tree):
-        loops = tree_loops(tree, where)
-        if not loops:
-            return False, f"no scan matches {where_label(where)}"
-        found, refused = [], []
-        for node in loops:
-            scan = scan_of(node)
-            if scan is None:
-                continue
-            split = split_scan(scan)
-            name = "/".join(node.component_path + (node.name,))
-            if split.moves:
-                found.append(f"{name}: {describe(split, scan.body)}")
-            else:
-                refused.append(f"{name}: {split.why}")
-        if not found:
-            return False, "; ".join(refused) or f"no scan body readable at {where_label(where)}"
-        return True, "reads nothing the loop writes; " + "; ".join(found)
+        return scans_legal(
+            tree,
+            where,
+            split_scan,
+            lambda split, scan: describe(split, scan.body),
+            "reads nothing the loop writes; ",
+        )
 
     def on_scan(site, scan, invals, interp):
         split = split_scan(scan)

@@ -47,8 +47,15 @@ import jax
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import FUSION_TOLERANCE, Transform
-from rose_jax.optimize.predict import Candidate, CandidateContext, candidate_scans, outer_trips, scan_of
-from rose_jax.optimize.where import Where, site_select, tree_loops, where_label
+from rose_jax.optimize.predict import (
+    Candidate,
+    CandidateContext,
+    candidate_scans,
+    outer_trips,
+    scan_of,
+    scans_legal,
+)
+from rose_jax.optimize.where import Where, site_select, where_label
 
 # Pure elementwise primitives (and shape-only ones, which XLA fuses into them): what an optimizer's
 # update tail is made of. Anything else (dots, reductions, gathers, RNG, loops) stays in A.
@@ -245,23 +252,13 @@ def update_in_place(where: Where = None, mode: str = "reads") -> Transform:
     select = site_select(where)
 
     def legal(tree):
-        loops = tree_loops(tree, where)
-        if not loops:
-            return False, f"no scan matches {where_label(where)}"
-        found, refused = [], []
-        for node in loops:
-            scan = scan_of(node)
-            if scan is None:
-                continue
-            split = split_tail(scan, mode)
-            name = "/".join(node.component_path + (node.name,))
-            if split.moves:
-                found.append(f"{name}: {describe(split, scan)}")
-            else:
-                refused.append(f"{name}: {split.why}")
-        if not found:
-            return False, "; ".join(refused) or f"no scan body readable at {where_label(where)}"
-        return True, "the tail reads nothing the rest of the body computes after it; " + "; ".join(found)
+        return scans_legal(
+            tree,
+            where,
+            lambda scan: split_tail(scan, mode),
+            describe,
+            "the tail reads nothing the rest of the body computes after it; ",
+        )
 
     def on_scan(site, scan, invals, interp):
         split = split_tail(scan, mode)

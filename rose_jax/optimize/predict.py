@@ -99,6 +99,31 @@ def scan_of(node) -> Any:
     return C.scan_params(eqns[0].params)
 
 
+def scans_legal(tree, where, split, label: str, ok_prefix: str) -> tuple[bool, str]:
+    """A loop family's ``legal(tree)``: each scan matching ``where`` split by ``split(scan)``
+    (an object with ``moves``, ``why``), legal when at least one moves; the reason names every
+    scan, ``label(split, scan)`` for those that move, ``split.why`` for those refused."""
+    from rose_jax.optimize.where import where_label
+
+    loops = tree_loops(tree, where)
+    if not loops:
+        return False, f"no scan matches {where_label(where)}"
+    found, refused = [], []
+    for node in loops:
+        scan = scan_of(node)
+        if scan is None:
+            continue
+        s = split(scan)
+        name = "/".join(node.component_path + (node.name,))
+        if s.moves:
+            found.append(f"{name}: {label(s, scan)}")
+        else:
+            refused.append(f"{name}: {s.why}")
+    if not found:
+        return False, "; ".join(refused) or f"no scan body readable at {where_label(where)}"
+    return True, ok_prefix + "; ".join(found)
+
+
 def candidate_scans(ctx: "CandidateContext") -> list[tuple[Any, str]]:
     """``(node, where spec)`` of the scans of at least two steps that loop families generate
     candidates for: those in a profiled window (without windows every one), most expensive first,
@@ -173,6 +198,7 @@ __all__ = [
     "moved_out_gain",
     "outer_trips",
     "scan_of",
+    "scans_legal",
     "time_share",
     "where_of",
     "windows_by_path",
