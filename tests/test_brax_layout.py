@@ -498,13 +498,13 @@ def test_unit_program_without_evals_runs_on_the_env_train_resolves():
     config = _evals_config(num_evals=None, batch_size=None, action_repeat=2)
     env = ppo.resolve_env(config, "pendulum")
     state = ppo.init(config, env, jax.random.PRNGKey(0))
+    reference = jax.jit(ppo.iteration(config, env))(state)  # compiled once, compared three times
     for given in ("pendulum", envs.make("pendulum", episode_length=config.episode_length)):
         unit = algos.get("ppo").unit_program(config, given)
-        reference = jax.jit(ppo.iteration(config, env))(state)
         chex.assert_trees_all_equal(jax.jit(unit.iteration())(state), reference)
     # the unwrapped env's iteration is a different function: the comparison above can fail
     plain = ppo.iteration(config, envs.make("pendulum", episode_length=config.episode_length))
-    a, b = jax.jit(plain)(state)[0], jax.jit(ppo.iteration(config, env))(state)[0]
+    a, b = jax.jit(plain)(state)[0], reference[0]
     pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
     assert not all(bool(jnp.array_equal(x, y)) for x, y in pairs)
 
