@@ -9,6 +9,11 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# plumbing, not numerics: XLA's fast compile for the children (Brax's trainers compile twice)
+FAST_COMPILE = {
+    **os.environ,
+    "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+}
 
 
 def test_brax_parity_smoke(tmp_path):
@@ -19,6 +24,7 @@ def test_brax_parity_smoke(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
+        env=FAST_COMPILE,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -60,6 +66,7 @@ def test_brax_parity_smoke(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
+        env=FAST_COMPILE,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     merged = json.loads((out / "results.json").read_text())["runs"]
