@@ -54,6 +54,17 @@ def real_iteration(name: str):
     return mod.iteration(cfg, env), mod.init(cfg, env, jax.random.PRNGKey(0))
 
 
+def assert_same_state(transform, iteration, state) -> None:
+    """``transform.apply(iteration)`` and ``iteration``, jitted, give states equal within the
+    transform's tolerance from ``state``."""
+    from rose_jax.compare import compare_trees
+
+    ref, _ = jax.jit(iteration)(state)
+    out, _ = jax.jit(transform.apply(iteration))(state)
+    cmp = compare_trees(out, ref, rtol=transform.tolerance.rtol, atol=transform.tolerance.atol)
+    assert cmp.equal, cmp
+
+
 def run(step, state, n: int):
     """``state`` after ``n`` calls of ``step`` (``state -> (state, metrics)``)."""
     for _ in range(n):

@@ -134,10 +134,7 @@ def test_real_iterations_same_state(name, loop):
         cands = hoist.candidates(CandidateContext(tree=tree, program=None, baseline_s=1e-3))
         assert [c.window for c in cands] == ["train_steps/_grad_step"]
         assert cands[0].predicted > 0 and "carry-independent" in cands[0].model
-    ref, _ = jax.jit(it)(state)
-    out, _ = jax.jit(t.apply(it))(state)
-    cmp = compare_trees(out, ref, rtol=t.tolerance.rtol)
-    assert cmp.equal, cmp
+    H.assert_same_state(t, it, state)
 
 
 def test_the_search_generates_measures_and_checks_hoist_on_a_real_program():

@@ -53,6 +53,10 @@ VARIANTS = ("flags_only", "hoist")
 UNROLL_LOOPS = ("_grad_step", "minibatch_step")
 
 
+# the parameterised variant forms beside VARIANTS (what both unknown-variant errors list)
+VARIANT_FORMS = "hoist:WHERE, inplace, inplace:WHERE, unroll:N, set:NAME"
+
+
 def UNROLL_WHERE(site) -> bool:  # noqa: N802 - a where spec, named like the constants it replaces
     return getattr(site, "name", "") in UNROLL_LOOPS
 
@@ -88,10 +92,7 @@ def transform_of(variant: str):
         return update_in_place(where=variant[8:])
     if variant.startswith("unroll:"):
         return unroll_scans(int(variant[7:]), where=UNROLL_WHERE)
-    raise ValueError(
-        f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, hoist:WHERE, inplace, inplace:WHERE, "
-        "set:NAME, unroll:N"
-    )
+    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, {VARIANT_FORMS}")
 
 
 def variant_fn(variant: str, fn):
@@ -160,7 +161,7 @@ def kernel_profile(step, state, calls: int) -> tuple[Any, dict[str, Any]]:
     gaps = sorted(g.duration_ns for g in gap_list)
     by_name: dict[str, float] = {}
     for e in kern:
-        base = e.name.rstrip("0123456789_")
+        base = _kernel_kind(e.name)
         by_name[base] = by_name.get(base, 0.0) + e.duration_ns
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
     by_component = component_split(kern, calls)
@@ -178,6 +179,11 @@ def kernel_profile(step, state, calls: int) -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _kernel_kind(name: str) -> str:
+    """A kernel's name without XLA's numeric suffix: ``loop_add_fusion_12`` -> ``loop_add_fusion``."""
+    return name.rstrip("0123456789_")
+
+
 def component_split(kernels, calls: int) -> dict[str, dict[str, Any]]:
     """Per top-level component (``collect``, ``train_steps``, ``rollout``, ...; the kernel's
     component path from the trace's HLO, :mod:`rose_jax.profile.xplane`): kernels and kernel
@@ -186,11 +192,13 @@ def component_split(kernels, calls: int) -> dict[str, dict[str, Any]]:
     names: dict[str, dict[str, float]] = {}
     for e in kernels:
         comp = (e.path or "(glue)").split("/")[0] or "(glue)"
+        ms = e.duration_ns * 1e-6
         rec = out.setdefault(comp, {"kernels": 0, "kernel_ms": 0.0})
         rec["kernels"] += 1
-        rec["kernel_ms"] += e.duration_ns * 1e-6
-        base = e.name.rstrip("0123456789_")
-        names.setdefault(comp, {})[base] = names.setdefault(comp, {}).get(base, 0.0) + e.duration_ns * 1e-6
+        rec["kernel_ms"] += ms
+        by_kind = names.setdefault(comp, {})
+        kind = _kernel_kind(e.name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + ms
     for comp, rec in out.items():
         rec["kernels"] = round(rec["kernels"] / calls, 1)
         rec["kernel_ms"] = round(rec["kernel_ms"] / calls, 3)
@@ -201,7 +209,6 @@ def component_split(kernels, calls: int) -> dict[str, dict[str, Any]]:
 
 def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     import jax
-
 
     job, fn, state0, env_steps, argv = build(name, args.smoke)
     machine = common.machine_info(jax_devices=True)
@@ -414,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
             and not (v == "inplace" or (v.startswith("inplace:") and len(v) > 8))
         ):
             p.error(
-                f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, hoist:WHERE, inplace, "
-                f"inplace:WHERE, unroll:N, set:NAME of {', '.join(xla_options.SETS)}"
+                f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, {VARIANT_FORMS} "
+                f"(NAME of {', '.join(xla_options.SETS)})"
             )
     if "flags_only" not in args.variants:
         args.variants.insert(0, "flags_only")

@@ -163,6 +163,14 @@ def split_tail(scan: C.ScanParams, mode: str = "reads") -> TailSplit:
         and carry_out[k] in t_defined
         and any(r not in tail for r in readers.get(carry_in[k], ()))
     )
+    if not t_eqns or not in_place:  # nothing to order: no barrier to build
+        why = (
+            "no carried output is computed by elementwise work at the end of the body: no update tail"
+            if not t_eqns
+            else "no old carried value is read outside the update tail: XLA already updates the carry "
+            "in place, nothing to order"
+        )
+        return TailSplit(a_eqns, t_eqns, (), in_place, mode, why)
     wanted: list[Any] = []
     if mode == "tail":
         for i in t_eqns:
@@ -193,16 +201,7 @@ def split_tail(scan: C.ScanParams, mode: str = "reads") -> TailSplit:
             for r in sorted(readers.get(carry_in[k], ())):
                 if r not in tail:
                     wanted.extend(front[r])
-    barrier = tuple(dict.fromkeys(wanted))  # ordered, each once
-    why = ""
-    if not t_eqns:
-        why = "no carried output is computed by elementwise work at the end of the body: no update tail"
-    elif not in_place:
-        why = (
-            "no old carried value is read outside the update tail: XLA already updates the carry "
-            "in place, nothing to order"
-        )
-    return TailSplit(a_eqns, t_eqns, barrier, in_place, mode, why)
+    return TailSplit(a_eqns, t_eqns, tuple(dict.fromkeys(wanted)), in_place, mode)  # each once, ordered
 
 
 def describe(split: TailSplit, scan: C.ScanParams) -> str:

@@ -17,11 +17,11 @@ in a node when their component paths meet (:func:`idle_for`); without a window a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize.base import Transform
-from rose_jax.optimize.where import tree_loops
+from rose_jax.optimize.where import tree_loops, where_label
 from rose_jax.program import Program
 
 # Per-iteration cost of a compiled loop (s) used to predict unrolling gains: on GPU a while loop
@@ -99,12 +99,12 @@ def scan_of(node) -> Any:
     return C.scan_params(eqns[0].params)
 
 
-def scans_legal(tree, where, split, label: str, ok_prefix: str) -> tuple[bool, str]:
+def scans_legal(
+    tree, where, split: Callable[[Any], Any], label: Callable[[Any, Any], str], ok_prefix: str
+) -> tuple[bool, str]:
     """A loop family's ``legal(tree)``: each scan matching ``where`` split by ``split(scan)``
     (an object with ``moves``, ``why``), legal when at least one moves; the reason names every
     scan, ``label(split, scan)`` for those that move, ``split.why`` for those refused."""
-    from rose_jax.optimize.where import where_label
-
     loops = tree_loops(tree, where)
     if not loops:
         return False, f"no scan matches {where_label(where)}"
