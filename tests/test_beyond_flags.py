@@ -14,11 +14,14 @@ from benchmarks.experiments import beyond_flags as B
 def test_variants_name_the_library_transforms():
     assert B.transform_of("flags_only") is None and B.transform_of("set:cublaslt") is None
     assert B.transform_of("hoist").name == "hoist_independent"
+    assert B.transform_of("inplace:collect").name == "update_in_place"
+    t = B.transform_of("twins:train_steps/_grad_step")
+    assert t.name == "batch_twins" and dict(t.params)["where"] == "train_steps/_grad_step"
     t = B.transform_of("unroll:4")
     assert t.name == "unroll_scans" and dict(t.params)["factor"] == 4
 
 
-@pytest.mark.parametrize("bad", ["nonsense", "set:no_such_set", "unroll:1", "unroll:x"])
+@pytest.mark.parametrize("bad", ["nonsense", "set:no_such_set", "unroll:1", "unroll:x", "twins:"])
 def test_bad_variant_is_an_argparse_error(bad, capsys):
     with pytest.raises(SystemExit):
         B.main(["--variants", f"flags_only,{bad}", "--out", "/nonexistent"])

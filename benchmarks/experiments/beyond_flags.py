@@ -15,6 +15,9 @@ iteration ``rose-jax train`` runs (``cli.train_job``) and compiles it under the 
 - ``inplace`` / ``inplace:WHERE``: ``update_in_place()`` (every read of a loop's old carry ordered
   before the elementwise updates that overwrite it, so XLA stops copying the carry every step,
   see ``rose_jax/optimize/inplace.py``), on every scan or the matching ones;
+- ``twins`` / ``twins:WHERE``: ``batch_twins()`` (two same-shaped independent networks of a loop
+  body, SAC's twin critics, run as one vmap with their carried weights stacked, see
+  ``rose_jax/optimize/twins.py``), on every scan or the matching ones;
 - ``unroll:N``: the gradient-step (SAC) / minibatch (PPO) loops unrolled by N (``unroll_scans``),
   so that under CONCURRENT scheduling one step's tail may overlap the next one's head;
 - ``set:NAME``: the plain iteration under another option set of ``xla_options.SETS`` (e.g. the
@@ -54,7 +57,7 @@ UNROLL_LOOPS = ("_grad_step", "minibatch_step")
 
 
 # the parameterised variant forms beside VARIANTS (what both unknown-variant errors list)
-VARIANT_FORMS = "hoist:WHERE, inplace, inplace:WHERE, unroll:N, set:NAME"
+VARIANT_FORMS = "hoist:WHERE, inplace, inplace:WHERE, twins, twins:WHERE, unroll:N, set:NAME"
 
 
 def UNROLL_WHERE(site) -> bool:  # noqa: N802 - a where spec, named like the constants it replaces
@@ -78,7 +81,7 @@ def build(name: str, smoke: bool):
 
 def transform_of(variant: str):
     """The Transform a variant applies (None: the plain iteration)."""
-    from rose_jax.optimize import hoist_independent, unroll_scans, update_in_place
+    from rose_jax.optimize import batch_twins, hoist_independent, unroll_scans, update_in_place
 
     if variant == "flags_only" or variant.startswith("set:"):
         return None
@@ -90,6 +93,10 @@ def transform_of(variant: str):
         return update_in_place()
     if variant.startswith("inplace:"):
         return update_in_place(where=variant[8:])
+    if variant == "twins":
+        return batch_twins()
+    if variant.startswith("twins:"):
+        return batch_twins(where=variant[6:])
     if variant.startswith("unroll:"):
         return unroll_scans(int(variant[7:]), where=UNROLL_WHERE)
     raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, {VARIANT_FORMS}")
@@ -419,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             and not (v.startswith("unroll:") and v[7:].isdigit() and int(v[7:]) >= 2)
             and not (v.startswith("hoist:") and len(v) > 6)
             and not (v == "inplace" or (v.startswith("inplace:") and len(v) > 8))
+            and not (v == "twins" or (v.startswith("twins:") and len(v) > 6))
         ):
             p.error(
                 f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, {VARIANT_FORMS} "

@@ -12,7 +12,9 @@ transformation family, each with its own ``candidates(ctx)``: :mod:`~.scans` (``
 ``hoist_invariants``), :mod:`~.hoist` (``hoist_independent``: a loop's carry-independent work
 as its own recurrence and one batched pass ahead of it), :mod:`~.inplace` (``update_in_place``:
 a loop's reads of its old carry ordered before the updates that overwrite it, so XLA stops
-copying the carry every step), :mod:`~.fuse`
+copying the carry every step), :mod:`~.twins` (``batch_twins``: two same-shaped independent
+networks of a loop body, SAC's twin critics, run as one vmap with their weights carried
+stacked), :mod:`~.fuse`
 (``overlap_independent``), :mod:`~.offload`
 (``offload_component``: a metrics-only component, e.g. the evaluation, in a worker process
 behind the next call), :mod:`~.group_rollout` (env groups, in one process or in worker
@@ -35,6 +37,7 @@ from rose_jax.optimize.registry import known_transforms, register_transform, tra
 from rose_jax.optimize.report import CandidateRecord, PlanReport, format_report
 from rose_jax.optimize.scans import hoist_invariants, invariant_eqns, unroll_scans
 from rose_jax.optimize.search import OptimizeOptions, apply_plan, compile_step, optimize
+from rose_jax.optimize.twins import batch_twins, find_twins
 
 __all__ = [
     "EXACT",
@@ -50,10 +53,12 @@ __all__ = [
     "Tolerance",
     "Transform",
     "apply_plan",
+    "batch_twins",
     "check_collect",
     "compare_trees",
     "compile_step",
     "compose",
+    "find_twins",
     "format_report",
     "group_rollout",
     "hoist_independent",

@@ -26,6 +26,7 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "rose_jax.optimize.scans": ("unroll_scans", "hoist_invariants"),
     "rose_jax.optimize.hoist": ("hoist_independent",),
     "rose_jax.optimize.inplace": ("update_in_place",),
+    "rose_jax.optimize.twins": ("batch_twins",),
     "rose_jax.optimize.fuse": ("overlap_independent",),
     "rose_jax.optimize.offload": ("offload_component",),
     "rose_jax.optimize.group_rollout": ("group_rollout",),

@@ -1,0 +1,669 @@
+"""Twin computations batched: two same-shaped, independent chains of a scan body run as one
+``jax.vmap`` over a stacked pair (:func:`batch_twins`, and its :func:`candidates`).
+
+SAC's critic is two Q-networks of the same shape (Brax's ``n_critics=2``; ``algos.networks.TwinQ``),
+and its gradient step runs each of them several times: the critic loss's forward and backward
+pass, the target networks, the actor loss through the critic, Adam's updates of both parameter
+sets and the Polyak average of both targets. Each network's matrix products are separate small
+kernels; on a GPU where one kernel of a 512 x 256 x 256 product is mostly launch latency, two of
+them cost about twice one batched kernel of both (cuBLAS batched GEMM).
+
+:func:`find_twins` pairs the equations of one body:
+
+* **seeds**: two ``dot_general`` s with the same shapes, types and dimension numbers that read
+  one operand in common (the same activations into both networks' first layer) and depend on
+  neither the other;
+* **growth**: from a pair, their readers at the same operand position, their producers, and the
+  other readers of two values just paired are paired when they are the same operation (primitive,
+  parameters, shapes; a jit call's body the same object) on operands that are each the same
+  value, the values already paired with each other, or two values paired now (the two networks'
+  weights), and neither depends on the other;
+* **regions**: pairs join the region of the pairs that produce their operands while no member of
+  one side comes to depend on the other side; a region is kept when some other equation of the
+  body can run entirely before or after it (convex) and the regions can be ordered with the rest.
+
+The rebuilt body runs each region once as ``jax.vmap`` of its first side's equations over the
+stacked operands (an operand both sides share is not stacked), so every pair of matrix products
+is one batched product. Stacked results stay stacked for the next region that reads them in the
+same orientation, and a pair of carried values that the body reads and writes as such a pair
+(both networks' weights, Adam's moments, the targets) is carried stacked from step to step, so
+the weights are stacked once before the loop, not once per step. Every variable the body had
+keeps its value (each side is the stacked value's row), so equations outside the regions are
+unchanged.
+
+Legality: the two sides of a region are independent (checked on the body's dependency graph), the
+region is convex and the contracted graph acyclic, so the order is one the data allow; ``vmap``
+of an equation over two rows computes each row as the equation did. Refused with the reason when
+a body has no twin matrix products. Tolerance: a batched GEMM may be computed by a different
+algorithm (tile shapes, split-K) than the single one, which reorders each dot's sum:
+:data:`rose_jax.optimize.base.REASSOCIATION_TOLERANCE` (the plan is kept only with the learning
+check). On the CPU, batched reductions and products sum in another order: after one iteration the
+tiny real SAC (pendulum, Brax hopper) and PPO (cartpole) iterations move by ~1e-7 relative, Brax
+ant PPO by 3.5e-3 (its rollout's contact physics amplifies the last bits, then the update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rose_jax.jaxpr import compat as C
+from rose_jax.optimize import interpret as I
+from rose_jax.optimize.base import REASSOCIATION_TOLERANCE, Transform
+from rose_jax.optimize.predict import (
+    Candidate,
+    CandidateContext,
+    candidate_scans,
+    outer_trips,
+    scan_of,
+    scans_legal,
+)
+from rose_jax.optimize.where import Where, site_select, where_label
+
+# Equations that launch a kernel of their own on a GPU (XLA fuses elementwise work into them or
+# around them): a pair of these run batched is one kernel fewer.
+KERNEL_PRIMITIVES = frozenset(
+    {"dot_general", "conv_general_dilated", "reduce_sum", "reduce_max", "reduce_min", "argmax",
+     "argmin", "cumsum", "cumlogsumexp", "cummax", "gather", "scatter", "scatter-add", "scatter_add",
+     "sort"}
+)  # fmt: skip
+# Equations never paired: control flow (vmap would turn a cond into both branches and a loop's
+# trip count into the longer one) and anything with effects.
+NOT_PAIRED = frozenset({C.SCAN, C.WHILE, C.COND, "cond", "while", "scan"})
+# Seconds a batched pair of kernels saves (one launch and its latency-bound tail on a GPU) and
+# one stacking copy costs; CPU runs kernels back to back and gains little.
+KERNEL_S = {"gpu": 6e-6, "cpu": 0.5e-6}
+STACK_S = {"gpu": 3e-6, "cpu": 0.5e-6}
+
+
+def _param_key(value: Any, memo: dict) -> Any:
+    """A hashable stand-in for one equation parameter; a jaxpr by its printed text (the same
+    computation prints the same), memoised in ``memo`` by identity for one body's matching."""
+    if C.is_jaxpr(value):
+        hit = memo.get(id(value))
+        if hit is None or hit[0] is not value:
+            hit = memo[id(value)] = (value, str(C.open_jaxpr(value)))
+        return ("jaxpr", hit[1])
+    if isinstance(value, (tuple, list)):
+        return tuple(_param_key(v, memo) for v in value)
+    if callable(value) or hasattr(value, "call_wrapped"):  # a custom_jvp/vjp rule: read by AD only
+        return "callable"
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return ("repr", repr(value))
+
+
+def _aval_key(atom: Any) -> Any:
+    aval = C.aval_of(atom)
+    return (tuple(getattr(aval, "shape", ())), str(getattr(aval, "dtype", "")), getattr(aval, "weak_type", 0))
+
+
+def eqn_key(eqn: Any, memo: dict | None = None) -> Any:
+    """What two equations must share to be twins: primitive, parameters, operand and result types."""
+    memo = {} if memo is None else memo
+    ins = tuple(("lit", repr(a.val), _aval_key(a)) if C.is_literal(a) else _aval_key(a) for a in eqn.invars)
+    params = tuple(sorted((k, _param_key(v, memo)) for k, v in eqn.params.items()))
+    return (eqn.primitive.name, params, ins, tuple(_aval_key(v) for v in eqn.outvars))
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """Pairs of body equations run as one vmap: ``pairs`` ``(a, b)`` in body order (``a`` on the
+    side the region computes, row 0); ``inputs``: the operand pairs read from outside (``(x, x)``
+    for an operand both sides share); ``outputs``: the result pairs read outside the region."""
+
+    pairs: tuple[tuple[int, int], ...]
+    inputs: tuple[tuple[Any, Any], ...]
+    outputs: tuple[tuple[Any, Any], ...]
+    kernels: int  # pairs of kernel-launching equations
+
+    @property
+    def members(self) -> frozenset[int]:
+        return frozenset(i for p in self.pairs for i in p)
+
+
+@dataclasses.dataclass(frozen=True)
+class Twins:
+    """How :func:`find_twins` batches one scan body.
+
+    ``regions`` in the order they run; ``schedule``: the body run as items, each an equation index
+    or ``("region", r)``; ``stacked_carry``: carry position pairs ``(k1, k2)`` carried as one
+    stacked value; ``stacks``: operand pairs stacked per step; ``why``: a sentence when nothing is
+    batched."""
+
+    regions: tuple[Region, ...]
+    schedule: tuple[Any, ...]
+    stacked_carry: tuple[tuple[int, int], ...]
+    stacks: int
+    why: str = ""
+
+    @property
+    def moves(self) -> bool:
+        return not self.why
+
+    @property
+    def kernels(self) -> int:
+        return sum(r.kernels for r in self.regions)
+
+
+def _pairable(eqn: Any) -> bool:
+    return eqn.primitive.name not in NOT_PAIRED and not C.has_effects(eqn)
+
+
+def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[Any, Any]]:
+    """Greedy twin matching (module docstring): ``{eqn: twin eqn}`` and ``{var: twin var}``,
+    both symmetric. Each seed is first grown alone and scored by the kernel pairs it brings; seeds
+    are then committed best first (the two critics' own pairing, which reaches their backward
+    passes, optimizer updates and targets, wins over a pairing of one network on two inputs)."""
+    n = len(eqns)
+    memo: dict = {}
+    keys = [eqn_key(e, memo) if _pairable(e) else None for e in eqns]
+    prod: dict[Any, tuple[int, int]] = {}
+    readers: dict[Any, list[tuple[int, int]]] = {}
+    for i, e in enumerate(eqns):
+        for k, v in enumerate(e.outvars):
+            if C.is_var(v) and not C.is_dropvar(v):
+                prod[v] = (i, k)
+        for pos, a in enumerate(e.invars):
+            if C.is_var(a):
+                readers.setdefault(a, []).append((i, pos))
+
+    def related(a: int, b: int) -> bool:
+        return bool((anc[a] >> b) & 1 or (anc[b] >> a) & 1)
+
+    def match(peq: dict, pvar: dict, a: int, b: int) -> list[tuple[Any, Any]] | None:
+        fresh, differs = [], False
+        for x, y in zip(eqns[a].invars, eqns[b].invars, strict=True):
+            if C.is_literal(x) or C.is_literal(y):
+                if not (C.is_literal(x) and C.is_literal(y) and repr(x.val) == repr(y.val)):
+                    return None
+                continue
+            if x is y:
+                continue
+            differs = True
+            if pvar.get(x) is y:
+                continue
+            if x in pvar or y in pvar or _aval_key(x) != _aval_key(y):
+                return None
+            if (x, y) not in fresh:
+                fresh.append((x, y))
+        for x, y in zip(eqns[a].outvars, eqns[b].outvars, strict=True):
+            if C.is_dropvar(x) or C.is_dropvar(y):
+                continue
+            if pvar.get(x, y) is not y or pvar.get(y, x) is not x:
+                return None
+        return fresh if differs else None
+
+    def grow(peq: dict, pvar: dict, a0: int, b0: int) -> int:
+        """Pair ``(a0, b0)`` and everything it reaches; the kernel pairs added."""
+        queue: list[tuple[int, int]] = []
+        new_vars: list[tuple[Any, Any]] = []
+        kernels = 0
+
+        def pair(a: int, b: int) -> bool:
+            nonlocal kernels
+            if a == b or a in peq or b in peq or keys[a] is None or keys[a] != keys[b] or related(a, b):
+                return False
+            fresh = match(peq, pvar, a, b)
+            if fresh is None:
+                return False
+            for x, y in fresh:
+                pvar[x], pvar[y] = y, x
+                new_vars.append((x, y))
+            peq[a], peq[b] = b, a
+            for x, y in zip(eqns[a].outvars, eqns[b].outvars, strict=True):
+                if not (C.is_dropvar(x) or C.is_dropvar(y)):
+                    pvar[x], pvar[y] = y, x
+            queue.append((a, b))
+            kernels += eqns[a].primitive.name in KERNEL_PRIMITIVES
+            return True
+
+        if not pair(a0, b0):
+            return 0
+        while queue or new_vars:
+            while new_vars:
+                x, y = new_vars.pop()
+                for ra, pa in readers.get(x, ()):
+                    for rb, pb in readers.get(y, ()):
+                        if pa == pb and ra not in peq and rb not in peq and pair(ra, rb):
+                            break
+            if not queue:
+                continue
+            a, b = queue.pop(0)
+            for x, y in zip(eqns[a].outvars, eqns[b].outvars, strict=True):
+                for ra, pa in readers.get(x, ()):
+                    if ra in peq:
+                        continue
+                    for rb, pb in readers.get(y, ()):
+                        if pa == pb and rb not in peq and pair(ra, rb):
+                            break
+            for x, y in zip(eqns[a].invars, eqns[b].invars, strict=True):
+                if C.is_var(x) and C.is_var(y) and x is not y and x in prod and y in prod:
+                    (i, k), (j, m) = prod[x], prod[y]
+                    if k == m:
+                        pair(i, j)
+        return kernels
+
+    # seeds: same-shaped matrix products that read one operand in common
+    by_key: dict[Any, list[int]] = {}
+    for i in range(n):
+        if eqns[i].primitive.name == "dot_general" and keys[i] is not None:
+            by_key.setdefault(keys[i], []).append(i)
+    seeds = []
+    for group in by_key.values():
+        for ai, a in enumerate(group):
+            shared = {id(v) for v in eqns[a].invars if C.is_var(v)}
+            for b in group[ai + 1 :]:
+                if shared & {id(v) for v in eqns[b].invars if C.is_var(v)}:
+                    seeds.append((a, b))
+    scored = sorted(((-grow({}, {}, a, b), a, b) for a, b in seeds))
+    peq: dict[int, int] = {}
+    pvar: dict[Any, Any] = {}
+    for neg, a, b in scored:
+        if neg < 0:
+            grow(peq, pvar, a, b)
+    return peq, pvar
+
+
+def _ancestors(eqns: list) -> list[int]:
+    """Per equation, the bit set of the equations it depends on (transitively)."""
+    prod: dict[Any, int] = {}
+    anc: list[int] = []
+    for i, e in enumerate(eqns):
+        bits = 0
+        for a in e.invars:
+            if C.is_var(a) and a in prod:
+                p = prod[a]
+                bits |= anc[p] | (1 << p)
+        anc.append(bits)
+        for v in e.outvars:
+            if C.is_var(v) and not C.is_dropvar(v):
+                prod[v] = i
+    return anc
+
+
+def _mask(idx) -> int:
+    m = 0
+    for i in idx:
+        m |= 1 << i
+    return m
+
+
+def find_twins(scan: C.ScanParams) -> Twins:
+    """Pair, group and order the twin computations of ``scan``'s body (module docstring)."""
+    body = scan.body
+    eqns = list(body.eqns)
+    anc = _ancestors(eqns)
+    peq, pvar = _pair_equations(eqns, anc)
+    none = "no two same-shaped, independent matrix products read a common operand: no twins to batch"
+    if not peq:
+        return Twins((), tuple(range(len(eqns))), (), 0, none)
+    prod = {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
+
+    # regions: pairs in body order join the region (and side) of the pairs producing their
+    # operands, merging those regions, while neither side comes to depend on the other
+    region_of: dict[int, int] = {}  # eqn -> region id
+    sides: list[tuple[set[int], set[int]] | None] = []  # region id -> (side a, side b); None: merged
+    masks: list[list[int]] = []  # region id -> [members a, members b, ancestors of a, ancestors of b]
+
+    def fits(r: int, first: set[int] | list[int], second: set[int] | list[int]) -> bool:
+        ma, mb, ua, ub = masks[r]
+        fa, fb = _mask(first), _mask(second)
+        up_a = up_b = 0
+        for i in first:
+            up_a |= anc[i]
+        for i in second:
+            up_b |= anc[i]
+        return not (up_a & mb or up_b & ma or ua & fb or ub & fa)
+
+    def add(r: int, first, second) -> None:
+        sides[r][0].update(first)
+        sides[r][1].update(second)
+        m = masks[r]
+        for i in first:
+            m[0] |= 1 << i
+            m[2] |= anc[i]
+            region_of[i] = r
+        for i in second:
+            m[1] |= 1 << i
+            m[3] |= anc[i]
+            region_of[i] = r
+
+    for a in sorted(peq):
+        if a in region_of:
+            continue
+        b = peq[a]
+        r = None
+        for x in eqns[a].invars:
+            if not (C.is_var(x) and x in prod and prod[x] in region_of):
+                continue
+            r2 = region_of[prod[x]]
+            first, second = ([a], [b]) if prod[x] in sides[r2][0] else ([b], [a])
+            if r is None:
+                if fits(r2, first, second):
+                    add(r2, first, second)
+                    r = r2
+            elif r2 != r:  # another producing region: merge it in the orientation this pair reads it
+                sa2, sb2 = sides[r2]
+                flip = (prod[x] in sa2) != (a in sides[r][0])
+                first2, second2 = (sb2, sa2) if flip else (sa2, sb2)
+                if fits(r, first2, second2):
+                    sides[r2] = None
+                    add(r, list(first2), list(second2))
+        if r is None:
+            sides.append((set(), set()))
+            masks.append([0, 0, 0, 0])
+            add(len(sides) - 1, [a], [b])
+
+    # keep regions with a kernel pair, convex in the body
+    # keep regions with a kernel pair or that write a pair of carried values (an optimizer's update
+    # of both networks: with it the pair is carried stacked and its reads need no stacking), convex
+    carried_out = {v for v in body.outvars[: scan.num_carry] if C.is_var(v)}
+    keep: list[tuple[set[int], set[int]]] = []
+    for side in sides:
+        if side is None:
+            continue
+        sa, sb = side
+        members = sa | sb
+        kernel = any(eqns[i].primitive.name in KERNEL_PRIMITIVES for i in sa)
+        if not kernel and not any(v in carried_out for i in sa for v in eqns[i].outvars):
+            continue
+        rmask = _mask(members)
+        up = 0
+        for i in members:
+            up |= anc[i]
+        up &= ~rmask
+        convex, j = True, 0
+        while up:
+            if up & 1 and anc[j] & rmask:
+                convex = False
+                break
+            up >>= 1
+            j += 1
+        if convex:
+            keep.append((sa, sb))
+    keep.sort(key=lambda s: min(s[0] | s[1]))
+    unchanged = tuple(range(len(eqns)))
+    if not keep:
+        return Twins((), unchanged, (), 0, none + " (twin pairs found, but none convex with a kernel)")
+
+    schedule = _order(eqns, anc, keep)
+    while schedule is None:  # a cycle between regions: drop the last one
+        keep.pop()
+        if not keep:
+            return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest")
+        schedule = _order(eqns, anc, keep)
+
+    # region inputs/outputs, orientation as built (side a computed, row 0)
+    readers_outside: dict[Any, bool] = {}
+    outvars = {v for v in body.outvars if C.is_var(v)}
+    member_of = {i: r for r, (sa, sb) in enumerate(keep) for i in sa | sb}
+    for i, e in enumerate(eqns):
+        for x in e.invars:
+            if C.is_var(x) and x in prod and member_of.get(prod[x]) is not None:
+                if member_of.get(i) != member_of[prod[x]]:
+                    readers_outside[x] = True
+    regions = []
+    for sa, _ in keep:
+        pairs = tuple((a, peq[a]) for a in sorted(sa))
+        made = {v for a, _ in pairs for v in eqns[a].outvars}
+        inputs: list[tuple[Any, Any]] = []
+        outputs: list[tuple[Any, Any]] = []
+        for a, b in pairs:
+            for x, y in zip(eqns[a].invars, eqns[b].invars, strict=True):
+                if C.is_var(x) and x not in made and (x, y) not in inputs:
+                    inputs.append((x, y))
+            for x, y in zip(eqns[a].outvars, eqns[b].outvars, strict=True):
+                if C.is_dropvar(x) and C.is_dropvar(y):
+                    continue
+                if readers_outside.get(x) or readers_outside.get(y) or x in outvars or y in outvars:
+                    outputs.append((x, y))
+        kernels = sum(eqns[a].primitive.name in KERNEL_PRIMITIVES for a, _ in pairs)
+        regions.append(Region(pairs, tuple(inputs), tuple(outputs), kernels))
+
+    # carried pairs: read and written as a pair in the same orientation -> carried stacked
+    nc, nk = scan.num_consts, scan.num_carry
+    cin, cout = body.invars[nc : nc + nk], body.outvars[:nk]
+    made_pairs = {p for reg in regions for p in reg.outputs}
+    read_pairs = {p for reg in regions for p in reg.inputs if p[0] is not p[1]}
+    stacked_carry = []
+    used: set[int] = set()
+    pos_in = {v: k for k, v in enumerate(cin)}
+    for k1 in range(nk):
+        if k1 in used or cin[k1] not in pvar:
+            continue
+        k2 = pos_in.get(pvar[cin[k1]])
+        if k2 is None or k2 in used or k2 == k1:
+            continue
+        for first, second in ((k1, k2), (k2, k1)):
+            if (cin[first], cin[second]) in read_pairs and (cout[first], cout[second]) in made_pairs:
+                stacked_carry.append((first, second))
+                used.update((k1, k2))
+                break
+    if not any(r.kernels for r in regions):
+        return Twins((), unchanged, (), 0, none + " (twin pairs found, but no pair of kernels)")
+    carried = {(cin[a], cin[b]) for a, b in stacked_carry}
+    available = set(carried)
+    stacks = 0
+    for reg in regions:
+        for x, y in reg.inputs:
+            if x is not y and (x, y) not in available and (y, x) not in available:
+                stacks += 1
+                available.add((x, y))  # stacked once, reused by later regions
+        available.update(reg.outputs)
+    return Twins(tuple(regions), tuple(schedule), tuple(stacked_carry), stacks)
+
+
+def _order(eqns: list, anc: list[int], regions: list[tuple[set[int], set[int]]]) -> list | None:
+    """A topological order of the body with each region one item, else None (a cycle)."""
+    item_of: dict[int, Any] = {}
+    for r, (sa, sb) in enumerate(regions):
+        for i in sa | sb:
+            item_of[i] = ("region", r)
+    items: list[Any] = []
+    seen: set[Any] = set()
+    for i in range(len(eqns)):
+        it = item_of.get(i, i)
+        if it not in seen:
+            seen.add(it)
+            items.append(it)
+    members = {
+        it: (sorted(regions[it[1]][0] | regions[it[1]][1]) if isinstance(it, tuple) else [it]) for it in items
+    }
+    deps: dict[Any, set[Any]] = {}
+    for it in items:
+        bits = 0
+        for i in members[it]:
+            bits |= anc[i]
+        d = set()
+        j = 0
+        while bits:
+            if bits & 1:
+                other = item_of.get(j, j)
+                if other != it:
+                    d.add(other)
+            bits >>= 1
+            j += 1
+        deps[it] = d
+    out: list[Any] = []
+    done: set[Any] = set()
+    pending = list(items)
+    while pending:
+        for idx, it in enumerate(pending):
+            if deps[it] <= done:
+                out.append(it)
+                done.add(it)
+                del pending[idx]
+                break
+        else:
+            return None
+    return out
+
+
+def describe(twins: Twins, scan: C.ScanParams) -> str:
+    return (
+        f"{len(twins.regions)} twin region(s) of {sum(len(r.pairs) for r in twins.regions)} equation pairs "
+        f"batched ({twins.kernels} kernel pairs, {len(twins.stacked_carry)} carried pairs stacked, "
+        f"{twins.stacks} operands stacked per step)"
+    )
+
+
+def _run_region(reg: Region, eqns: list, env: dict, stacked: dict, interp: I.Interpreter, ctx: Any) -> None:
+    args, axes = [], []
+    for x, y in reg.inputs:
+        if x is y:
+            args.append(env[x])
+            axes.append(None)
+        elif (x, y) in stacked:
+            args.append(stacked[(x, y)])
+            axes.append(0)
+        elif (y, x) in stacked:
+            args.append(stacked[(y, x)][::-1])
+            axes.append(0)
+        else:
+            stacked[(x, y)] = jnp.stack([env[x], env[y]])  # reused by later regions
+            args.append(stacked[(x, y)])
+            axes.append(0)
+
+    def one_side(*vals):
+        local = dict(zip(reg.inputs, vals, strict=True))
+        for a, b in reg.pairs:
+            ea, eb = eqns[a], eqns[b]
+            invals = [
+                x.val if C.is_literal(x) else local[(x, y)] for x, y in zip(ea.invars, eb.invars, strict=True)
+            ]
+            outs = interp.eval_eqn(a, ea, invals, ctx)
+            if not ea.primitive.multiple_results:
+                outs = [outs] if not isinstance(outs, (list, tuple)) else outs
+            for x, y, o in zip(ea.outvars, eb.outvars, outs, strict=True):
+                local[(x, y)] = o
+        return [local[p] for p in reg.outputs]
+
+    results = jax.vmap(one_side, in_axes=tuple(axes))(*args)
+    for (x, y), r in zip(reg.outputs, results, strict=True):
+        stacked[(x, y)] = r
+        if not C.is_dropvar(x):
+            env[x] = r[0]
+        if not C.is_dropvar(y):
+            env[y] = r[1]
+
+
+def _run_batched(scan: C.ScanParams, twins: Twins, invals: list, site: I.Site, interp: I.Interpreter):
+    body, ctx = scan.body, site.body_ctx
+    eqns = list(body.eqns)
+    nc, nk = scan.num_consts, scan.num_carry
+    consts, init, xs = invals[:nc], invals[nc : nc + nk], invals[nc + nk :]
+    pairs = twins.stacked_carry
+    in_pair = {k for p in pairs for k in p}
+    singles = [k for k in range(nk) if k not in in_pair]
+    cin, cout = body.invars[nc : nc + nk], body.outvars[:nk]
+
+    def step(carry, x):
+        single_vals, stacked_vals = carry
+        env = dict(zip(body.constvars, scan.body_consts, strict=True))
+        env.update(zip(body.invars[:nc], consts, strict=True))
+        env.update(zip(body.invars[nc + nk :], x, strict=True))
+        env.update(zip([cin[k] for k in singles], single_vals, strict=True))
+        stacked: dict = {}
+        for (k1, k2), s in zip(pairs, stacked_vals, strict=True):
+            env[cin[k1]], env[cin[k2]] = s[0], s[1]
+            stacked[(cin[k1], cin[k2])] = s
+        for item in twins.schedule:
+            if isinstance(item, tuple):
+                _run_region(twins.regions[item[1]], eqns, env, stacked, interp, ctx)
+            else:
+                interp.eval_item(body, item, env, ctx)
+        new_single = [C.read_atom(env, cout[k]) for k in singles]
+        new_stacked = []
+        for k1, k2 in pairs:
+            s = stacked.get((cout[k1], cout[k2]))
+            new_stacked.append(
+                s if s is not None else jnp.stack([C.read_atom(env, cout[k1]), C.read_atom(env, cout[k2])])
+            )
+        ys = [C.read_atom(env, v) for v in body.outvars[nk:]]
+        return (new_single, new_stacked), ys
+
+    I.named(step, I.body_name(body, C.SCAN))
+    init_c = ([init[k] for k in singles], [jnp.stack([init[k1], init[k2]]) for k1, k2 in pairs])
+    (single_vals, stacked_vals), ys = jax.lax.scan(
+        step, init_c, list(xs), length=scan.length, reverse=scan.reverse, unroll=scan.unroll
+    )
+    final = [None] * nk
+    for k, v in zip(singles, single_vals, strict=True):
+        final[k] = v
+    for (k1, k2), s in zip(pairs, stacked_vals, strict=True):
+        final[k1], final[k2] = s[0], s[1]
+    return [*final, *ys]
+
+
+def batch_twins(where: Where = None) -> Transform:
+    """Run the twin computations of the chosen scans' bodies (the two critics of SAC) as one vmap
+    over stacked pairs, carrying stacked pairs stacked. See the module docstring for legality and
+    tolerance."""
+    select = site_select(where)
+
+    def legal(tree):
+        return scans_legal(
+            tree,
+            where,
+            find_twins,
+            describe,
+            "each region's two sides are independent and the region convex in its body; ",
+        )
+
+    def on_scan(site, scan, invals, interp):
+        twins = find_twins(scan)
+        if not twins.moves:
+            return interp.rebuild_scan(scan, invals, site.body_ctx)
+        return _run_batched(scan, twins, invals, site, interp)
+
+    def apply(fn):
+        return I.rewrite(fn, select, on_scan)
+
+    return Transform(
+        "batch_twins",
+        (("where", where),),
+        REASSOCIATION_TOLERANCE,
+        "fn",
+        legal,
+        apply,
+        summary=f"batch the twin computations of the scan(s) at {where_label(where)} as one vmap",
+    )
+
+
+def candidates(ctx: CandidateContext) -> list[Candidate]:
+    """Per scan of at least two steps with twin matrix products (those in a profiled window;
+    without windows every one), most expensive first.
+
+    Model (seconds per iteration): ``trips x (kernel pairs x`` :data:`KERNEL_S` ``- operands
+    stacked per step x`` :data:`STACK_S` ``)``, offered only where positive.
+    """
+    out: list[Candidate] = []
+    k_s = KERNEL_S.get(ctx.platform, KERNEL_S["gpu"])
+    s_s = STACK_S.get(ctx.platform, STACK_S["gpu"])
+    for node, where in candidate_scans(ctx):
+        scan = scan_of(node)
+        if scan is None:
+            continue
+        twins = find_twins(scan)
+        if not twins.moves:
+            continue
+        trips = node.trip_count * outer_trips(ctx.tree, node)
+        gain = trips * (twins.kernels * k_s - twins.stacks * s_s)
+        if gain <= 0:
+            continue
+        out.append(
+            Candidate(
+                batch_twins(where),
+                where,
+                gain,
+                f"{trips} steps x ({twins.kernels} kernel pairs batched x {k_s * 1e6:.1f}us - "
+                f"{twins.stacks} operands stacked x {s_s * 1e6:.1f}us)",
+            )
+        )
+    return out

@@ -1,0 +1,140 @@
+"""batch_twins: two same-shaped independent networks in a scan body (SAC's twin critics) run as one
+vmap compute the same function (random inputs, reverse scans, a real SAC iteration), their matrix
+products become batched ones and their carried weights are carried stacked; bodies without twins,
+or whose same-shaped products depend on each other, are refused with the reason."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import helpers_optimize as H
+from rose_jax import trace as rtrace
+from rose_jax.compare import compare_trees
+from rose_jax.jaxpr import compat as C
+from rose_jax.optimize import registry, twins
+from rose_jax.optimize.predict import CandidateContext
+
+
+def _mlp(p, x):
+    return jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"]
+
+
+def twin_critics(params, xs, reverse=False):
+    """A toy of SAC's critic step: two Q-networks on the same input, a loss through their
+    minimum, momentum-SGD updates of both and a Polyak average of both targets."""
+
+    def body(carry, x):
+        q, mom, target = carry
+        y = jnp.minimum(_mlp(target[0], x), _mlp(target[1], x)).sum(-1)
+
+        def loss(q):
+            return jnp.mean((jnp.minimum(_mlp(q[0], x), _mlp(q[1], x)).sum(-1) - 0.9 * y) ** 2)
+
+        value, g = jax.value_and_grad(loss)(q)
+        mom = jax.tree.map(lambda m, g: 0.9 * m + g, mom, g)
+        q = jax.tree.map(lambda p, m: p - 0.01 * m, q, mom)
+        target = jax.tree.map(lambda t, p: 0.95 * t + 0.05 * p, target, q)
+        return (q, mom, target), value
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return jax.lax.scan(body, (params, zeros, params), xs, reverse=reverse)
+
+
+def one_network(p, xs):
+    def body(p, x):
+        g = jax.grad(lambda p: jnp.sum(_mlp(p, x) ** 2))(p)
+        return jax.tree.map(lambda a, b: a - 0.01 * b, p, g), x.sum()
+
+    return jax.lax.scan(body, p, xs)
+
+
+def chained(w, xs):
+    """Same-shaped products that share an operand but depend on each other: no twins."""
+
+    def body(w, x):
+        h = jnp.tanh(x @ w)
+        return w + 0.01 * jnp.tanh(h @ w).T @ x, h.sum()
+
+    return jax.lax.scan(body, w, xs)
+
+
+def _net(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    return {
+        "w1": jax.random.normal(k1, (6, 16)) / 3,
+        "b1": jax.random.normal(k2, (16,)) / 10,
+        "w2": jax.random.normal(k3, (16, 1)) / 4,
+    }
+
+
+def _inputs(seed, t=5):
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    return (_net(k1), _net(k2)), jax.random.normal(k3, (t, 12, 6))
+
+
+def _scan_of(fn, *args):
+    eqn = next(e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "scan")
+    return C.scan_params(eqn.params)
+
+
+def _body_dots(fn, *args) -> int:
+    return sum(e.primitive.name == "dot_general" for e in _scan_of(fn, *args).body.eqns)
+
+
+def test_the_two_networks_are_paired_and_their_weights_carried_stacked():
+    args = _inputs(0)
+    scan = _scan_of(twin_critics, *args)
+    tw = twins.find_twins(scan)
+    assert tw.moves, tw.why
+    dots = sum(e.primitive.name == "dot_general" for e in scan.body.eqns)
+    # every product of one network has its twin: targets' and the loss's forward passes and
+    # the loss's backward pass
+    assert 2 * tw.kernels >= dots - 2, (tw.kernels, dots)
+    # the carry is (q, mom, target), each a pair of 3-leaf networks: all 9 pairs carried stacked
+    assert len(tw.stacked_carry) == 9
+    dot_pairs = sum(scan.body.eqns[a].primitive.name == "dot_general" for r in tw.regions for a, _ in r.pairs)
+    after = _body_dots(twins.batch_twins().apply(twin_critics), *args)
+    assert dot_pairs >= dots // 2 - 1 and after == dots - dot_pairs, (after, dots, dot_pairs)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_same_function_on_random_inputs(reverse):
+    t = twins.batch_twins()
+    ref_fn = jax.jit(lambda p, xs: twin_critics(p, xs, reverse))
+    new_fn = jax.jit(t.apply(lambda p, xs: twin_critics(p, xs, reverse)))
+    for seed in range(3):
+        args = _inputs(seed)
+        ref, out = ref_fn(*args), new_fn(*args)
+        # far inside the stated tolerance: a wrong pairing moves results by O(1)
+        cmp = compare_trees(out, ref, rtol=1e-5)
+        assert cmp.equal, cmp
+        assert t.tolerance.rtol >= 1e-5 and t.tolerance.learning_check
+
+
+def test_refused_without_twins_or_when_the_products_depend_on_each_other():
+    p, xs = _net(jax.random.PRNGKey(0)), jnp.ones((3, 12, 6))
+    ok, why = twins.batch_twins().legal(rtrace.trace(one_network, p, xs))
+    assert not ok and "no twins" in why, why
+    w = jnp.eye(6)
+    ok, why = twins.batch_twins().legal(rtrace.trace(chained, w, jnp.ones((3, 6, 6))))
+    assert not ok and "no twins" in why, why
+
+
+def test_registered_as_a_family():
+    assert "rose_jax.optimize.twins" in registry.families()
+    t = registry.transform_by_name("batch_twins", {"where": "_grad_step"})
+    assert t.name == "batch_twins" and dict(t.params)["where"] == "_grad_step"
+
+
+def test_real_sac_iteration_same_state_and_offered_on_gpu():
+    it, state = H.real_iteration("sac")
+    t = twins.batch_twins()
+    tree = rtrace.trace(it, state)
+    ok, why = t.legal(tree)
+    assert ok and "_grad_step" in why, why
+    cands = twins.candidates(CandidateContext(tree=tree, program=None, baseline_s=1e-3, platform="gpu"))
+    assert any(c.window.endswith("_grad_step") for c in cands), [c.window for c in cands]
+    assert all(c.predicted > 0 and "kernel pairs" in c.model for c in cands)
+    H.assert_same_state(t, it, state)
