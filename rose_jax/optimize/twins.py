@@ -141,6 +141,7 @@ class Twins:
     stacked_carry: tuple[tuple[int, int], ...]
     stacks: int
     why: str = ""
+    scan: Any = None  # the scan whose body the indices refer to (its jit calls inlined)
 
     @property
     def moves(self) -> bool:
@@ -155,14 +156,33 @@ def _pairable(eqn: Any) -> bool:
     return eqn.primitive.name not in NOT_PAIRED and not C.has_effects(eqn)
 
 
-def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[Any, Any]]:
+def _same_values(eqns: list, keys: list) -> dict[Any, Any]:
+    """Value numbering: ``{var: the first var computed the same way}`` (the same pure operation on
+    the same values: a network's bias reshaped once per call reads as one value)."""
+    canon: dict[Any, Any] = {}
+    seen: dict[Any, Any] = {}
+    for e, key in zip(eqns, keys, strict=True):
+        if key is None:
+            continue
+        ins = tuple(("lit", repr(a.val)) if C.is_literal(a) else id(canon.get(a, a)) for a in e.invars)
+        first = seen.setdefault((key, ins), e)
+        if first is not e:
+            for v, w in zip(e.outvars, first.outvars, strict=True):
+                if C.is_var(v) and not C.is_dropvar(v) and C.is_var(w) and not C.is_dropvar(w):
+                    canon[v] = canon.get(w, w)
+    return canon
+
+
+def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[Any, Any], dict[Any, Any]]:
     """Greedy twin matching (module docstring): ``{eqn: twin eqn}`` and ``{var: twin var}``,
-    both symmetric. Each seed is first grown alone and scored by the kernel pairs it brings; seeds
-    are then committed best first (the two critics' own pairing, which reaches their backward
-    passes, optimizer updates and targets, wins over a pairing of one network on two inputs)."""
+    both symmetric, and :func:`_same_values`. Each seed is first grown alone and scored by the
+    kernel pairs it brings; seeds are then committed best first (the two critics' own pairing,
+    which reaches their backward passes, optimizer updates and targets, wins over a pairing of one
+    network on two inputs)."""
     n = len(eqns)
     memo: dict = {}
     keys = [eqn_key(e, memo) if _pairable(e) else None for e in eqns]
+    canon = _same_values(eqns, keys)
     prod: dict[Any, tuple[int, int]] = {}
     readers: dict[Any, list[tuple[int, int]]] = {}
     for i, e in enumerate(eqns):
@@ -183,7 +203,7 @@ def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[An
                 if not (C.is_literal(x) and C.is_literal(y) and repr(x.val) == repr(y.val)):
                     return None
                 continue
-            if x is y:
+            if canon.get(x, x) is canon.get(y, y):
                 continue
             differs = True
             if pvar.get(x) is y:
@@ -243,7 +263,13 @@ def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[An
                         if pa == pb and rb not in peq and pair(ra, rb):
                             break
             for x, y in zip(eqns[a].invars, eqns[b].invars, strict=True):
-                if C.is_var(x) and C.is_var(y) and x is not y and x in prod and y in prod:
+                if (
+                    C.is_var(x)
+                    and C.is_var(y)
+                    and canon.get(x, x) is not canon.get(y, y)
+                    and x in prod
+                    and y in prod
+                ):
                     (i, k), (j, m) = prod[x], prod[y]
                     if k == m:
                         pair(i, j)
@@ -267,7 +293,7 @@ def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[An
     for neg, a, b in scored:
         if neg < 0:
             grow(peq, pvar, a, b)
-    return peq, pvar
+    return peq, pvar, canon
 
 
 def _ancestors(eqns: list) -> list[int]:
@@ -294,15 +320,51 @@ def _mask(idx) -> int:
     return m
 
 
+def _eval_inlined(jaxpr: Any, env: dict) -> None:
+    for eqn in jaxpr.eqns:
+        invals = [C.read_atom(env, a) for a in eqn.invars]
+        with I.scopes_of(eqn), C.eqn_context(eqn):
+            if eqn.primitive.name in C.PLAIN_CALL_PRIMITIVES and not C.has_effects(eqn):
+                sub, consts = C.call_jaxpr(eqn.params)
+                inner = dict(zip(sub.constvars, consts, strict=True))
+                inner.update(zip(sub.invars, invals, strict=True))
+                _eval_inlined(sub, inner)
+                outs = [C.read_atom(inner, v) for v in sub.outvars]
+            else:
+                outs = C.bind_eqn(eqn, invals)
+        I.bind_results(env, eqn.outvars, outs)
+
+
+def inline_calls(scan: C.ScanParams) -> C.ScanParams:
+    """``scan`` with the jit calls of its body inlined (re-traced): optax's jitted tree functions
+    (``tree_bias_correction``) take both networks' leaves in one call, and the outer jit inlines
+    the calls anyway. Returned unchanged when the body has none."""
+    body = scan.body
+    if not any(e.primitive.name in C.PLAIN_CALL_PRIMITIVES for e in body.eqns):
+        return scan
+
+    def flat(*args):
+        env = dict(zip(body.constvars, scan.body_consts, strict=True))
+        env.update(zip(body.invars, args, strict=True))
+        _eval_inlined(body, env)
+        return [C.read_atom(env, v) for v in body.outvars]
+
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.invars]
+    closed = jax.make_jaxpr(flat)(*avals)
+    return scan._replace(body=closed.jaxpr, body_consts=tuple(closed.consts))
+
+
 def find_twins(scan: C.ScanParams) -> Twins:
-    """Pair, group and order the twin computations of ``scan``'s body (module docstring)."""
+    """Pair, group and order the twin computations of ``scan``'s body, its jit calls inlined
+    (:func:`inline_calls`; module docstring)."""
+    scan = inline_calls(scan)
     body = scan.body
     eqns = list(body.eqns)
     anc = _ancestors(eqns)
-    peq, pvar = _pair_equations(eqns, anc)
+    peq, pvar, canon = _pair_equations(eqns, anc)
     none = "no two same-shaped, independent matrix products read a common operand: no twins to batch"
     if not peq:
-        return Twins((), tuple(range(len(eqns))), (), 0, none)
+        return Twins((), tuple(range(len(eqns))), (), 0, none, scan)
     prod = {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
 
     # regions: pairs in body order join the region (and side) of the pairs producing their
@@ -390,13 +452,13 @@ def find_twins(scan: C.ScanParams) -> Twins:
     keep.sort(key=lambda s: min(s[0] | s[1]))
     unchanged = tuple(range(len(eqns)))
     if not keep:
-        return Twins((), unchanged, (), 0, none + " (twin pairs found, but none convex with a kernel)")
+        return Twins((), unchanged, (), 0, none + " (twin pairs found, but none convex with a kernel)", scan)
 
     schedule = _order(eqns, anc, keep)
     while schedule is None:  # a cycle between regions: drop the last one
         keep.pop()
         if not keep:
-            return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest")
+            return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest", scan)
         schedule = _order(eqns, anc, keep)
 
     # region inputs/outputs, orientation as built (side a computed, row 0)
@@ -416,6 +478,8 @@ def find_twins(scan: C.ScanParams) -> Twins:
         outputs: list[tuple[Any, Any]] = []
         for a, b in pairs:
             for x, y in zip(eqns[a].invars, eqns[b].invars, strict=True):
+                if C.is_var(x) and canon.get(x, x) is canon.get(y, y):
+                    y = x  # the same value: read once, not stacked
                 if C.is_var(x) and x not in made and (x, y) not in inputs:
                     inputs.append((x, y))
             for x, y in zip(eqns[a].outvars, eqns[b].outvars, strict=True):
@@ -446,7 +510,7 @@ def find_twins(scan: C.ScanParams) -> Twins:
                 used.update((k1, k2))
                 break
     if not any(r.kernels for r in regions):
-        return Twins((), unchanged, (), 0, none + " (twin pairs found, but no pair of kernels)")
+        return Twins((), unchanged, (), 0, none + " (twin pairs found, but no pair of kernels)", scan)
     carried = {(cin[a], cin[b]) for a, b in stacked_carry}
     available = set(carried)
     stacks = 0
@@ -456,7 +520,7 @@ def find_twins(scan: C.ScanParams) -> Twins:
                 stacks += 1
                 available.add((x, y))  # stacked once, reused by later regions
         available.update(reg.outputs)
-    return Twins(tuple(regions), tuple(schedule), tuple(stacked_carry), stacks)
+    return Twins(tuple(regions), tuple(schedule), tuple(stacked_carry), stacks, "", scan)
 
 
 def _order(eqns: list, anc: list[int], regions: list[tuple[set[int], set[int]]]) -> list | None:
@@ -535,8 +599,9 @@ def _run_region(reg: Region, eqns: list, env: dict, stacked: dict, interp: I.Int
         for a, b in reg.pairs:
             ea, eb = eqns[a], eqns[b]
             invals = [
-                x.val if C.is_literal(x) else local[(x, y)] for x, y in zip(ea.invars, eb.invars, strict=True)
-            ]
+                x.val if C.is_literal(x) else local[(x, y)] if (x, y) in local else local[(x, x)]
+                for x, y in zip(ea.invars, eb.invars, strict=True)
+            ]  # (x, x): an operand both sides read as the same value (Region.inputs)
             outs = interp.eval_eqn(a, ea, invals, ctx)
             if not ea.primitive.multiple_results:
                 outs = [outs] if not isinstance(outs, (list, tuple)) else outs
@@ -553,7 +618,8 @@ def _run_region(reg: Region, eqns: list, env: dict, stacked: dict, interp: I.Int
             env[y] = r[1]
 
 
-def _run_batched(scan: C.ScanParams, twins: Twins, invals: list, site: I.Site, interp: I.Interpreter):
+def _run_batched(twins: Twins, invals: list, site: I.Site, interp: I.Interpreter):
+    scan = twins.scan
     body, ctx = scan.body, site.body_ctx
     eqns = list(body.eqns)
     nc, nk = scan.num_consts, scan.num_carry
@@ -620,7 +686,7 @@ def batch_twins(where: Where = None) -> Transform:
         twins = find_twins(scan)
         if not twins.moves:
             return interp.rebuild_scan(scan, invals, site.body_ctx)
-        return _run_batched(scan, twins, invals, site, interp)
+        return _run_batched(twins, invals, site, interp)
 
     def apply(fn):
         return I.rewrite(fn, select, on_scan)
