@@ -8,7 +8,9 @@ sets and the Polyak average of both targets. Each network's matrix products are 
 kernels; on a GPU where one kernel of a 512 x 256 x 256 product is mostly launch latency, two of
 them cost about twice one batched kernel of both (cuBLAS batched GEMM).
 
-:func:`find_twins` pairs the equations of one body:
+:func:`find_twins` pairs the equations of one body, its jit calls inlined first (optax's jitted
+tree functions take both networks' leaves in one call; the outer jit inlines them anyway) and two
+values computed the same way from the same values read as one (value numbering):
 
 * **seeds**: two ``dot_general`` s with the same shapes, types and dimension numbers that read
   one operand in common (the same activations into both networks' first layer) and depend on
