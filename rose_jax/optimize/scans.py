@@ -8,7 +8,7 @@ loop differently, so results are equal up to :data:`~rose_jax.optimize.base.FUSI
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import interpret as I
@@ -20,6 +20,7 @@ from rose_jax.optimize.predict import (
     moved_out_gain,
     outer_trips,
     scan_of,
+    scans_legal,
 )
 from rose_jax.optimize.where import Where, site_select, tree_loops, where_label
 
@@ -90,6 +91,24 @@ _CHEAP = frozenset(
 )
 
 
+class _Invariants(NamedTuple):
+    """A scan's loop-invariant equations, for :func:`~rose_jax.optimize.predict.scans_legal`."""
+
+    eqns: frozenset[int]
+
+    @property
+    def moves(self) -> bool:
+        return bool(self.eqns)
+
+    @property
+    def why(self) -> str:
+        return "" if self.eqns else "no loop-invariant equations: nothing to hoist"
+
+    @classmethod
+    def of(cls, scan: C.ScanParams) -> _Invariants:
+        return cls(invariant_eqns(scan))
+
+
 def invariant_eqns(scan: C.ScanParams) -> frozenset[int]:
     """Indices of body equations that depend only on the loop's constants (and are worth hoisting).
 
@@ -135,20 +154,13 @@ def hoist_invariants(where: Where = None) -> Transform:
     select = site_select(where)
 
     def legal(tree):
-        loops = tree_loops(tree, where)
-        if not loops:
-            return False, f"no scan matches {where_label(where)}"
-        counts = []
-        for node in loops:
-            scan = scan_of(node)
-            if scan is None:
-                continue
-            n = len(invariant_eqns(scan))
-            if n:
-                counts.append(f"{'/'.join(node.component_path + (node.name,))}: {n}")
-        if not counts:
-            return False, "no loop-invariant equations in the matching scans: nothing to hoist"
-        return True, "pure equations reading only loop constants; " + ", ".join(counts)
+        return scans_legal(
+            tree,
+            where,
+            _Invariants.of,
+            lambda inv, scan: f"{len(inv.eqns)} loop-invariant equations",
+            "pure equations reading only loop constants; ",
+        )
 
     def on_scan(site, scan, invals, interp):
         chosen = invariant_eqns(scan)
