@@ -142,24 +142,29 @@ def test_mjx_envs_train_to_completion_and_play_back(env, tmp_path):
         strict_json((run_dir / "metrics.json").read_text())
         assert not [p for p in run_dir.iterdir() if p.name.startswith(".tmp-")], name
 
-    # the policies load in fresh processes (one per run): load_policy + make_env + act, then the
-    # `rose-jax play` command in the same process
+    # the policies load in a fresh process (one for all runs: its start and JAX import were most
+    # of three processes' time): load_policy + make_env + act, then the `rose-jax play` command
     load_and_play = (
         "import sys, jax, jax.numpy as jnp, algos\n"
         "from rose_jax import cli\n"
-        "act = algos.load_policy(sys.argv[1]); env = act.make_env()\n"
-        "state = env.reset(jax.random.PRNGKey(0)); a = act(state.obs)\n"
-        "assert a.shape == (env.action_size,) and bool(jnp.all(jnp.abs(a) <= 1)), a\n"
-        "print('loaded', act.meta['env'], act.meta['final_eval_return'], flush=True)\n"
-        "sys.exit(cli.main(['play', sys.argv[1], '--episodes', '1', '--max-steps', '20']))\n"
+        "for run_dir in sys.argv[1:]:\n"
+        "    act = algos.load_policy(run_dir); env = act.make_env()\n"
+        "    state = env.reset(jax.random.PRNGKey(0)); a = act(state.obs)\n"
+        "    assert a.shape == (env.action_size,) and bool(jnp.all(jnp.abs(a) <= 1)), a\n"
+        "    print('loaded', run_dir, act.meta['env'], act.meta['final_eval_return'], flush=True)\n"
+        "    rc = cli.main(['play', run_dir, '--episodes', '1', '--max-steps', '20'])\n"
+        "    print('played', run_dir, rc, flush=True)\n"
+        "    assert rc == 0, (run_dir, rc)\n"
     )
-    done = run_together(
-        {name: ([sys.executable, "-c", load_and_play, str(dirs[name])], env) for name in runs},
-        cwd=str(REPO), timeout=600,
+    proc = subprocess.run(
+        [sys.executable, "-c", load_and_play, *(str(dirs[name]) for name in runs)],
+        cwd=str(REPO), env=env, capture_output=True, text=True, timeout=600,
     )
-    for name, proc in done.items():
-        assert proc.returncode == 0, (name, proc.stderr[-3000:])
-        assert "loaded" in proc.stdout and "return" in proc.stdout.split("loaded", 1)[1], (name, proc.stdout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in runs:
+        after = proc.stdout.split(f"loaded {dirs[name]} ", 1)
+        assert len(after) == 2 and "return" in after[1].split("played", 1)[0], (name, proc.stdout)
+        assert f"played {dirs[name]} 0" in proc.stdout, (name, proc.stdout)
 
 
 # ------------------------------------------------------------------ one run directory, one process
