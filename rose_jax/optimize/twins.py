@@ -351,7 +351,10 @@ def inline_calls(scan: C.ScanParams) -> C.ScanParams:
         _eval_inlined(body, env)
         return [C.read_atom(env, v) for v in body.outvars]
 
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in body.invars]
+    avals = [
+        jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=getattr(v.aval, "weak_type", False))
+        for v in body.invars
+    ]
     closed = jax.make_jaxpr(flat)(*avals)
     return scan._replace(body=closed.jaxpr, body_consts=tuple(closed.consts))
 
@@ -424,7 +427,6 @@ def find_twins(scan: C.ScanParams) -> Twins:
             masks.append([0, 0, 0, 0])
             add(len(sides) - 1, [a], [b])
 
-    # keep regions with a kernel pair, convex in the body
     # keep regions with a kernel pair or that write a pair of carried values (an optimizer's update
     # of both networks: with it the pair is carried stacked and its reads need no stacking), convex
     carried_out = {v for v in body.outvars[: scan.num_carry] if C.is_var(v)}
