@@ -359,26 +359,16 @@ def inline_calls(scan: C.ScanParams) -> C.ScanParams:
     return scan._replace(body=closed.jaxpr, body_consts=tuple(closed.consts))
 
 
-def find_twins(scan: C.ScanParams) -> Twins:
-    """Pair, group and order the twin computations of ``scan``'s body, its jit calls inlined
-    (:func:`inline_calls`; module docstring)."""
-    scan = inline_calls(scan)
-    body = scan.body
-    eqns = list(body.eqns)
-    anc = _ancestors(eqns)
-    peq, pvar, canon = _pair_equations(eqns, anc)
-    none = "no two same-shaped, independent matrix products read a common operand: no twins to batch"
-    if not peq:
-        return Twins((), tuple(range(len(eqns))), (), 0, none, scan)
-    prod = {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
-
-    # regions: pairs in body order join the region (and side) of the pairs producing their
-    # operands, merging those regions, while neither side comes to depend on the other
+def _grow_regions(
+    eqns: list, anc: list[int], peq: dict[int, int], prod: dict
+) -> list[tuple[set[int], set[int]]]:
+    """Pairs in body order join the region (and side) of the pairs producing their operands,
+    merging those regions, while neither side comes to depend on the other: ``[(side a, side b)]``."""
     region_of: dict[int, int] = {}  # eqn -> region id
     sides: list[tuple[set[int], set[int]] | None] = []  # region id -> (side a, side b); None: merged
     masks: list[list[int]] = []  # region id -> [members a, members b, ancestors of a, ancestors of b]
 
-    def fits(r: int, first: set[int] | list[int], second: set[int] | list[int]) -> bool:
+    def fits(r: int, first, second) -> bool:
         ma, mb, ua, ub = masks[r]
         fa, fb = _mask(first), _mask(second)
         up_a = up_b = 0
@@ -426,46 +416,28 @@ def find_twins(scan: C.ScanParams) -> Twins:
             sides.append((set(), set()))
             masks.append([0, 0, 0, 0])
             add(len(sides) - 1, [a], [b])
+    return [side for side in sides if side is not None]
 
-    # keep regions with a kernel pair or that write a pair of carried values (an optimizer's update
-    # of both networks: with it the pair is carried stacked and its reads need no stacking), convex
-    carried_out = {v for v in body.outvars[: scan.num_carry] if C.is_var(v)}
-    keep: list[tuple[set[int], set[int]]] = []
-    for side in sides:
-        if side is None:
-            continue
-        sa, sb = side
-        members = sa | sb
-        kernel = any(eqns[i].primitive.name in KERNEL_PRIMITIVES for i in sa)
-        if not kernel and not any(v in carried_out for i in sa for v in eqns[i].outvars):
-            continue
-        rmask = _mask(members)
-        up = 0
-        for i in members:
-            up |= anc[i]
-        up &= ~rmask
-        convex, j = True, 0
-        while up:
-            if up & 1 and anc[j] & rmask:
-                convex = False
-                break
-            up >>= 1
-            j += 1
-        if convex:
-            keep.append((sa, sb))
-    keep.sort(key=lambda s: min(s[0] | s[1]))
-    unchanged = tuple(range(len(eqns)))
-    if not keep:
-        return Twins((), unchanged, (), 0, none + " (twin pairs found, but none convex with a kernel)", scan)
 
-    schedule = _order(eqns, anc, keep)
-    while schedule is None:  # a cycle between regions: drop the last one
-        keep.pop()
-        if not keep:
-            return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest", scan)
-        schedule = _order(eqns, anc, keep)
+def _convex(members: set[int], anc: list[int]) -> bool:
+    """No equation outside ``members`` both depends on one of them and feeds one of them."""
+    rmask = _mask(members)
+    up = 0
+    for i in members:
+        up |= anc[i]
+    up &= ~rmask
+    j = 0
+    while up:
+        if up & 1 and anc[j] & rmask:
+            return False
+        up >>= 1
+        j += 1
+    return True
 
-    # region inputs/outputs, orientation as built (side a computed, row 0)
+
+def _regions_io(eqns: list, body: Any, keep: list, peq: dict, prod: dict, canon: dict) -> list[Region]:
+    """Each kept region's pairs, the operand pairs it reads from outside and the result pairs read
+    outside it, in the orientation built (side a computed, row 0)."""
     readers_outside: dict[Any, bool] = {}
     outvars = {v for v in body.outvars if C.is_var(v)}
     member_of = {i: r for r, (sa, sb) in enumerate(keep) for i in sa | sb}
@@ -493,13 +465,17 @@ def find_twins(scan: C.ScanParams) -> Twins:
                     outputs.append((x, y))
         kernels = sum(eqns[a].primitive.name in KERNEL_PRIMITIVES for a, _ in pairs)
         regions.append(Region(pairs, tuple(inputs), tuple(outputs), kernels))
+    return regions
 
-    # carried pairs: read and written as a pair in the same orientation -> carried stacked
-    nc, nk = scan.num_consts, scan.num_carry
+
+def _carried_pairs(scan: C.ScanParams, regions: list[Region], pvar: dict) -> list[tuple[int, int]]:
+    """Carry positions ``(k1, k2)`` read by a region as the pair ``(k1, k2)`` and written by one
+    in the same orientation: carried stacked."""
+    body, nc, nk = scan.body, scan.num_consts, scan.num_carry
     cin, cout = body.invars[nc : nc + nk], body.outvars[:nk]
     made_pairs = {p for reg in regions for p in reg.outputs}
     read_pairs = {p for reg in regions for p in reg.inputs if p[0] is not p[1]}
-    stacked_carry = []
+    out: list[tuple[int, int]] = []
     used: set[int] = set()
     pos_in = {v: k for k, v in enumerate(cin)}
     for k1 in range(nk):
@@ -510,13 +486,54 @@ def find_twins(scan: C.ScanParams) -> Twins:
             continue
         for first, second in ((k1, k2), (k2, k1)):
             if (cin[first], cin[second]) in read_pairs and (cout[first], cout[second]) in made_pairs:
-                stacked_carry.append((first, second))
+                out.append((first, second))
                 used.update((k1, k2))
                 break
+    return out
+
+
+def find_twins(scan: C.ScanParams) -> Twins:
+    """Pair, group and order the twin computations of ``scan``'s body, its jit calls inlined
+    (:func:`inline_calls`; module docstring)."""
+    scan = inline_calls(scan)
+    body = scan.body
+    eqns = list(body.eqns)
+    unchanged = tuple(range(len(eqns)))
+    anc = _ancestors(eqns)
+    peq, pvar, canon = _pair_equations(eqns, anc)
+    none = "no two same-shaped, independent matrix products read a common operand: no twins to batch"
+    if not peq:
+        return Twins((), unchanged, (), 0, none, scan)
+    prod = {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
+
+    # keep convex regions with a kernel pair or that write a pair of carried values (an optimizer's
+    # update of both networks: with it the pair is carried stacked and its reads need no stacking)
+    carried_out = {v for v in body.outvars[: scan.num_carry] if C.is_var(v)}
+    keep = [
+        (sa, sb)
+        for sa, sb in _grow_regions(eqns, anc, peq, prod)
+        if (
+            any(eqns[i].primitive.name in KERNEL_PRIMITIVES for i in sa)
+            or any(v in carried_out for i in sa for v in eqns[i].outvars)
+        )
+        and _convex(sa | sb, anc)
+    ]
+    keep.sort(key=lambda s: min(s[0] | s[1]))
+    if not keep:
+        return Twins((), unchanged, (), 0, none + " (twin pairs found, but none convex with a kernel)", scan)
+    schedule = _order(eqns, anc, keep)
+    while schedule is None:  # a cycle between regions: drop the last one
+        keep.pop()
+        if not keep:
+            return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest", scan)
+        schedule = _order(eqns, anc, keep)
+
+    regions = _regions_io(eqns, body, keep, peq, prod, canon)
     if not any(r.kernels for r in regions):
         return Twins((), unchanged, (), 0, none + " (twin pairs found, but no pair of kernels)", scan)
-    carried = {(cin[a], cin[b]) for a, b in stacked_carry}
-    available = set(carried)
+    stacked_carry = _carried_pairs(scan, regions, pvar)
+    nc = scan.num_consts
+    available = {(body.invars[nc + a], body.invars[nc + b]) for a, b in stacked_carry}
     stacks = 0
     for reg in regions:
         for x, y in reg.inputs:
