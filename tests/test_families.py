@@ -148,3 +148,33 @@ def test_a_family_registered_at_run_time_is_generated_searched_and_rebuilt(monke
     _, report = O.optimize(iteration, x, families=("double_then_halve",), n_iters=1, repeats=1)
     (rec,) = report.candidates
     assert rec.legal and rec.equal is True and rec.prediction == "a test's model: one second"
+
+
+def test_a_family_that_raises_is_reported_and_the_others_still_generate(monkeypatch):
+    import pytest
+
+    from rose_jax import trace as rtrace
+    from rose_jax.optimize import candidates
+
+    module = types.ModuleType("rose_broken_family")
+    exec(compile(_FAMILY_SOURCE, "rose_broken_family.py", "exec"), module.__dict__)
+
+    def broken(ctx):
+        raise RuntimeError("cannot read this body")
+
+    module.candidates = broken
+    monkeypatch.setitem(sys.modules, "rose_broken_family", module)
+    monkeypatch.setattr(registry, "_FAMILIES", {"rose_broken_family": ("double_then_halve",),
+                                                **registry._FAMILIES})  # fmt: skip
+    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))
+    registry.register_family("rose_broken_family", ("double_then_halve",))
+
+    def iteration(x):
+        y, _ = jax.lax.scan(lambda c, _: (jnp.tanh(c), None), x, None, length=3)
+        return y, {"s": y.sum()}
+
+    tree = rtrace.trace(iteration, jnp.linspace(-1.0, 1.0, 4), arg_names=["state"])
+    with pytest.warns(UserWarning, match="rose_broken_family generated no candidates: RuntimeError"):
+        wanted = ("double_then_halve", "unroll_scans")
+        cands = candidates.generate_candidates(tree, None, 1e-3, families=wanted)
+    assert cands and {c.transform.name for c in cands} == {"unroll_scans"}

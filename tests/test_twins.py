@@ -9,6 +9,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import helpers_optimize as H
@@ -147,3 +148,94 @@ def test_real_sac_iteration_same_state_and_offered_on_gpu():
     assert cmp.equal, cmp
     dots = [len(re.findall(r"= \S+ dot\(", c.as_text())) for c in (ref_c, new_c)]
     assert dots[1] < dots[0], dots
+
+
+# ------------------------------------------------------- bodies that must not be batched wrongly
+# (each found by review with a minimal repro; the transformed function must equal the original)
+
+
+def _callbacks(c, xs):
+    """Two different host callbacks on the two networks' activations: never one for both rows."""
+
+    def body(c, x):
+        h1, h2 = x @ c[0], x @ c[1]
+        sd = jax.ShapeDtypeStruct(h1.shape, h1.dtype)
+        u = jax.pure_callback(lambda h: np.asarray(h) * 2.0, sd, h1, vmap_method="sequential")
+        v = jax.pure_callback(lambda h: np.asarray(h) + 100.0, sd, h2, vmap_method="sequential")
+        return c, (u.sum(), v.sum())
+
+    return jax.lax.scan(body, c, xs)
+
+
+def _near_constants(c, xs):
+    """Constants that print alike (0.000123451, 0.000123453) are different constants."""
+
+    def body(c, x):
+        return c, ((x @ c[0] * np.float32(0.000123451)).sum(), (x @ c[1] * np.float32(0.000123453)).sum())
+
+    return jax.lax.scan(body, c, xs)
+
+
+def _recomputed(c, xs):
+    """Side b reads a recomputed copy of a value the region makes on side a."""
+
+    def body(c, x):
+        x1, x2, y = x @ c[0], x @ c[1], x @ c[0]
+        return c, (x2.sum(), (x1 * c[3]) @ c[2], (y * c[4]) @ c[2])
+
+    return jax.lax.scan(body, c, xs)
+
+
+def _constant_carry(c, xs):
+    """A carried pair whose new values are constants (literals in the body)."""
+
+    def body(c, x):
+        k1, k2 = (x @ c[0]) * c[3], (x @ c[1]) * c[4]
+        return (c[0], c[1], c[2], jnp.float32(1.0), jnp.float32(1.0)), (k1.sum(), k2.sum())
+
+    return jax.lax.scan(body, c, xs)
+
+
+def _odd_inputs():
+    k = jax.random.split(jax.random.PRNGKey(3), 4)
+    c = (jax.random.normal(k[0], (3, 4)), jax.random.normal(k[1], (3, 4)), jax.random.normal(k[2], (4, 2)),
+         jnp.float32(3.0), jnp.float32(4.0))  # fmt: skip
+    return c, jax.random.normal(k[3], (2, 5, 3))
+
+
+@pytest.mark.parametrize("fn", [_callbacks, _near_constants, _recomputed, _constant_carry])
+def test_odd_bodies_compute_the_same_function(fn):
+    args = _odd_inputs()
+    ref = jax.jit(fn)(*args)
+    out = jax.jit(twins.batch_twins().apply(fn))(*args)
+    cmp = compare_trees(out, ref, rtol=1e-6)
+    assert cmp.equal, cmp
+
+
+def test_effects_keep_their_order():
+    """An ordered callback that reads a twin region runs before the one after it in the body."""
+    from jax.experimental import io_callback
+
+    log: list[str] = []
+
+    def record(tag):
+        def cb(_):
+            log.append(tag)
+            return np.zeros((), np.float32)
+
+        return cb
+
+    def fn(c, xs):
+        def body(c, x):
+            h1, h2 = x @ c[0], x @ c[1]
+            io_callback(record("first"), jax.ShapeDtypeStruct((), jnp.float32), h1, ordered=True)
+            io_callback(record("second"), jax.ShapeDtypeStruct((), jnp.float32), x, ordered=True)
+            z = jnp.sin(x[:, :1])
+            return c, ((h1 * z).sum(), (h2 * z).sum())
+
+        return jax.lax.scan(body, c, xs)
+
+    c, xs = (jnp.ones((3, 4)), 2 * jnp.ones((3, 4))), jnp.ones((1, 5, 3))
+    assert twins.find_twins(_scan_of(fn, c, xs)).moves  # the region is there to be misplaced
+    jax.block_until_ready(jax.jit(twins.batch_twins().apply(fn))(c, xs))
+    assert log == ["first", "second"]

@@ -10,14 +10,17 @@ calls each family's ``candidates(ctx)`` in the registry's order
 (:mod:`~rose_jax.optimize.group_rollout`), per-component compilation
 (:mod:`~rose_jax.optimize.split_compile`), independent work of a loop body on its own GPU
 streams (:mod:`~rose_jax.optimize.stream_overlap`) and while loops with a static bound as bounded
-masked scans (:mod:`~rose_jax.optimize.loops`). Each family states its prediction model in its
-``candidates``; predictions are models, not measurements: the search measures every candidate
-it keeps. A generated candidate may be illegal (e.g. two stream regions coupled by a
-global-norm clip, a while loop without a bound): the search refuses it with the reason.
+masked scans (:mod:`~rose_jax.optimize.loops`). A family whose ``candidates`` raises is reported
+(a warning naming it and the error) and contributes none; the others still do. Each family
+states its prediction model in its ``candidates``; predictions are models, not measurements: the
+search measures every candidate it keeps. A generated candidate may be illegal (e.g. two stream
+regions coupled by a global-norm clip, a while loop without a bound): the search refuses it with
+the reason.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 from rose_jax.optimize import registry
@@ -59,7 +62,13 @@ def generate_candidates(
     for module, names in registry.families().items():
         if wanted is not None and not wanted & set(names):
             continue
-        out.extend(registry.family_candidates(module)(ctx))
+        try:
+            out.extend(registry.family_candidates(module)(ctx))
+        except Exception as e:  # noqa: BLE001 - one family's failure must not end the search
+            warnings.warn(
+                f"rose_jax.optimize: family {module} generated no candidates: {type(e).__name__}: {e}",
+                stacklevel=2,
+            )
     if wanted is not None:
         out = [c for c in out if c.transform.name in wanted]
     out.sort(key=lambda c: -(c.predicted or 0.0))

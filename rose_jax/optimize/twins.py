@@ -51,6 +51,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import interpret as I
@@ -81,23 +82,45 @@ KERNEL_S = {"gpu": 6e-6, "cpu": 0.5e-6}
 STACK_S = {"gpu": 3e-6, "cpu": 0.5e-6}
 
 
-def _param_key(value: Any, memo: dict) -> Any:
-    """A hashable stand-in for one equation parameter; a jaxpr by its printed text (the same
-    computation prints the same), memoised in ``memo`` by identity for one body's matching."""
+# Parameters that hold a custom_jvp / custom_vjp call's derivative rules: read only when the program
+# is differentiated (the rewritten iteration is not), so two calls of the same primal body pair
+# even though each call has its own rule object. Any other callable pairs only with itself.
+RULE_PARAMS = frozenset({"jvp_jaxpr_fun", "jvp_jaxpr_thunk", "fwd_jaxpr_thunk", "bwd", "fwd"})
+
+
+def _literal_key(atom: Any) -> Any:
+    """A literal by its exact bits (``repr`` rounds: 0.000123451 and 0.000123453 print alike)."""
+    value = np.asarray(atom.val)
+    return ("lit", str(value.dtype), value.shape, value.tobytes())
+
+
+def _const_key(value: Any) -> Any:
+    """A closed jaxpr's constant by its bits (by identity if it has none to read)."""
+    try:
+        arr = np.asarray(value)
+        return ("const", str(arr.dtype), arr.shape, arr.tobytes())
+    except Exception:  # noqa: BLE001 - a tracer or an opaque object
+        return ("const", id(value))
+
+
+def _param_key(value: Any, memo: dict, name: str = "") -> Any:
+    """A hashable stand-in for one equation parameter; a jaxpr by its printed text and constants
+    (the same computation prints the same), memoised in ``memo`` by identity for one body."""
     if C.is_jaxpr(value):
         hit = memo.get(id(value))
         if hit is None or hit[0] is not value:
-            hit = memo[id(value)] = (value, str(C.open_jaxpr(value)))
+            consts = tuple(_const_key(c) for c in getattr(value, "consts", ()))
+            hit = memo[id(value)] = (value, (str(C.open_jaxpr(value)), consts))
         return ("jaxpr", hit[1])
     if isinstance(value, (tuple, list)):
         return tuple(_param_key(v, memo) for v in value)
-    if callable(value) or hasattr(value, "call_wrapped"):  # a custom_jvp/vjp rule: read by AD only
-        return "callable"
+    if name in RULE_PARAMS:
+        return "rule"
     try:
         hash(value)
-        return value
     except TypeError:
-        return ("repr", repr(value))
+        return ("object", id(value))  # unhashable: equal only to itself, never by its repr
+    return value  # hashable (a callable by identity)
 
 
 def _aval_key(atom: Any) -> Any:
@@ -108,8 +131,8 @@ def _aval_key(atom: Any) -> Any:
 def eqn_key(eqn: Any, memo: dict | None = None) -> Any:
     """What two equations must share to be twins: primitive, parameters, operand and result types."""
     memo = {} if memo is None else memo
-    ins = tuple(("lit", repr(a.val), _aval_key(a)) if C.is_literal(a) else _aval_key(a) for a in eqn.invars)
-    params = tuple(sorted((k, _param_key(v, memo)) for k, v in eqn.params.items()))
+    ins = tuple((_literal_key(a), _aval_key(a)) if C.is_literal(a) else _aval_key(a) for a in eqn.invars)
+    params = tuple(sorted((k, _param_key(v, memo, k)) for k, v in eqn.params.items()))
     return (eqn.primitive.name, params, ins, tuple(_aval_key(v) for v in eqn.outvars))
 
 
@@ -155,7 +178,16 @@ class Twins:
 
 
 def _pairable(eqn: Any) -> bool:
-    return eqn.primitive.name not in NOT_PAIRED and not C.has_effects(eqn)
+    """Pure, not control flow, not a host callback (its function is opaque), and no random bits
+    whose batching rule is not per key (``rng_bit_generator``; keys other than threefry's)."""
+    name = eqn.primitive.name
+    if name in NOT_PAIRED or name in C.CALLBACK_PRIMITIVES or name == "rng_bit_generator":
+        return False
+    if C.has_effects(eqn):
+        return False
+    if name.startswith("random_"):
+        return all("fry" in str(getattr(C.aval_of(a), "dtype", "fry")) for a in eqn.invars)
+    return True
 
 
 def _same_values(eqns: list, keys: list) -> dict[Any, Any]:
@@ -166,7 +198,7 @@ def _same_values(eqns: list, keys: list) -> dict[Any, Any]:
     for e, key in zip(eqns, keys, strict=True):
         if key is None:
             continue
-        ins = tuple(("lit", repr(a.val)) if C.is_literal(a) else id(canon.get(a, a)) for a in e.invars)
+        ins = tuple(_literal_key(a) if C.is_literal(a) else id(canon.get(a, a)) for a in e.invars)
         first = seen.setdefault((key, ins), e)
         if first is not e:
             for v, w in zip(e.outvars, first.outvars, strict=True):
@@ -202,7 +234,7 @@ def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[An
         fresh, differs = [], False
         for x, y in zip(eqns[a].invars, eqns[b].invars, strict=True):
             if C.is_literal(x) or C.is_literal(y):
-                if not (C.is_literal(x) and C.is_literal(y) and repr(x.val) == repr(y.val)):
+                if not (C.is_literal(x) and C.is_literal(y) and _literal_key(x) == _literal_key(y)):
                     return None
                 continue
             if canon.get(x, x) is canon.get(y, y):
@@ -299,15 +331,21 @@ def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[An
 
 
 def _ancestors(eqns: list) -> list[int]:
-    """Per equation, the bit set of the equations it depends on (transitively)."""
+    """Per equation, the bit set of the equations it depends on (transitively); an equation with
+    effects also depends on the previous one with effects, so the schedule keeps their order."""
     prod: dict[Any, int] = {}
     anc: list[int] = []
+    last = None
     for i, e in enumerate(eqns):
         bits = 0
         for a in e.invars:
             if C.is_var(a) and a in prod:
                 p = prod[a]
                 bits |= anc[p] | (1 << p)
+        if C.has_effects(e):
+            if last is not None:
+                bits |= anc[last] | (1 << last)
+            last = i
         anc.append(bits)
         for v in e.outvars:
             if C.is_var(v) and not C.is_dropvar(v):
@@ -355,7 +393,10 @@ def inline_calls(scan: C.ScanParams) -> C.ScanParams:
         jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=getattr(v.aval, "weak_type", False))
         for v in body.invars
     ]
-    closed = jax.make_jaxpr(flat)(*avals)
+    try:
+        closed = jax.make_jaxpr(flat)(*avals)
+    except Exception:  # noqa: BLE001 - e.g. a collective's axis name unbound outside its shard_map
+        return scan  # matched as it is: its jit calls stay whole
     return scan._replace(body=closed.jaxpr, body_consts=tuple(closed.consts))
 
 
@@ -417,6 +458,18 @@ def _grow_regions(
             masks.append([0, 0, 0, 0])
             add(len(sides) - 1, [a], [b])
     return [side for side in sides if side is not None]
+
+
+def _reads_its_own_value(eqns: list, sa: set[int], sb: set[int], peq: dict, prod: dict, canon: dict) -> bool:
+    """Whether a pair of the region reads, as one value both sides share, a value the region makes
+    (side b reading a recomputed copy of a side-a result): one vmap cannot give row 1 row 0's value."""
+    members = sa | sb
+    for a in sa:
+        for x, y in zip(eqns[a].invars, eqns[peq[a]].invars, strict=True):
+            if C.is_var(x) and C.is_var(y) and canon.get(x, x) is canon.get(y, y):
+                if prod.get(x) in members or prod.get(y) in members:
+                    return True
+    return False
 
 
 def _convex(members: set[int], anc: list[int]) -> bool:
@@ -482,7 +535,7 @@ def _carried_pairs(scan: C.ScanParams, regions: list[Region], pvar: dict) -> lis
         if k1 in used or cin[k1] not in pvar:
             continue
         k2 = pos_in.get(pvar[cin[k1]])
-        if k2 is None or k2 in used or k2 == k1:
+        if k2 is None or k2 in used or k2 == k1 or not (C.is_var(cout[k1]) and C.is_var(cout[k2])):
             continue
         for first, second in ((k1, k2), (k2, k1)):
             if (cin[first], cin[second]) in read_pairs and (cout[first], cout[second]) in made_pairs:
@@ -517,6 +570,7 @@ def find_twins(scan: C.ScanParams) -> Twins:
             or any(v in carried_out for i in sa for v in eqns[i].outvars)
         )
         and _convex(sa | sb, anc)
+        and not _reads_its_own_value(eqns, sa, sb, peq, prod, canon)
     ]
     keep.sort(key=lambda s: min(s[0] | s[1]))
     if not keep:
