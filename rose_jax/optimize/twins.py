@@ -247,7 +247,9 @@ def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[An
             if (x, y) not in fresh:
                 fresh.append((x, y))
         for x, y in zip(eqns[a].outvars, eqns[b].outvars, strict=True):
-            if C.is_dropvar(x) or C.is_dropvar(y):
+            if C.is_dropvar(x) != C.is_dropvar(y):
+                return None  # one side's result unread: its twin would be left unpaired
+            if C.is_dropvar(x):
                 continue
             if pvar.get(x, y) is not y or pvar.get(y, x) is not x:
                 return None
