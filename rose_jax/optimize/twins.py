@@ -35,9 +35,16 @@ unchanged.
 
 Legality: the two sides of a region are independent (checked on the body's dependency graph), the
 region is convex and the contracted graph acyclic, so the order is one the data allow; ``vmap``
-of an equation over two rows computes each row as the equation did. Refused with the reason when
-a body has no twin matrix products. Tolerance: a batched GEMM may be computed by a different
-algorithm (tile shapes, split-K) than the single one, which reorders each dot's sum:
+of an equation over two rows computes each row as the equation did. Effectful equations depend on
+the previous effectful one, so the schedule keeps their order. Never paired: control flow, host
+callbacks (their functions are opaque), ``rng_bit_generator`` and random bits of keys other than
+threefry's (their batching rules are not per key); literals and constants compare by their bits.
+A custom_jvp/vjp call pairs by its primal body: side b would take side a's derivative rule if the
+rewritten iteration were differentiated (it is not), and runs under side a's named scopes.
+Refused with the reason when a body has no twin matrix products.
+
+Tolerance: a batched GEMM may be computed by a different algorithm (tile shapes, split-K) than the
+single one, which reorders each dot's sum:
 :data:`rose_jax.optimize.base.REASSOCIATION_TOLERANCE` (the plan is kept only with the learning
 check). On the CPU, batched reductions and products sum in another order: after one iteration the
 tiny real SAC (pendulum, Brax hopper) and PPO (cartpole) iterations move by ~1e-7 relative, Brax
