@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+import helpers_optimize as H
 from benchmarks.experiments import beyond_flags as B
 
 
@@ -50,10 +51,60 @@ def test_files_from_rows(tmp_path):
             "max_abs_diff": 1e-7,
             "legal": "moved",
         },
+        {
+            "workload": "sac-hopper",
+            "variant": "twins",
+            "env_steps_per_s": 9900.0,
+            "spread_env_steps_per_s": [9800.0, 10000.0],
+            "speedup_vs_flags_only": 1.03,
+            "equal": False,
+            "within_tolerance": True,
+            "learning_check": {
+                "passed": True,
+                "p_value": 0.41,
+                "mean_reference": -180.2,
+                "mean_candidate": -178.9,
+            },
+        },
     ]
     B.write(str(tmp_path), rows, "python -m benchmarks.experiments.beyond_flags")
     data = json.load(open(tmp_path / "results.json"))
     assert data["rows"] == rows and "machine" in data and data["command"].startswith("python -m")
     md = open(tmp_path / "results.md").read()
     assert "| sac-hopper | - | hoist | 9,800 (9,700-9,900) | 1.020 |" in md
+    assert "passed: p=0.41, means -180.2 vs -178.9" in md
     assert os.path.exists(tmp_path / "results.png")
+
+
+def test_learning_check_only_where_the_tolerance_asks_and_failures_are_rows_notes(monkeypatch):
+    """A stand-in checker (this unit test's mock; the real check trains in
+    tests/test_learning_check.py): twins (reassociation tolerance) is checked with the config's
+    num_timesteps set to the steps asked, hoist (fusion tolerance) and flags_only are not, and a
+    checker that raises becomes the row's note."""
+    import types
+
+    from algos import equivalence
+    from rose_jax.optimize.learning import LearningCheck
+
+    seen = []
+
+    def checker(config, env):
+        def check(t):
+            seen.append((t.name, config.num_timesteps))
+            return LearningCheck((1.0,) * 5, (1.0,) * 5, 1.0, 1.0, 1.0, 0.0, True, "learns alike")
+
+        return check
+
+    monkeypatch.setattr(equivalence, "checker", checker)
+    job = types.SimpleNamespace(config=H.tiny_ppo_config(), env=None)
+    assert B.learning_check_fields(job, B.transform_of("twins"), 4096)["learning_check"]["passed"] is True
+    assert B.learning_check_fields(job, B.transform_of("hoist"), 4096) == {}
+    assert B.learning_check_fields(job, None, 4096) == {}
+    assert seen == [("batch_twins", 4096)]
+
+    def broken(config, env):
+        raise RuntimeError("no seeds")
+
+    monkeypatch.setattr(equivalence, "checker", broken)
+    note = B.learning_check_fields(job, B.transform_of("twins"), 4096)["learning_check"]
+    assert note["passed"] is None and "RuntimeError: no seeds" in note["reason"]

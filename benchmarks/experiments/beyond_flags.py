@@ -31,7 +31,11 @@ the search's stepwise rule: from the same state, so a rollout after an update th
 bits is not compared) of each variant against ``flags_only`` under deterministic XLA ops (GPU),
 compared within the transform's tolerance, with the max abs difference and the worst leaf. Where
 the time goes (``--profile``, GPU): each variant's kernels per
-iteration, GPU busy share, median kernel and gap (:func:`kernel_profile`). Writes
+iteration, GPU busy share, median kernel and gap (:func:`kernel_profile`). Learning check
+(``--learning-check-steps N``): each variant whose transform's tolerance asks for one (e.g.
+``twins``: reassociation) trains 5 seeds per side for N env steps with the workload's config
+(``algos.equivalence.learning_check``, issue 32's rule: final returns not different at 5 %, means
+within 5 %), recorded as the row's ``learning_check``. Writes
 ``results.json``, ``results.md`` and ``results.png`` into
 ``--out`` (default ``benchmarks/results/beyond_flags``); ``--merge`` adds to an earlier call's rows.
 """
@@ -297,12 +301,44 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
             )
     except Exception as e:  # noqa: BLE001
         common.log(f"{name} equality failed: {type(e).__name__}: {e}")
+    if args.learning_check_steps:
+        for rec in rows:
+            rec.update(learning_check_fields(job, transform_of(rec["variant"]), args.learning_check_steps))
     for rec in rows:
         rec["command"] = "python -m rose_jax.cli train " + " ".join(argv)
         rec["env_steps_per_iteration"] = env_steps
         rec["call"] = call
         rec["device"] = device
     return {"rows": rows}
+
+
+def learning_check_fields(job, t, steps: int) -> dict[str, Any]:
+    """``{"learning_check": ...}`` for a transform whose tolerance asks for one (trained here: 5
+    seeds per side of ``steps`` env steps), ``{}`` for one that does not; a failed check's error is
+    recorded, never raised."""
+    if t is None or not t.tolerance.learning_check:
+        return {}
+    import dataclasses
+
+    from algos import equivalence
+
+    try:
+        config = dataclasses.replace(job.config, num_timesteps=int(steps))
+        verdict = equivalence.checker(config, job.env)(t)
+        common.log(f"learning check {t.label}: {verdict.reason}")
+        return {"learning_check": verdict.to_json()}
+    except Exception as e:  # noqa: BLE001 - one check's failure is a row's note, not the run's end
+        return {"learning_check": {"passed": None, "reason": f"failed: {type(e).__name__}: {e}"[:300]}}
+
+
+def _learning_cell(check: dict | None) -> str:
+    if not check:
+        return "-"
+    if check.get("passed") is None:
+        return f"not run ({check.get('reason')})"
+    word = "passed" if check["passed"] else "failed"
+    means = f"{check['mean_reference']:.1f} vs {check['mean_candidate']:.1f}"
+    return f"{word}: p={check['p_value']:.2f}, means {means}"
 
 
 def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
@@ -327,6 +363,7 @@ def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
                 "compile s",
                 "equal",
                 "max abs diff",
+                "learning check",
                 "kernels/iter, busy share, median kernel us",
                 "what moved",
             ],
@@ -344,6 +381,7 @@ def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
                     common.fmt(r.get("compile_s")),
                     common.fmt_equal(r.get("equal")),
                     common.fmt(r.get("max_abs_diff"), ".2e"),
+                    _learning_cell(r.get("learning_check")),
                     _profile_cell(r.get("profile")),
                     (r.get("legal") or "-")[:160],
                 ]
@@ -410,6 +448,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="kernel trace of each variant (GPU)")
     p.add_argument("--profile-calls", type=int, default=3)
     p.add_argument("--equal-iters", type=int, default=1, help="iterations compared (stepwise: 1)")
+    p.add_argument(
+        "--learning-check-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="env steps per seed of the learning check for variants whose tolerance asks for one (0: none)",
+    )
     p.add_argument("--out", default=OUT_DIR)
     p.add_argument("--merge", action="store_true")
     p.add_argument("--smoke", action="store_true")
@@ -436,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         args.variants.insert(0, "flags_only")
     if args.options not in xla_options.SETS:
         p.error(f"unknown option set {args.options!r}; known: {', '.join(xla_options.SETS)}")
+    if args.learning_check_steps < 0:
+        p.error(f"--learning-check-steps must be >= 0, got {args.learning_check_steps}")
     if args.blocks < 3:
         p.error("--blocks must be >= 3 (steady rates over at least 3 timed blocks)")
     names = ["smoke"] if args.smoke else [w.strip() for w in args.workloads.split(",") if w.strip()]
