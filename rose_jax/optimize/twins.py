@@ -738,7 +738,7 @@ def _run_batched(twins: Twins, invals: list, site: I.Site, interp: I.Interpreter
         ys = [C.read_atom(env, v) for v in body.outvars[nk:]]
         return (new_single, new_stacked), ys
 
-    I.named(step, I.body_name(body, C.SCAN))
+    I.named(step, site.name or I.body_name(body, C.SCAN))  # the original name, not the inlined trace's
     init_c = ([init[k] for k in singles], [jnp.stack([init[k1], init[k2]]) for k1, k2 in pairs])
     (single_vals, stacked_vals), ys = jax.lax.scan(
         step, init_c, list(xs), length=scan.length, reverse=scan.reverse, unroll=scan.unroll
