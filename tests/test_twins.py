@@ -140,6 +140,12 @@ def test_real_sac_iteration_same_state_and_offered_on_gpu():
     cands = twins.candidates(CandidateContext(tree=tree, program=None, baseline_s=1e-3, platform="gpu"))
     assert any(c.window.endswith("_grad_step") for c in cands), [c.window for c in cands]
     assert all(c.predicted > 0 and "kernel pairs" in c.model for c in cands)
+    # each region computed from the side that reads its operands as stacked (the tiny SAC's regions
+    # as built read 3 operands reversed, a copy per step each)
+    scan = next(
+        C.scan_params(e.params) for e in jax.make_jaxpr(it)(state).jaxpr.eqns if e.primitive.name == "scan"
+    )
+    assert twins.find_twins(scan).reverses == 0
     # the rebuilt loop keeps its name (where specs of later transforms and the trace read it)
     assert "_grad_step" in [n.name for n in rtrace.trace(t.apply(it), state).walk() if n.kind == "scan"]
     # compiled once each: the same state within the tolerance, and fewer matrix products in the

@@ -165,8 +165,8 @@ class Twins:
 
     ``regions`` in the order they run; ``schedule``: the body run as items, each an equation index
     or ``("region", r)``; ``stacked_carry``: carry position pairs ``(k1, k2)`` carried as one
-    stacked value; ``stacks``: operand pairs stacked per step; ``why``: a sentence when nothing is
-    batched."""
+    stacked value; ``stacks``: operand pairs stacked (or reversed) per step; ``why``: a sentence
+    when nothing is batched."""
 
     regions: tuple[Region, ...]
     schedule: tuple[Any, ...]
@@ -174,6 +174,7 @@ class Twins:
     stacks: int
     why: str = ""
     scan: Any = None  # the scan whose body the indices refer to (its jit calls inlined)
+    reverses: int = 0  # of ``stacks``: operands read in the opposite orientation (``x[::-1]``)
 
     @property
     def moves(self) -> bool:
@@ -530,6 +531,33 @@ def _regions_io(eqns: list, body: Any, keep: list, peq: dict, prod: dict, canon:
     return regions
 
 
+def _swapped(reg: Region) -> Region:
+    """The region computed from its other side (row 0 and row 1 exchanged)."""
+    return Region(
+        tuple(sorted((b, a) for a, b in reg.pairs)),
+        tuple((y, x) for x, y in reg.inputs),
+        tuple((y, x) for x, y in reg.outputs),
+        reg.kernels,
+    )
+
+
+def _oriented(regions: list[Region]) -> list[Region]:
+    """Each region, in order, computed from the side that reads the most of its stacked operands
+    as they were stacked (by earlier regions or their own stacking) rather than reversed: a
+    reversed operand is a copy per step."""
+    out: list[Region] = []
+    available: set[tuple[Any, Any]] = set()
+    for reg in regions:
+        pairs = [(x, y) for x, y in reg.inputs if x is not y]
+        keep = sum((y, x) in available and (x, y) not in available for x, y in pairs)
+        swap = sum((x, y) in available and (y, x) not in available for x, y in pairs)
+        reg = _swapped(reg) if swap < keep else reg
+        available.update(p for p in reg.inputs if p[0] is not p[1])
+        available.update(reg.outputs)
+        out.append(reg)
+    return out
+
+
 def _carried_pairs(scan: C.ScanParams, regions: list[Region], pvar: dict) -> list[tuple[int, int]]:
     """Carry positions ``(k1, k2)`` read by a region as the pair ``(k1, k2)`` and written by one
     in the same orientation: carried stacked."""
@@ -591,20 +619,25 @@ def find_twins(scan: C.ScanParams) -> Twins:
             return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest", scan)
         schedule = _order(eqns, anc, keep)
 
-    regions = _regions_io(eqns, body, keep, peq, prod, canon)
+    regions = _oriented(_regions_io(eqns, body, keep, peq, prod, canon))
     if not any(r.kernels for r in regions):
         return Twins((), unchanged, (), 0, none + " (twin pairs found, but no pair of kernels)", scan)
     stacked_carry = _carried_pairs(scan, regions, pvar)
     nc = scan.num_consts
     available = {(body.invars[nc + a], body.invars[nc + b]) for a, b in stacked_carry}
-    stacks = 0
+    stacks = reverses = 0
     for reg in regions:
         for x, y in reg.inputs:
-            if x is not y and (x, y) not in available and (y, x) not in available:
+            if x is y or (x, y) in available:
+                continue
+            if (y, x) in available:
+                reverses += 1
+            else:
                 stacks += 1
                 available.add((x, y))  # stacked once, reused by later regions
         available.update(reg.outputs)
-    return Twins(tuple(regions), tuple(schedule), tuple(stacked_carry), stacks, "", scan)
+    stacks += reverses  # a reversed operand is a copy per step too
+    return Twins(tuple(regions), tuple(schedule), tuple(stacked_carry), stacks, "", scan, reverses)
 
 
 def _order(eqns: list, anc: list[int], regions: list[tuple[set[int], set[int]]]) -> list | None:
@@ -661,6 +694,16 @@ def describe(twins: Twins, scan: C.ScanParams) -> str:
     )
 
 
+def _read_pair(local: dict, x: Any, y: Any) -> Any:
+    """The value of operand pair ``(x, y)`` in a region's vmap: the pair, or the one value both
+    sides read (``Region.inputs`` lists it as ``(x, x)``, or ``(y, y)`` for a region computed from
+    its other side)."""
+    for key in ((x, y), (x, x), (y, y)):
+        if key in local:
+            return local[key]
+    raise KeyError(f"batch_twins: operand pair {x}, {y} not in the region")
+
+
 def _run_region(reg: Region, eqns: list, env: dict, stacked: dict, interp: I.Interpreter, ctx: Any) -> None:
     args, axes = [], []
     for x, y in reg.inputs:
@@ -683,9 +726,9 @@ def _run_region(reg: Region, eqns: list, env: dict, stacked: dict, interp: I.Int
         for a, b in reg.pairs:
             ea, eb = eqns[a], eqns[b]
             invals = [
-                x.val if C.is_literal(x) else local[(x, y)] if (x, y) in local else local[(x, x)]
+                x.val if C.is_literal(x) else _read_pair(local, x, y)
                 for x, y in zip(ea.invars, eb.invars, strict=True)
-            ]  # (x, x): an operand both sides read as the same value (Region.inputs)
+            ]
             outs = interp.eval_eqn(a, ea, invals, ctx)
             if not ea.primitive.multiple_results:
                 outs = [outs] if not isinstance(outs, (list, tuple)) else outs
