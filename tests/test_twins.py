@@ -204,6 +204,24 @@ def _constant_carry(c, xs):
     return jax.lax.scan(body, c, xs)
 
 
+def _swapped_region(c, xs):
+    """A region computed from its other side (net 1's equations come first in the body), reading a
+    shared bias computed twice, and writing a carried pair."""
+
+    def body(c, x):
+        w0, w1, v0, v1 = c[0], c[1], c[2], c[2] * 0.5
+        h0, h1 = x @ w0, x @ w1
+        s = jnp.tanh(h0 + h1)  # reads both: the regions before and after it
+        r1 = jnp.reshape(c[3] * jnp.ones(4), (1, 4)) * 2.0
+        u1 = ((h1 * s) + r1) @ v1
+        r0 = jnp.reshape(c[3] * jnp.ones(4), (1, 4)) * 2.0
+        u0 = ((h0 * s) + r0) @ v0
+        w1n, w0n = w1 - 0.01 * x.T @ (h1 * s), w0 - 0.01 * x.T @ (h0 * s)
+        return (w0n, w1n, c[2], c[3], c[4]), (u0.sum(), u1.sum())
+
+    return jax.lax.scan(body, c, xs)
+
+
 def _odd_inputs():
     k = jax.random.split(jax.random.PRNGKey(3), 4)
     c = (jax.random.normal(k[0], (3, 4)), jax.random.normal(k[1], (3, 4)), jax.random.normal(k[2], (4, 2)),
@@ -211,7 +229,7 @@ def _odd_inputs():
     return c, jax.random.normal(k[3], (2, 5, 3))
 
 
-@pytest.mark.parametrize("fn", [_callbacks, _near_constants, _recomputed, _constant_carry])
+@pytest.mark.parametrize("fn", [_callbacks, _near_constants, _recomputed, _constant_carry, _swapped_region])
 def test_odd_bodies_compute_the_same_function(fn):
     args = _odd_inputs()
     ref = jax.jit(fn)(*args)
@@ -247,3 +265,20 @@ def test_effects_keep_their_order():
     assert twins.find_twins(_scan_of(fn, c, xs)).moves  # the region is there to be misplaced
     jax.block_until_ready(jax.jit(twins.batch_twins().apply(fn))(c, xs))
     assert log == ["first", "second"]
+
+
+def test_two_draws_of_xlas_generator_stay_two():
+    """rng_uniform has no key and no effect in the jaxpr: two draws with the same operands are two
+    values, never numbered as one (then both twins would read the first draw)."""
+
+    def fn(c, xs):
+        def body(c, x):
+            u1, u2 = jax.lax.rng_uniform(0.0, 1.0, (5, 4)), jax.lax.rng_uniform(0.0, 1.0, (5, 4))
+            return c, ((x @ c[0]) * u1, (x @ c[1]) * u2)
+
+        return jax.lax.scan(body, c, xs)
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (3, 4))
+    xs = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 3))
+    _, (a, b) = jax.jit(twins.batch_twins().apply(fn))((w, w), xs)  # the same weights in both networks
+    assert not bool(jnp.all(a == b))

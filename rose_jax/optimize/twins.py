@@ -37,10 +37,11 @@ Legality: the two sides of a region are independent (checked on the body's depen
 region is convex and the contracted graph acyclic, so the order is one the data allow; ``vmap``
 of an equation over two rows computes each row as the equation did. Effectful equations depend on
 the previous effectful one, so the schedule keeps their order. Never paired: control flow, host
-callbacks (their functions are opaque), ``rng_bit_generator`` and random bits of keys other than
-threefry's (their batching rules are not per key); literals and constants compare by their bits.
-A custom_jvp/vjp call pairs by its primal body: side b would take side a's derivative rule if the
-rewritten iteration were differentiated (it is not), and runs under side a's named scopes.
+callbacks (their functions are opaque), ``rng_bit_generator`` / ``rng_uniform`` (XLA's own
+generator state) and random bits of keys other than threefry's (their batching rules are not per
+key); literals and constants compare by their bits. A custom_jvp/vjp call pairs by its primal
+body: side b would take side a's derivative rule if the rewritten iteration were differentiated (it
+is not), and runs under side a's named scopes.
 Refused with the reason when a body has no twin matrix products.
 
 Tolerance: a batched GEMM may be computed by a different algorithm (tile shapes, split-K) than the
@@ -83,6 +84,10 @@ KERNEL_PRIMITIVES = frozenset(
 # Equations never paired: control flow (vmap would turn a cond into both branches and a loop's
 # trip count into the longer one) and anything with effects.
 NOT_PAIRED = frozenset({C.SCAN, C.WHILE, C.COND, "cond", "while", "scan"})
+# Random numbers from XLA's own generator state (no key operand, no effect in the jaxpr): two calls
+# with the same operands differ, so they are never one value, and a vmapped pair would not draw
+# each call's own numbers.
+STATEFUL_RANDOM = frozenset({"rng_uniform", "rng_bit_generator"})
 # Seconds a batched pair of kernels saves (one launch and its latency-bound tail on a GPU) and
 # one stacking copy costs; CPU runs kernels back to back and gains little.
 KERNEL_S = {"gpu": 6e-6, "cpu": 0.5e-6}
@@ -189,7 +194,7 @@ def _pairable(eqn: Any) -> bool:
     """Pure, not control flow, not a host callback (its function is opaque), and no random bits
     whose batching rule is not per key (``rng_bit_generator``; keys other than threefry's)."""
     name = eqn.primitive.name
-    if name in NOT_PAIRED or name in C.CALLBACK_PRIMITIVES or name == "rng_bit_generator":
+    if name in NOT_PAIRED or name in C.CALLBACK_PRIMITIVES or name in STATEFUL_RANDOM:
         return False
     if C.has_effects(eqn):
         return False
@@ -552,7 +557,8 @@ def _oriented(regions: list[Region]) -> list[Region]:
         keep = sum((y, x) in available and (x, y) not in available for x, y in pairs)
         swap = sum((x, y) in available and (y, x) not in available for x, y in pairs)
         reg = _swapped(reg) if swap < keep else reg
-        available.update(p for p in reg.inputs if p[0] is not p[1])
+        # stacked in this orientation only where neither was there (a reversed read stores nothing)
+        available.update(p for p in reg.inputs if p[0] is not p[1] and (p[1], p[0]) not in available)
         available.update(reg.outputs)
         out.append(reg)
     return out
@@ -619,6 +625,10 @@ def find_twins(scan: C.ScanParams) -> Twins:
             return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest", scan)
         schedule = _order(eqns, anc, keep)
 
+    # regions in the order they run (``_order`` may run a later region first), numbered so
+    order = [item[1] for item in schedule if isinstance(item, tuple)]
+    keep = [keep[r] for r in order]
+    schedule = [("region", order.index(item[1])) if isinstance(item, tuple) else item for item in schedule]
     regions = _oriented(_regions_io(eqns, body, keep, peq, prod, canon))
     if not any(r.kernels for r in regions):
         return Twins((), unchanged, (), 0, none + " (twin pairs found, but no pair of kernels)", scan)
