@@ -159,10 +159,6 @@ class Region:
     outputs: tuple[tuple[Any, Any], ...]
     kernels: int  # pairs of kernel-launching equations
 
-    @property
-    def members(self) -> frozenset[int]:
-        return frozenset(i for p in self.pairs for i in p)
-
 
 @dataclasses.dataclass(frozen=True)
 class Twins:
@@ -292,25 +288,23 @@ def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[An
             kernels += eqns[a].primitive.name in KERNEL_PRIMITIVES
             return True
 
+        def pair_readers(x: Any, y: Any) -> None:
+            """Pair each reader of ``x`` with a reader of ``y`` at the same operand position."""
+            for ra, pa in readers.get(x, ()):
+                for rb, pb in readers.get(y, ()):
+                    if pa == pb and ra not in peq and rb not in peq and pair(ra, rb):
+                        break
+
         if not pair(a0, b0):
             return 0
         while queue or new_vars:
             while new_vars:
-                x, y = new_vars.pop()
-                for ra, pa in readers.get(x, ()):
-                    for rb, pb in readers.get(y, ()):
-                        if pa == pb and ra not in peq and rb not in peq and pair(ra, rb):
-                            break
+                pair_readers(*new_vars.pop())
             if not queue:
                 continue
             a, b = queue.pop(0)
             for x, y in zip(eqns[a].outvars, eqns[b].outvars, strict=True):
-                for ra, pa in readers.get(x, ()):
-                    if ra in peq:
-                        continue
-                    for rb, pb in readers.get(y, ()):
-                        if pa == pb and rb not in peq and pair(ra, rb):
-                            break
+                pair_readers(x, y)
             for x, y in zip(eqns[a].invars, eqns[b].invars, strict=True):
                 if (
                     C.is_var(x)
@@ -546,22 +540,33 @@ def _swapped(reg: Region) -> Region:
     )
 
 
-def _oriented(regions: list[Region]) -> list[Region]:
-    """Each region, in order, computed from the side that reads the most of its stacked operands
-    as they were stacked (by earlier regions or their own stacking) rather than reversed: a
-    reversed operand is a copy per step."""
+def _stacking(
+    regions: list[Region], available: set[tuple[Any, Any]], orient: bool
+) -> tuple[list[Region], int, int]:
+    """Walk the regions in the order they run, as :func:`_run_region` will: ``available`` holds the
+    operand pairs already stacked (a reversed read stores nothing). With ``orient``, each region is
+    first computed from the side that reads the most operands as they were stacked rather than
+    reversed (a reversed operand is a copy per step). The regions, the operands stacked and the
+    operands reversed per step."""
     out: list[Region] = []
-    available: set[tuple[Any, Any]] = set()
+    stacks = reverses = 0
     for reg in regions:
-        pairs = [(x, y) for x, y in reg.inputs if x is not y]
-        keep = sum((y, x) in available and (x, y) not in available for x, y in pairs)
-        swap = sum((x, y) in available and (y, x) not in available for x, y in pairs)
-        reg = _swapped(reg) if swap < keep else reg
-        # stacked in this orientation only where neither was there (a reversed read stores nothing)
-        available.update(p for p in reg.inputs if p[0] is not p[1] and (p[1], p[0]) not in available)
+        if orient:
+            pairs = [(x, y) for x, y in reg.inputs if x is not y]
+            keep = sum((y, x) in available and (x, y) not in available for x, y in pairs)
+            swap = sum((x, y) in available and (y, x) not in available for x, y in pairs)
+            reg = _swapped(reg) if swap < keep else reg
+        for x, y in reg.inputs:
+            if x is y or (x, y) in available:
+                continue
+            if (y, x) in available:
+                reverses += 1
+            else:
+                stacks += 1
+                available.add((x, y))  # stacked once, reused by later regions
         available.update(reg.outputs)
         out.append(reg)
-    return out
+    return out, stacks, reverses
 
 
 def _carried_pairs(scan: C.ScanParams, regions: list[Region], pvar: dict) -> list[tuple[int, int]]:
@@ -629,23 +634,13 @@ def find_twins(scan: C.ScanParams) -> Twins:
     order = [item[1] for item in schedule if isinstance(item, tuple)]
     keep = [keep[r] for r in order]
     schedule = [("region", order.index(item[1])) if isinstance(item, tuple) else item for item in schedule]
-    regions = _oriented(_regions_io(eqns, body, keep, peq, prod, canon))
+    regions, _, _ = _stacking(_regions_io(eqns, body, keep, peq, prod, canon), set(), orient=True)
     if not any(r.kernels for r in regions):
         return Twins((), unchanged, (), 0, none + " (twin pairs found, but no pair of kernels)", scan)
     stacked_carry = _carried_pairs(scan, regions, pvar)
     nc = scan.num_consts
-    available = {(body.invars[nc + a], body.invars[nc + b]) for a, b in stacked_carry}
-    stacks = reverses = 0
-    for reg in regions:
-        for x, y in reg.inputs:
-            if x is y or (x, y) in available:
-                continue
-            if (y, x) in available:
-                reverses += 1
-            else:
-                stacks += 1
-                available.add((x, y))  # stacked once, reused by later regions
-        available.update(reg.outputs)
+    carried = {(body.invars[nc + a], body.invars[nc + b]) for a, b in stacked_carry}
+    _, stacks, reverses = _stacking(regions, carried, orient=False)
     stacks += reverses  # a reversed operand is a copy per step too
     return Twins(tuple(regions), tuple(schedule), tuple(stacked_carry), stacks, "", scan, reverses)
 
@@ -739,9 +734,7 @@ def _run_region(reg: Region, eqns: list, env: dict, stacked: dict, interp: I.Int
                 x.val if C.is_literal(x) else _read_pair(local, x, y)
                 for x, y in zip(ea.invars, eb.invars, strict=True)
             ]
-            outs = interp.eval_eqn(a, ea, invals, ctx)
-            if not ea.primitive.multiple_results:
-                outs = [outs] if not isinstance(outs, (list, tuple)) else outs
+            outs = interp.eval_eqn(a, ea, invals, ctx)  # a list, one value per outvar
             for x, y, o in zip(ea.outvars, eb.outvars, outs, strict=True):
                 local[(x, y)] = o
         return [local[p] for p in reg.outputs]
