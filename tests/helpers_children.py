@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import subprocess
 
+# XLA's fast compile, for children that test plumbing, not numerics, and spend their time compiling
+# (MJX steps, Brax's trainers): less LLVM optimisation, so runtime-bound children get slower.
+FAST_COMPILE_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
 
 def run_together(commands: dict[str, tuple[list[str], dict]], cwd: str, timeout: float) -> dict:
     """``{name: (argv, env)}`` -> ``{name: CompletedProcess}`` (text stdout/stderr), started at once.

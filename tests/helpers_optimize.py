@@ -54,6 +54,14 @@ def real_iteration(name: str):
     return mod.iteration(cfg, env), mod.init(cfg, env, jax.random.PRNGKey(0))
 
 
+def first_scan(fn, *args):
+    """The decoded params (``compat.ScanParams``) of the first top-level scan of ``fn(*args)``'s jaxpr."""
+    from rose_jax.jaxpr import compat as C
+
+    eqn = next(e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "scan")
+    return C.scan_params(eqn.params)
+
+
 def assert_same_state(transform, iteration, state) -> None:
     """``transform.apply(iteration)`` and ``iteration``, jitted, give states equal within the
     transform's tolerance from ``state``."""

@@ -26,6 +26,7 @@ if ROOT not in sys.path:  # `benchmarks` is a top-level directory, not an instal
 
 from benchmarks.suite import report  # noqa: E402
 from benchmarks.suite import workloads as S  # noqa: E402
+from helpers_children import FAST_COMPILE_XLA_FLAGS  # noqa: E402
 
 
 def one_line(excinfo) -> str:
@@ -431,7 +432,7 @@ def tiny_results(tmp_path_factory):
         ["--suite", "tiny", "--out", str(out), "--compile-workers", "2"],
         timeout=600,
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+        XLA_FLAGS=FAST_COMPILE_XLA_FLAGS,
     )
     directory = out / "tiny"
     with open(directory / "results.json") as f:

@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 
+from helpers_children import FAST_COMPILE_XLA_FLAGS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # plumbing, not numerics: XLA's fast compile for the children (Brax's trainers compile twice)
 FAST_COMPILE = {
     **os.environ,
-    "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    "XLA_FLAGS": FAST_COMPILE_XLA_FLAGS,
 }
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers_children import run_together
+from helpers_children import FAST_COMPILE_XLA_FLAGS, run_together
 from rose_jax import rundir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def test_mjx_envs_train_to_completion_and_play_back(env, tmp_path):
         runs.pop("playground-ppo")  # optional package (scripts/setup.sh installs it)
     dirs = {name: tmp_path / name for name in runs}
     # plumbing, not numerics: XLA's fast compile (MJX's compiles are most of this test's time)
-    env = {**env, "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"}
+    env = {**env, "XLA_FLAGS": FAST_COMPILE_XLA_FLAGS}
     done = run_together(
         {name: ([sys.executable, "-c", SLOW_CLI, "train", *argv, "--run-dir", str(dirs[name])], env)
          for name, argv in runs.items()},

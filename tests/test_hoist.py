@@ -14,7 +14,6 @@ from jax.experimental import io_callback
 import helpers_optimize as H
 from rose_jax import trace as rtrace
 from rose_jax.compare import compare_trees
-from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import hoist
 from rose_jax.optimize.predict import CandidateContext
 
@@ -47,13 +46,8 @@ def _inputs(seed, t=7):
     return jax.random.normal(k1, (4, 4)), jax.random.normal(k2, (t, 4)), k3
 
 
-def _scan_of(fn, *args):
-    eqn = next(e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "scan")
-    return C.scan_params(eqn.params)
-
-
 def test_split_finds_the_recurrences_and_the_batched_work():
-    split = hoist.split_scan(_scan_of(learner, *_inputs(0)))
+    split = hoist.split_scan(H.first_scan(learner, *_inputs(0)))
     assert split.moves, split.why
     assert split.recur == (1, 2)  # the key and the counter; the parameters stay in the loop
     assert split.b_eqns and split.r_eqns
@@ -108,7 +102,7 @@ def test_effects_stay_in_the_loop_in_order():
         return jax.lax.scan(body, c, xs)
 
     c, xs = jnp.float32(1.0), jax.random.normal(jax.random.PRNGKey(0), (4, 3))
-    split = hoist.split_scan(_scan_of(fn, c, xs))
+    split = hoist.split_scan(H.first_scan(fn, c, xs))
     cb = [i for i, e in enumerate(split_body(fn, c, xs).eqns) if "callback" in e.primitive.name]
     assert cb and set(cb) <= set(split.m_eqns)
     ref = jax.jit(fn)(c, xs)
@@ -120,7 +114,7 @@ def test_effects_stay_in_the_loop_in_order():
 
 
 def split_body(fn, *args):
-    return _scan_of(fn, *args).body
+    return H.first_scan(fn, *args).body
 
 
 @pytest.mark.parametrize("name,loop", [("sac", "_grad_step"), ("ppo", "epoch_step")])

@@ -14,7 +14,6 @@ import pytest
 import helpers_optimize as H
 from rose_jax import trace as rtrace
 from rose_jax.compare import compare_trees
-from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import inplace
 from rose_jax.optimize.predict import CandidateContext
 
@@ -56,11 +55,6 @@ def _inputs(seed, t=6):
     return (jax.random.normal(k1, (8, 8)), jax.random.normal(k2, (8, 8))), jax.random.normal(k3, (t, 5, 8))
 
 
-def _scan_of(fn, *args):
-    eqn = next(e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "scan")
-    return C.scan_params(eqn.params)
-
-
 def _loop_copies(fn, *args) -> int:
     """Copies of carried values in the compiled while bodies (those with a dot), CPU HLO."""
     text = jax.jit(fn).lower(*args).compile().as_text()
@@ -81,13 +75,13 @@ def _loop_copies(fn, *args) -> int:
 
 @pytest.mark.parametrize("mode", inplace.MODES)
 def test_split_finds_the_tail_and_what_is_copied(mode):
-    split = inplace.split_tail(_scan_of(two_losses, *_inputs(0)), mode)
+    split = inplace.split_tail(H.first_scan(two_losses, *_inputs(0)), mode)
     assert split.moves, split.why
     # a and b are read by the other's loss and overwritten by the tail; the momenta and the
     # counter are read only by their own updates
     assert split.in_place == (0, 1)
     assert split.t_eqns and not set(split.t_eqns) & set(split.a_eqns)
-    body = _scan_of(two_losses, *_inputs(0)).body
+    body = H.first_scan(two_losses, *_inputs(0)).body
     assert not any(body.eqns[i].primitive.name == "dot_general" for i in split.t_eqns)
 
 
@@ -118,7 +112,7 @@ def test_the_model_offers_it_only_where_the_copies_outweigh_the_reads_held():
     not offered the toy's loop (the calibration that made none of the H100's measured loops
     predicted to gain, as none did)."""
     args = _inputs(0)
-    split = inplace.split_tail(_scan_of(two_losses, *args))
+    split = inplace.split_tail(H.first_scan(two_losses, *args))
     held = len(split.barrier) - len(split.in_place)
     assert len(split.in_place) - held * inplace.BARRIER_VALUE_SHARE <= 0
     ctx = CandidateContext(tree=rtrace.trace(two_losses, *args), program=None, baseline_s=1e-3)
@@ -127,7 +121,7 @@ def test_the_model_offers_it_only_where_the_copies_outweigh_the_reads_held():
 
 def test_refused_without_a_tail_or_anything_to_order():
     h, xs = jnp.ones((8, 8)), jnp.ones((3, 5, 8))
-    assert "no update tail" in inplace.split_tail(_scan_of(no_tail, h, xs)).why
+    assert "no update tail" in inplace.split_tail(H.first_scan(no_tail, h, xs)).why
     ok, why = inplace.update_in_place().legal(rtrace.trace(no_tail, h, xs))
     assert not ok and "no update tail" in why
     ok, why = inplace.update_in_place().legal(rtrace.trace(tail_only, h, xs))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
+from helpers_children import FAST_COMPILE_XLA_FLAGS
 from rose_jax import trace as rtrace
 from rose_jax.jaxpr import bounds as B
 from rose_jax.optimize import loops as L
@@ -406,7 +407,7 @@ SMOKES = {
     "brax": (
         ["--envs", "inverted_pendulum", "--only", "ppo_iteration/inverted_pendulum", "--variants",
          "options_concurrent", "--brax", "on", "--brax-iterations", "1"],
-        {"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"},
+        {"XLA_FLAGS": FAST_COMPILE_XLA_FLAGS},
     ),
     # the plumbing (the variants' equality is tested above on real MJX steps), and an options-only
     # variant: XLA GPU options inert on a CPU, so exact

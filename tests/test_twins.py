@@ -15,7 +15,6 @@ import pytest
 import helpers_optimize as H
 from rose_jax import trace as rtrace
 from rose_jax.compare import compare_trees
-from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import registry, twins
 from rose_jax.optimize.predict import CandidateContext
 
@@ -77,18 +76,13 @@ def _inputs(seed, t=5):
     return (_net(k1), _net(k2)), jax.random.normal(k3, (t, 12, 6))
 
 
-def _scan_of(fn, *args):
-    eqn = next(e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "scan")
-    return C.scan_params(eqn.params)
-
-
 def _body_dots(fn, *args) -> int:
-    return sum(e.primitive.name == "dot_general" for e in _scan_of(fn, *args).body.eqns)
+    return sum(e.primitive.name == "dot_general" for e in H.first_scan(fn, *args).body.eqns)
 
 
 def test_the_two_networks_are_paired_and_their_weights_carried_stacked():
     args = _inputs(0)
-    scan = _scan_of(twin_critics, *args)
+    scan = H.first_scan(twin_critics, *args)
     tw = twins.find_twins(scan)
     assert tw.moves, tw.why
     dots = sum(e.primitive.name == "dot_general" for e in scan.body.eqns)
@@ -142,10 +136,7 @@ def test_real_sac_iteration_same_state_and_offered_on_gpu():
     assert all(c.predicted > 0 and "kernel pairs" in c.model for c in cands)
     # each region computed from the side that reads its operands as stacked (the tiny SAC's regions
     # as built read 3 operands reversed, a copy per step each)
-    scan = next(
-        C.scan_params(e.params) for e in jax.make_jaxpr(it)(state).jaxpr.eqns if e.primitive.name == "scan"
-    )
-    assert twins.find_twins(scan).reverses == 0
+    assert twins.find_twins(H.first_scan(it, state)).reverses == 0
     # the rebuilt loop keeps its name (where specs of later transforms and the trace read it)
     assert "_grad_step" in [n.name for n in rtrace.trace(t.apply(it), state).walk() if n.kind == "scan"]
     # compiled once each: the same state within the tolerance, and fewer matrix products in the
@@ -262,7 +253,7 @@ def test_effects_keep_their_order():
         return jax.lax.scan(body, c, xs)
 
     c, xs = (jnp.ones((3, 4)), 2 * jnp.ones((3, 4))), jnp.ones((1, 5, 3))
-    assert twins.find_twins(_scan_of(fn, c, xs)).moves  # the region is there to be misplaced
+    assert twins.find_twins(H.first_scan(fn, c, xs)).moves  # the region is there to be misplaced
     jax.block_until_ready(jax.jit(twins.batch_twins().apply(fn))(c, xs))
     assert log == ["first", "second"]
 
