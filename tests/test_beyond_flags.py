@@ -108,3 +108,51 @@ def test_learning_check_only_where_the_tolerance_asks_and_failures_are_rows_note
     monkeypatch.setattr(equivalence, "checker", broken)
     note = B.learning_check_fields(job, B.transform_of("twins"), 4096)["learning_check"]
     assert note["passed"] is None and "RuntimeError: no seeds" in note["reason"]
+
+
+def _run(rate, rc=0, **kw):
+    return {"steady_env_steps_per_s": rate, "returncode": rc, "interval_rates": [rate] * 3, **kw}
+
+
+def test_acceptance_row_against_the_faster_peer_with_the_plans_tolerance_and_check(tmp_path):
+    check = {"passed": True, "p_value": 0.4, "mean_reference": 10.0, "mean_candidate": 10.2}
+    kept = {"label": "batch_twins(where=None)", "kept": True, "learning_check": check}
+    entry = {
+        "plan": [
+            {"name": "split_compile", "label": "split_compile()", "tolerance": {"rtol": 0.0, "atol": 0.0}},
+            {"name": "batch_twins", "label": "batch_twins()", "tolerance": {"rtol": 1e-2, "atol": 0.0}},
+        ],
+        "report": {"equal": True, "max_abs_diff": 1e-5, "search_time_s": 150.0, "candidates": [kept]},
+    }
+    runs = {
+        "peer_default": _run(6800.0),
+        "peer_flags": _run(9600.0),
+        "flags_only": _run(9500.0, plan_cache=[]),
+        "rose": _run(15000.0, plan_cache=[entry]),
+    }
+    row = B.acceptance_row("sac-hopper", "sac", 100_000, runs)
+    assert row["speedup_vs_informed_peer"] == pytest.approx(15000 / 9600, abs=1e-3)  # the faster peer
+    assert row["speedup_vs_flags_only"] == pytest.approx(15000 / 9500, abs=1e-3)
+    assert row["target"] == 1.5 and row["target_met"] is True
+    assert row["tolerance"]["rtol"] == 1e-2  # the loosest of the plan's transforms
+    assert row["learning_check"]["passed"] is True and row["equal"] is True
+    # a failed peer run does not count as the informed peer; a miss is a miss
+    runs["peer_flags"] = _run(20000.0, rc=1, error="boom")
+    runs["rose"] = _run(9700.0, plan_cache=[])
+    row = B.acceptance_row("sac-hopper", "sac", 100_000, runs)
+    assert row["peer_flags_env_steps_per_s"] is None and row["errors"] == {"peer_flags": "boom"}
+    assert row["speedup_vs_informed_peer"] == pytest.approx(9700 / 6800, abs=1e-3)
+    assert row["target_met"] is False
+    assert row["plan"] == ["baseline (no candidate kept)"] and row["equal"] is True
+    assert row["tolerance"]["rtol"] == 0.0
+    B.write(str(tmp_path), [], "cmd", [{k: v for k, v in row.items() if k != "_plan"}], jax_devices=False)
+    md = open(os.path.join(tmp_path, "results.md")).read()
+    assert "no (miss)" in md and "Issue 32's table" in md
+    written = json.load(open(os.path.join(tmp_path, "results.json")))
+    assert written["acceptance"][0]["workload"] == "sac-hopper"
+
+
+def test_acceptance_bad_peer_variant_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit):
+        B.main(["--acceptance", "--peer-variants", "peer_other", "--out", "/nonexistent"])
+    assert "unknown peer variant" in capsys.readouterr().err

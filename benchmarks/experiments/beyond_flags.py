@@ -312,6 +312,162 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows}
 
 
+# ----------------------------------------------------------------------------------------------
+# --acceptance: issue 32's table, one row per workload, every number from one device call
+
+# issue 32's targets: speedup over the informed peer (the faster of Brax's trainer as shipped and
+# with the best global flag)
+TARGETS = {"sac": 1.5, "ppo": 1.15}
+# env steps per acceptance run (whole runs; steady rates between progress reports, >= 3 of them)
+ACCEPTANCE_STEPS = {"sac": 100_000, "ppo": 10_000_000}
+
+
+def acceptance(name: str, args) -> dict[str, Any]:
+    """Issue 32's row for workload ``name``: Brax's trainer (``args.peer_variants``), ``rose-jax
+    train`` with its option trial (``flags_only``: our program with the best options alone) and
+    ``rose-jax train --optimize`` (``rose``: the plan ``rose_jax.optimize.optimize`` finds with
+    default candidate generation, on empty caches), each a whole run in its own process, steady
+    env-steps/s between progress reports (:mod:`benchmarks.experiments.informed_peer`'s rule); the
+    plan, its equality, tolerance and learning check from the search's report (the plan cache)."""
+    import shutil
+    import tempfile
+
+    from benchmarks.experiments import informed_peer as ip
+
+    w = ip.workloads()[name]
+    steps = int(w["steps"] if args.smoke else (args.acceptance_steps or ACCEPTANCE_STEPS[w["algo"]]))
+    runs: dict[str, dict[str, Any]] = {}
+    for v in args.peer_variants:
+        common.log(f"{name}: {v} ({steps:,} env steps)")
+        runs[v] = ip.peer_run(name, v, steps, args.smoke, args.run_timeout_s)
+    dirs = []
+    for v, variant, extra in (
+        ("flags_only", "rose_first", ()),
+        ("rose", "rose_optimize_first", tuple(args.optimize_argv)),
+    ):
+        caches = {k: tempfile.mkdtemp(prefix=f"bf-{name}-{v}-{k}-") for k in ("compile", "plans")}
+        dirs += caches.values()
+        common.log(f"{name}: {v} ({steps:,} env steps{', ' + ' '.join(extra) if extra else ''})")
+        runs[v] = ip.rose_run(name, variant, steps, args.smoke, caches, args.run_timeout_s, extra)
+        runs[v]["plan_cache"] = _plan_entries(caches["plans"])
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    return acceptance_row(name, w["algo"], steps, runs)
+
+
+def _plan_entries(cache_dir: str) -> list[dict[str, Any]]:
+    path = os.path.join(cache_dir, "plans.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        data = json.load(f)
+    return [e for e in data.values() if isinstance(e, dict) and "plan" in e]
+
+
+def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The row from the runs (pure: the table's rules, tested on the CPU without training)."""
+
+    def rate(v):
+        r = runs.get(v) or {}
+        return r.get("steady_env_steps_per_s") if r.get("returncode") == 0 else None
+
+    peers = {v: rate(v) for v in ("peer_default", "peer_flags") if v in runs}
+    best_peer = max((x for x in peers.values() if x), default=None)
+    flags_only, rose = rate("flags_only"), rate("rose")
+    rose_run = runs.get("rose") or {}
+    entries = rose_run.get("plan_cache") or []
+    report = (entries[-1].get("report") if entries else None) or {}
+    plan = (entries[-1].get("plan") if entries else None) or []
+    kept = [c for c in report.get("candidates", []) if c.get("kept")]
+    checks = [c["learning_check"] for c in kept if c.get("learning_check")]
+    tol = [t.get("tolerance") or {} for t in plan]
+    exact = {"rtol": 0.0, "atol": 0.0, "reason": "the program itself: nothing kept"}
+    tolerance = max(tol, key=lambda t: (t.get("rtol", 0.0), t.get("atol", 0.0))) if tol else exact
+    speedup = round(rose / best_peer, 3) if rose and best_peer else None
+    return {
+        "workload": name,
+        "num_timesteps": steps,
+        "peer_default_env_steps_per_s": peers.get("peer_default"),
+        "peer_flags_env_steps_per_s": peers.get("peer_flags"),
+        "flags_only_env_steps_per_s": flags_only,
+        "rose_env_steps_per_s": rose,
+        "speedup_vs_informed_peer": speedup,
+        "speedup_vs_flags_only": round(rose / flags_only, 3) if rose and flags_only else None,
+        "target": TARGETS[algo],
+        "target_met": (speedup >= TARGETS[algo]) if speedup else None,
+        "plan": [t.get("label") for t in plan] or ["baseline (no candidate kept)"],
+        # an empty plan runs the program itself; a kept plan was compared by the search
+        "equal": True if not plan else report.get("equal"),
+        "max_abs_diff": report.get("max_abs_diff"),
+        "tolerance": tolerance,
+        "learning_check": checks[0] if len(checks) == 1 else (checks or None),
+        "search_s": report.get("search_time_s"),
+        "search_speedup_on_unit": report.get("speedup"),
+        "candidates": [
+            {k: c.get(k) for k in ("label", "stage", "speedup", "equal", "max_abs_diff", "kept", "reason")}
+            for c in report.get("candidates", [])
+        ],
+        "interval_rates": {v: r.get("interval_rates") for v, r in runs.items()},
+        "end_to_end_s": {v: r.get("end_to_end_s") for v, r in runs.items()},
+        "errors": {v: r.get("error") for v, r in runs.items() if r.get("error")},
+        "command": {v: r.get("command") for v, r in runs.items()},
+        "_plan": plan,  # the plan's transforms as JSON, for plan_profile (not written)
+    }
+
+
+def plan_profile(name: str, args, options: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the optimized program's time goes: the plan's transforms (from the plan cache) applied
+    to one iteration (where they apply to it; the plan was found on ``train``'s unit), compiled
+    under ``options``, its unprofiled seconds per iteration (``args.blocks`` blocks) and its kernel
+    trace (:func:`kernel_profile`), and the floor that trace names."""
+    from rose_jax.optimize import search
+    from rose_jax.optimize.registry import transform_by_name
+
+    job, fn, state0, env_steps, _ = build(name, args.smoke)
+    program, step = f"one iteration under {args.options}", None
+    if plan:
+        try:
+            ts = [transform_by_name(t["name"], t.get("params") or {}) for t in plan]
+            host = any(t.level == "host" for t in ts)
+            step = search.compile_step(search.apply_plan(fn, ts), host=host, compiler_options=options or None)
+            program = f"one iteration with the plan ({', '.join(t.label for t in ts)}) under {args.options}"
+        except Exception as e:  # noqa: BLE001 - the plan may not apply to one iteration: say so
+            program += f" (the plan did not apply to one iteration: {type(e).__name__}: {str(e)[:120]})"
+            step = None
+    if step is None:
+        step, _ = _compile(fn, state0, options)
+    state, _ = _block(step, state0, 2)
+    per = []
+    for _ in range(args.blocks):
+        state, s = _block(step, state, args.calls)
+        per.append(s)
+    state, prof = kernel_profile(step, state, args.profile_calls)
+    ms = statistics.median(per) * 1e3
+    prof.update(program=program, ms_per_iteration=round(ms, 3), env_steps_per_s=env_steps / (ms / 1e3))
+    prof["floor"] = floor_of(prof)
+    return prof
+
+
+def floor_of(prof: dict[str, Any]) -> str:
+    """The floor a kernel trace names: kernel time where the GPU is busy most of the unprofiled
+    iteration, else the launches and the gaps between kernels."""
+    if not prof.get("available"):
+        return f"not traced ({prof.get('reason')})"
+    ms, busy = prof.get("ms_per_iteration"), prof["busy_ms_per_iteration"]
+    kernels = prof["kernels_per_iteration"]
+    share = busy / ms if ms else None
+    tops = list(prof.get("top_kernels_ms_per_iteration", {}).items())[:3]
+    top = ", ".join(f"{k} {v:.1f} ms" for k, v in tops)
+    if share is not None and share >= 0.8:
+        return f"kernel time: the GPU is busy {busy:.1f} of {ms:.1f} ms per iteration; largest: {top}"
+    return (
+        f"launches and gaps: the GPU is busy {busy:.1f} of {ms:.1f} ms per iteration "
+        f"({kernels:,.0f} kernels, median {prof['median_kernel_us']} us, median gap "
+        f"{prof.get('median_gap_us')} us under the tracer); fewer, larger kernels or a shorter "
+        "chain of dependent ones would move it, not faster kernels"
+    )
+
+
 def learning_check_fields(job, t, steps: int) -> dict[str, Any]:
     """``{"learning_check": ...}`` for a transform whose tolerance asks for one (trained here: 5
     seeds per side of ``steps`` env steps), ``{}`` for one that does not; a failed check's error is
@@ -341,13 +497,24 @@ def _learning_cell(check: dict | None) -> str:
     return f"{word}: p={check['p_value']:.2f}, means {means}"
 
 
-def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
+def write(
+    out: str,
+    rows: list[dict[str, Any]],
+    command: str,
+    acceptance: list[dict[str, Any]] | None = None,
+    jax_devices: bool = True,
+) -> None:
+    """``jax_devices=False`` while child processes still need the GPU (no CUDA context here)."""
     os.makedirs(out, exist_ok=True)
-    info = common.machine_info(jax_devices=True)
-    atomic_write_json(os.path.join(out, "results.json"), {"machine": info, "command": command, "rows": rows})
+    info = common.machine_info(jax_devices=jax_devices)
+    atomic_write_json(
+        os.path.join(out, "results.json"),
+        {"machine": info, "command": command, "rows": rows, "acceptance": list(acceptance or [])},
+    )
     lines = [
         "# Beyond the flag: restructurings vs the best XLA options alone (issue 32)",
         "",
+        *acceptance_lines(acceptance or []),
         f"{info.get('date')} on {info.get('gpu') or info.get('platform')}; command: `{command}`.",
         "Same process, same option set for every variant; steady seconds per iteration = median of "
         "the timed blocks (taken in turns); equality: `equality_iterations` iterations from the same "
@@ -392,6 +559,72 @@ def write(out: str, rows: list[dict[str, Any]], command: str) -> None:
     common.write_markdown_and_plot(out, lines, _plot, rows)
 
 
+def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
+    """Issue 32's table (``--acceptance`` rows), newest last, and each row's floor."""
+    if not acc:
+        return []
+    lines = [
+        "## Issue 32's table: against the informed peer, through `rose-jax train --optimize`",
+        "",
+        "Every number of a row comes from one device call (its `date`). Peer = Brax's own trainer with "
+        "Brax's published keywords, as shipped and with `XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode"
+        "=CONCURRENT`; flags only = `rose-jax train` (its option trial: our program with the best options "
+        "alone); rose = `rose-jax train --optimize` on empty caches (the plan `rose_jax.optimize.optimize` "
+        "finds with default candidate generation). Whole runs, each its own process; steady env-steps/s = "
+        "median rate between progress reports after the compiles (Brax: after its first two epochs). "
+        f"Targets: SAC >= {TARGETS['sac']}x, PPO >= {TARGETS['ppo']}x over the faster peer.",
+        "",
+        common.markdown_table(
+            [
+                "workload",
+                "date (device)",
+                "steps",
+                "peer default",
+                "peer flags",
+                "flags only",
+                "rose",
+                "vs informed peer",
+                "vs flags only",
+                "target met",
+                "plan",
+                "equal",
+                "tolerance",
+                "learning check",
+                "search s",
+            ],
+            [
+                [
+                    r["workload"],
+                    f"{r.get('date') or '-'} ({_short_device(r.get('device') or '-')})",
+                    common.fmt(r.get("num_timesteps"), ",.0f"),
+                    common.fmt(r.get("peer_default_env_steps_per_s"), ",.0f"),
+                    common.fmt(r.get("peer_flags_env_steps_per_s"), ",.0f"),
+                    common.fmt(r.get("flags_only_env_steps_per_s"), ",.0f"),
+                    common.fmt(r.get("rose_env_steps_per_s"), ",.0f"),
+                    common.fmt(r.get("speedup_vs_informed_peer"), ".3f"),
+                    common.fmt(r.get("speedup_vs_flags_only"), ".3f"),
+                    "-" if r.get("target_met") is None else ("yes" if r["target_met"] else "no (miss)"),
+                    "; ".join(r.get("plan") or []) or r.get("error", "-"),
+                    common.fmt_equal(r.get("equal")),
+                    f"rtol {r['tolerance'].get('rtol')}" if r.get("tolerance") else "-",
+                    _learning_cell(r["learning_check"]) if isinstance(r.get("learning_check"), dict) else "-",
+                    common.fmt(r.get("search_s")),
+                ]
+                for r in acc
+            ],
+        ),
+        "",
+    ]
+    for r in acc:
+        prof = r.get("profile") or {}
+        if prof:
+            lines.append(f"- {r['workload']} ({r.get('date')}): profiled {prof.get('program', '-')}: "
+                         f"{prof.get('floor') or prof.get('reason')}.")
+        if r.get("errors"):
+            lines.append(f"- {r['workload']} ({r.get('date')}): errors: {r['errors']}")
+    return lines + ["", "## Variants of one iteration, same options (in-process)", ""]
+
+
 def _short_device(device: str) -> str:
     """``'NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB'`` -> ``'H100'``."""
     for name in ("H200", "H100", "A100", "L4"):
@@ -434,6 +667,43 @@ def _plot(rows, path):  # pragma: no cover - drawing
     common.save_plot(fig, path)
 
 
+def _public(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "_plan"} for r in rows]
+
+
+def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict], command: str) -> int:
+    """``--acceptance``: every workload's runs (child processes), then, with ``--profile``, each
+    plan's iteration traced in this process (the GPU is this process's only after the runs)."""
+    new = []
+    for n in names:
+        try:
+            row = acceptance(n, args)
+        except Exception as e:  # noqa: BLE001 - a workload's failure is a row, the rest go on
+            common.log(f"{n}: acceptance failed: {type(e).__name__}: {e}")
+            row = {"workload": n, "error": f"{type(e).__name__}: {e}"[:300]}
+        info = common.machine_info(jax_devices=False)
+        row.update(date=info.get("date"), device=info.get("gpu") or info.get("platform"))
+        row["call_command"] = command
+        new.append(row)
+        write(args.out, rows, command, accepted + _public(new), jax_devices=False)
+    if args.profile:
+        import jax
+
+        from rose_jax.optimize import xla_options
+
+        options = xla_options.SETS[args.options] if jax.default_backend() == "gpu" else {}
+        for row in new:
+            if "error" in row:
+                continue
+            try:
+                row["profile"] = plan_profile(row["workload"], args, options, row.get("_plan") or [])
+            except Exception as e:  # noqa: BLE001 - a failed trace is a note, never lost rows
+                row["profile"] = {"available": False, "reason": f"{type(e).__name__}: {e}"[:300]}
+            write(args.out, rows, command, accepted + _public(new))
+    print(open(os.path.join(args.out, "results.md")).read())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -455,10 +725,31 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="env steps per seed of the learning check for variants whose tolerance asks for one (0: none)",
     )
+    p.add_argument(
+        "--acceptance",
+        action="store_true",
+        help="issue 32's table: Brax's trainer, rose-jax train (flags only) and rose-jax train --optimize, "
+        "whole runs in their own processes, then (with --profile) the plan's iteration traced",
+    )
+    p.add_argument("--peer-variants", default="peer_default,peer_flags", help="with --acceptance")
+    p.add_argument(
+        "--acceptance-steps", type=float, default=None, help="env steps per run (default: sac 100k, ppo 10M)"
+    )
+    p.add_argument("--run-timeout-s", type=float, default=420.0, help="with --acceptance: per run")
+    p.add_argument(
+        "--optimize-argv",
+        default="--optimize-budget none",
+        help="with --acceptance: more rose-jax train flags for the --optimize run",
+    )
     p.add_argument("--out", default=OUT_DIR)
     p.add_argument("--merge", action="store_true")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
+    args.peer_variants = [v.strip() for v in args.peer_variants.split(",") if v.strip()]
+    args.optimize_argv = args.optimize_argv.split()
+    bad_peer = [v for v in args.peer_variants if v not in ("peer_default", "peer_flags")]
+    if bad_peer:
+        p.error(f"unknown peer variant(s) {bad_peer}; known: peer_default, peer_flags")
     from benchmarks.experiments import informed_peer
     from rose_jax.optimize import xla_options
 
@@ -490,21 +781,26 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         if n not in known:
             p.error(f"unknown workload {n!r}; known: {', '.join(known)}")
+    rows: list[dict[str, Any]] = []
+    accepted: list[dict[str, Any]] = []
+    if args.merge and os.path.exists(os.path.join(args.out, "results.json")):
+        with open(os.path.join(args.out, "results.json")) as f:
+            earlier = json.load(f)
+        rows = list(earlier.get("rows", []))  # every earlier call's rows, each with its call
+        accepted = list(earlier.get("acceptance", []))
+    command = "python -m benchmarks.experiments.beyond_flags " + " ".join(argv)
+    if args.acceptance:  # children first: this process holds no GPU until every run has ended
+        return run_acceptance(args, names, rows, accepted, command)
     import jax
 
     options = xla_options.SETS[args.options] if jax.default_backend() == "gpu" else {}
-    rows: list[dict[str, Any]] = []
-    if args.merge and os.path.exists(os.path.join(args.out, "results.json")):
-        with open(os.path.join(args.out, "results.json")) as f:
-            rows = list(json.load(f).get("rows", []))  # every earlier call's rows, each with its call
-    command = "python -m benchmarks.experiments.beyond_flags " + " ".join(argv)
     for n in names:
         try:
             rows += measure(n, args, options)["rows"]
         except Exception as e:  # noqa: BLE001 - a workload's failure is a row, the rest go on
             common.log(f"{n}: failed: {type(e).__name__}: {e}")
             rows.append({"workload": n, "variant": "flags_only", "error": f"{type(e).__name__}: {e}"[:300]})
-        write(args.out, rows, command)
+        write(args.out, rows, command, accepted)
     print(open(os.path.join(args.out, "results.md")).read())
     return 0
 

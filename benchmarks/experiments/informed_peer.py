@@ -343,14 +343,22 @@ def peer_run(name: str, variant: str, steps: int, smoke: bool, timeout_s: float)
 
 
 def rose_run(
-    name: str, variant: str, steps: int, smoke: bool, caches: dict[str, str], timeout_s: float
+    name: str,
+    variant: str,
+    steps: int,
+    smoke: bool,
+    caches: dict[str, str],
+    timeout_s: float,
+    extra_argv: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """One ``rose-jax train`` process (``extra_argv``: more of its flags, e.g. ``--optimize-budget``)."""
     from algos import checkpoint
     from rose_jax import rundir
 
     argv = rose_argv(workloads()[name], steps, smoke)
     if variant.startswith("rose_optimize"):
         argv = argv + ["--optimize"]
+    argv = argv + list(extra_argv)
     run_dir = tempfile.mkdtemp(prefix=f"rose-{name}-{variant}-")
     os.rmdir(run_dir)
     cmd = [sys.executable, "-m", "rose_jax.cli", "train", *argv, "--run-dir", run_dir, "--no-tensorboard"]
