@@ -65,8 +65,20 @@ def learning_check(
     return check
 
 
-def checker(config: Any, env: Any, seeds: Sequence[int] = tuple(range(MIN_SEEDS)), **rule: Any):
-    """``transform -> LearningCheck`` for ``OptimizeOptions.learning_check``."""
+def checker(
+    config: Any,
+    env: Any,
+    seeds: Sequence[int] = tuple(range(MIN_SEEDS)),
+    steps: int | None = None,
+    **rule: Any,
+):
+    """``transform -> LearningCheck`` for ``OptimizeOptions.learning_check``; ``steps``: each seed's
+    env steps (the config's ``num_timesteps`` replaced; a config that refuses it raises its
+    one-line ``ValueError``)."""
+    if steps is not None:
+        import dataclasses
+
+        config = dataclasses.replace(config, num_timesteps=int(steps))
 
     def check(transform: Any) -> LearningCheck:
         return learning_check(config, env, transform, seeds, **rule)

@@ -628,10 +628,9 @@ def _learning_check_kw(job: Job, steps: int) -> dict[str, Any]:
     from algos import equivalence
 
     try:
-        config = dataclasses.replace(job.config, num_timesteps=int(steps))
+        return {"learning_check": equivalence.checker(job.config, job.env, steps=steps)}
     except ValueError as e:
         raise _fail(f"--learning-check-steps {steps}: {e}") from None
-    return {"learning_check": equivalence.checker(config, job.env)}
 
 
 def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None):

@@ -78,9 +78,9 @@ def test_files_from_rows(tmp_path):
 
 def test_learning_check_only_where_the_tolerance_asks_and_failures_are_rows_notes(monkeypatch):
     """A stand-in checker (this unit test's mock; the real check trains in
-    tests/test_learning_check.py): twins (reassociation tolerance) is checked with the config's
-    num_timesteps set to the steps asked, hoist (fusion tolerance) and flags_only are not, and a
-    checker that raises becomes the row's note."""
+    tests/test_learning_check.py): twins (reassociation tolerance) is checked for the steps
+    asked, hoist (fusion tolerance) and flags_only are not, and a checker that raises
+    becomes the row's note."""
     import types
 
     from algos import equivalence
@@ -88,9 +88,9 @@ def test_learning_check_only_where_the_tolerance_asks_and_failures_are_rows_note
 
     seen = []
 
-    def checker(config, env):
+    def checker(config, env, steps=None):
         def check(t):
-            seen.append((t.name, config.num_timesteps))
+            seen.append((t.name, steps))
             return LearningCheck((1.0,) * 5, (1.0,) * 5, 1.0, 1.0, 1.0, 0.0, True, "learns alike")
 
         return check
@@ -102,7 +102,7 @@ def test_learning_check_only_where_the_tolerance_asks_and_failures_are_rows_note
     assert B.learning_check_fields(job, None, 4096) == {}
     assert seen == [("batch_twins", 4096)]
 
-    def broken(config, env):
+    def broken(config, env, steps=None):
         raise RuntimeError("no seeds")
 
     monkeypatch.setattr(equivalence, "checker", broken)

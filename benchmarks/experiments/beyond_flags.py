@@ -474,13 +474,10 @@ def learning_check_fields(job, t, steps: int) -> dict[str, Any]:
     recorded, never raised."""
     if t is None or not t.tolerance.learning_check:
         return {}
-    import dataclasses
-
     from algos import equivalence
 
     try:
-        config = dataclasses.replace(job.config, num_timesteps=int(steps))
-        verdict = equivalence.checker(config, job.env)(t)
+        verdict = equivalence.checker(job.config, job.env, steps=steps)(t)
         common.log(f"learning check {t.label}: {verdict.reason}")
         return {"learning_check": verdict.to_json()}
     except Exception as e:  # noqa: BLE001 - one check's failure is a row's note, not the run's end
