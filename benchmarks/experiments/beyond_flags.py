@@ -176,6 +176,16 @@ def kernel_profile(step, state, calls: int) -> tuple[Any, dict[str, Any]]:
         by_name[base] = by_name.get(base, 0.0) + e.duration_ns
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
     by_component = component_split(kern, calls)
+    # idle time (no kernel on any stream) inside each top-level component and between two of them:
+    # where the iteration waits (host launches, loop predicates, the gaps of a dependent chain)
+    tops = [e._replace(path=(e.path or "(glue)").split("/")[0] or "(glue)") for e in kern]
+    idle: dict[str, float] = {}
+    for g in xplane.busy_and_gaps(tops)[1]:
+        key = g.path if g.before == g.after else "(between components)"
+        idle[key] = idle.get(key, 0.0) + g.duration_ns
+    for comp, ns in idle.items():
+        rec = by_component.setdefault(comp, {"kernels": 0, "kernel_ms": 0.0})
+        rec["idle_ms"] = round(ns / calls * 1e-6, 3)
     return state, {
         "available": True,
         "calls": calls,
@@ -460,8 +470,13 @@ def floor_of(prof: dict[str, Any]) -> str:
     top = ", ".join(f"{k} {v:.1f} ms" for k, v in tops)
     if share is not None and share >= 0.8:
         return f"kernel time: the GPU is busy {busy:.1f} of {ms:.1f} ms per iteration; largest: {top}"
+    idle = sorted(
+        ((c, r["idle_ms"]) for c, r in (prof.get("by_component") or {}).items() if r.get("idle_ms")),
+        key=lambda cr: -cr[1],
+    )
+    where = "; idle under the tracer: " + ", ".join(f"{c} {v:.1f} ms" for c, v in idle[:3]) if idle else ""
     return (
-        f"launches and gaps: the GPU is busy {busy:.1f} of {ms:.1f} ms per iteration "
+        f"launches and gaps: the GPU is busy {busy:.1f} of {ms:.1f} ms per iteration{where} "
         f"({kernels:,.0f} kernels, median {prof['median_kernel_us']} us, median gap "
         f"{prof.get('median_gap_us')} us under the tracer); fewer, larger kernels or a shorter "
         "chain of dependent ones would move it, not faster kernels"
@@ -642,7 +657,9 @@ def _profile_cell(p: dict | None) -> str:
     split = p.get("by_component") or {}
     if split:
         cell += "; " + ", ".join(
-            f"{c}: {r['kernels']:,.0f} kernels {r['kernel_ms']:.1f} ms" for c, r in list(split.items())[:3]
+            f"{c}: {r['kernels']:,.0f} kernels {r['kernel_ms']:.1f} ms"
+            + (f", idle {r['idle_ms']:.1f} ms" if r.get("idle_ms") is not None else "")
+            for c, r in list(split.items())[:3]
         )
     return cell
 
