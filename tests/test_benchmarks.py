@@ -254,6 +254,20 @@ def test_every_speedup_table_has_the_informed_peer_and_end_to_end_columns(tmp_pa
     assert "| ppo-ant | 1,000 | 900 | 1,000 | 1,100 | 1.10x |" in block
     assert "42 (41-42, n=2)" in block  # rose_cached: median 41.5, min-max, repeats
     assert report.informed_peer_headline(str(tmp_path / "none")) is None
+    # issue 32's table: beyond_flags --acceptance rows, written by its own writer
+    from benchmarks.experiments import beyond_flags as bf
+
+    runs = {"peer_flags": {"steady_env_steps_per_s": 9600.0, "returncode": 0},
+            "flags_only": {"steady_env_steps_per_s": 9500.0, "returncode": 0},
+            "rose": {"steady_env_steps_per_s": 9700.0, "returncode": 0, "plan_cache": []}}
+    row = {k: v for k, v in bf.acceptance_row("sac-hopper", "sac", 100_000, runs).items() if k != "_plan"}
+    row.update(date="2026-12-05 12:00 UTC", device="NVIDIA H200, 580, 143771 MiB")
+    bf.write(str(tmp_path / "beyond_flags"), [], "test", [row], jax_devices=False)
+    block = report.beyond_flags_headline(str(tmp_path))
+    assert "| sac-hopper | 2026-12-05 12:00 UTC (NVIDIA H200) | 100,000 | — | 9,600 | 9,500 | 9,700 | 1.01x" \
+        in block
+    assert "1.5x: missed" in block
+    assert report.beyond_flags_headline(str(tmp_path / "none")) is None
 
 
 def test_every_peer_runs_as_shipped_and_with_the_best_flags_in_every_row():

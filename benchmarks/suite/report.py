@@ -774,6 +774,42 @@ def informed_peer_headline(root: str | None = None) -> str | None:
     )
 
 
+def beyond_flags_headline(root: str | None = None) -> str | None:
+    """``benchmarks/results/beyond_flags``'s acceptance rows (issue 32: Brax's trainer as shipped /
+    with the flag vs ``rose-jax train`` and ``rose-jax train --optimize``, each row from one device
+    call) as a README table; None until a row was measured."""
+    path = os.path.join(root or common.RESULTS_DIR, "beyond_flags", "results.json")
+    if not os.path.exists(path):
+        return None
+    rows = [r for r in load(path).get("acceptance") or [] if "error" not in r]
+    if not rows:
+        return None
+
+    def x(v):
+        return "—" if v is None else f"{v:.2f}x"
+
+    body = [[r["workload"], f"{r.get('date', '?')} ({(r.get('device') or '?').split(',')[0]})",
+             f"{r['num_timesteps']:,}" if r.get("num_timesteps") else "—",
+             _fmt_rate(r.get("peer_default_env_steps_per_s")), _fmt_rate(r.get("peer_flags_env_steps_per_s")),
+             _fmt_rate(r.get("flags_only_env_steps_per_s")), _fmt_rate(r.get("rose_env_steps_per_s")),
+             x(r.get("speedup_vs_informed_peer")), x(r.get("speedup_vs_flags_only")),
+             f"{r.get('target')}x: " + ("met" if r.get("target_met") else "missed"),
+             "; ".join(r.get("plan") or []) or "—", common.fmt_equal(r.get("equal"))] for r in rows]
+    table = common.markdown_table(
+        ["workload", "measured", "env steps", "Brax as shipped", "Brax + flag", "rose-jax (flags only)",
+         "rose-jax --optimize", "vs informed peer", "vs flags only", "target", "plan", "equal"], body)
+    source = os.path.relpath(path, os.path.dirname(README))
+    return (
+        "Beyond the flag, issue 32's table (`python -m benchmarks.experiments.beyond_flags --acceptance`): "
+        "per row, in one device call, Brax's own trainer with the flag (and as shipped where measured), "
+        "`rose-jax train` (its option trial: the best options alone) and `rose-jax train --optimize` on "
+        "empty caches (the plan the search finds with default candidate generation); steady env-steps/s "
+        "between progress reports, whole runs in their own processes. Generated from "
+        f"`{source}`; the floor of each missed row in `{os.path.splitext(source)[0]}.md`, details in "
+        f"`{os.path.join(os.path.dirname(source), 'notes.md')}`.\n\n{table}\n"
+    )
+
+
 def default_options_headline(root: str | None = None) -> str | None:
     """``benchmarks/results/default_options`` (``rose-jax train`` as shipped vs XLA's defaults and
     the informed user's flag on the same loop, whole runs) as a README table."""
@@ -942,7 +978,15 @@ def readme_block(suite: str = "auto", root: str | None = None) -> str:
         return block
     main = _suite_headline("full", root, complete_only=True) or _suite_headline("quick", root)
     results_root = None if root is None else os.path.dirname(root)
-    blocks = [b for b in (informed_peer_headline(results_root), default_options_headline(results_root)) if b]
+    blocks = [
+        b
+        for b in (
+            informed_peer_headline(results_root),
+            beyond_flags_headline(results_root),
+            default_options_headline(results_root),
+        )
+        if b
+    ]
     blocks += [b for b in (main, _suite_headline("epoch", root)) if b]
     blocks += [b for b in (experiment_headline(n, t, results_root) for n, t in EXPERIMENTS) if b]
     blocks += [b for b in (multiprocess_headline(results_root), parity_headline(results_root)) if b]
