@@ -14,7 +14,8 @@ as its own recurrence and one batched pass ahead of it), :mod:`~.inplace` (``upd
 a loop's reads of its old carry ordered before the updates that overwrite it, so XLA stops
 copying the carry every step), :mod:`~.twins` (``batch_twins``: two same-shaped independent
 networks of a loop body, SAC's twin critics, run as one vmap with their weights carried
-stacked), :mod:`~.fuse`
+stacked), :mod:`~.early_exit` (``exit_idle_loops``: a fixed-length scan that idles once a
+carried flag is all false, MJX's line search, stopped there), :mod:`~.fuse`
 (``overlap_independent``), :mod:`~.offload`
 (``offload_component``: a metrics-only component, e.g. the evaluation, in a worker process
 behind the next call), :mod:`~.group_rollout` (env groups, in one process or in worker
@@ -27,6 +28,7 @@ names their transforms for cached plans and workers; :mod:`~.candidates` asks ev
 
 from rose_jax.compare import Comparison, compare_trees
 from rose_jax.optimize.base import EXACT, FUSION_TOLERANCE, HostStep, Tolerance, Transform, compose
+from rose_jax.optimize.early_exit import exit_idle_loops, idle_flag
 from rose_jax.optimize.fuse import overlap_independent
 from rose_jax.optimize.env_groups import ProgramTree, trace_program
 from rose_jax.optimize.group_rollout import check_collect, group_rollout
@@ -58,11 +60,13 @@ __all__ = [
     "compare_trees",
     "compile_step",
     "compose",
+    "exit_idle_loops",
     "find_twins",
     "format_report",
     "group_rollout",
     "hoist_independent",
     "hoist_invariants",
+    "idle_flag",
     "invariant_eqns",
     "known_transforms",
     "offload_component",

@@ -25,6 +25,7 @@ from rose_jax.optimize.base import Transform
 _FAMILIES: dict[str, tuple[str, ...]] = {
     "rose_jax.optimize.scans": ("unroll_scans", "hoist_invariants"),
     "rose_jax.optimize.hoist": ("hoist_independent",),
+    "rose_jax.optimize.early_exit": ("exit_idle_loops",),
     "rose_jax.optimize.inplace": ("update_in_place",),
     "rose_jax.optimize.twins": ("batch_twins",),
     "rose_jax.optimize.fuse": ("overlap_independent",),
