@@ -18,6 +18,9 @@ iteration ``rose-jax train`` runs (``cli.train_job``) and compiles it under the 
 - ``twins`` / ``twins:WHERE``: ``batch_twins()`` (two same-shaped independent networks of a loop
   body, SAC's twin critics, run as one vmap with their carried weights stacked, see
   ``rose_jax/optimize/twins.py``), on every scan or the matching ones;
+- ``exit`` / ``exit:K``: ``exit_idle_loops()`` (a carry-only scan proven idle once a carried flag is
+  all false, MJX's line search, run as a while loop that stops there, checking every K steps,
+  default 5; see ``rose_jax/optimize/early_exit.py``);
 - ``unroll:N``: the gradient-step (SAC) / minibatch (PPO) loops unrolled by N (``unroll_scans``),
   so that under CONCURRENT scheduling one step's tail may overlap the next one's head;
 - ``set:NAME``: the plain iteration under another option set of ``xla_options.SETS`` (e.g. the
@@ -61,7 +64,7 @@ UNROLL_LOOPS = ("_grad_step", "minibatch_step")
 
 
 # the parameterised variant forms beside VARIANTS (what both unknown-variant errors list)
-VARIANT_FORMS = "hoist:WHERE, inplace, inplace:WHERE, twins, twins:WHERE, unroll:N, set:NAME"
+VARIANT_FORMS = "hoist:WHERE, inplace, inplace:WHERE, twins, twins:WHERE, exit, exit:K, unroll:N, set:NAME"
 
 
 def UNROLL_WHERE(site) -> bool:  # noqa: N802 - a where spec, named like the constants it replaces
@@ -85,7 +88,13 @@ def build(name: str, smoke: bool):
 
 def transform_of(variant: str):
     """The Transform a variant applies (None: the plain iteration)."""
-    from rose_jax.optimize import batch_twins, hoist_independent, unroll_scans, update_in_place
+    from rose_jax.optimize import (
+        batch_twins,
+        exit_idle_loops,
+        hoist_independent,
+        unroll_scans,
+        update_in_place,
+    )
 
     if variant == "flags_only" or variant.startswith("set:"):
         return None
@@ -101,6 +110,10 @@ def transform_of(variant: str):
         return batch_twins()
     if variant.startswith("twins:"):
         return batch_twins(where=variant[6:])
+    if variant == "exit":
+        return exit_idle_loops()
+    if variant.startswith("exit:"):  # the flag checked every K steps
+        return exit_idle_loops(check_every=int(variant[5:]))
     if variant.startswith("unroll:"):
         return unroll_scans(int(variant[7:]), where=UNROLL_WHERE)
     raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, {VARIANT_FORMS}")
@@ -777,6 +790,7 @@ def main(argv: list[str] | None = None) -> int:
             and not (v.startswith("hoist:") and len(v) > 6)
             and not (v == "inplace" or (v.startswith("inplace:") and len(v) > 8))
             and not (v == "twins" or (v.startswith("twins:") and len(v) > 6))
+            and not (v == "exit" or (v.startswith("exit:") and v[5:].isdigit() and int(v[5:]) >= 1))
         ):
             p.error(
                 f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, {VARIANT_FORMS} "
