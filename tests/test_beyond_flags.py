@@ -156,3 +156,34 @@ def test_acceptance_bad_peer_variant_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit):
         B.main(["--acceptance", "--peer-variants", "peer_other", "--out", "/nonexistent"])
     assert "unknown peer variant" in capsys.readouterr().err
+
+
+def test_acceptance_writes_the_row_after_each_run(tmp_path, monkeypatch):
+    """Stand-in runs (this unit test's mock of the child processes; the CPU smoke of the real ones
+    is `beyond_flags --acceptance --smoke`): after each run the row so far is on disk, marked
+    partial, and a run that raises leaves the earlier runs' numbers written."""
+    import argparse
+
+    from benchmarks.experiments import informed_peer as ip
+
+    seen = []
+
+    def peer(name, v, steps, smoke, timeout):
+        return {"steady_env_steps_per_s": 1000.0, "returncode": 0}
+
+    def rose(name, variant, steps, smoke, caches, timeout, extra):
+        seen.append(json.load(open(tmp_path / "results.json"))["acceptance"][-1])
+        if variant == "rose_optimize_first":
+            raise RuntimeError("the call ended")
+        return {"steady_env_steps_per_s": 1100.0, "returncode": 0}
+
+    monkeypatch.setattr(ip, "peer_run", peer)
+    monkeypatch.setattr(ip, "rose_run", rose)
+    args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=["peer_flags"],
+                              run_timeout_s=10.0, optimize_argv=[], profile=False, out=str(tmp_path))
+    assert B.run_acceptance(args, ["smoke"], [], [], "cmd") == 0
+    assert seen[0]["partial"] and seen[0]["peer_flags_env_steps_per_s"] == 1000.0
+    assert seen[1]["flags_only_env_steps_per_s"] == 1100.0
+    final = json.load(open(tmp_path / "results.json"))["acceptance"]
+    assert len(final) == 1 and "the call ended" in final[0]["error"]
+    assert final[0]["flags_only_env_steps_per_s"] == 1100.0  # what was measured stays

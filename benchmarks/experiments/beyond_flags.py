@@ -345,13 +345,15 @@ TARGETS = {"sac": 1.5, "ppo": 1.15}
 ACCEPTANCE_STEPS = {"sac": 100_000, "ppo": 10_000_000}
 
 
-def acceptance(name: str, args) -> dict[str, Any]:
+def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
     """Issue 32's row for workload ``name``: Brax's trainer (``args.peer_variants``), ``rose-jax
     train`` with its option trial (``flags_only``: our program with the best options alone) and
     ``rose-jax train --optimize`` (``rose``: the plan ``rose_jax.optimize.optimize`` finds with
     default candidate generation, on empty caches), each a whole run in its own process, steady
     env-steps/s between progress reports (:mod:`benchmarks.experiments.informed_peer`'s rule); the
-    plan, its equality, tolerance and learning check from the search's report (the plan cache)."""
+    plan, its equality, tolerance and learning check from the search's report (the plan cache).
+    ``on_progress(row)``: called with the row so far after each run (``"partial": True``), so a
+    call cut short keeps what it measured."""
     import shutil
     import tempfile
 
@@ -363,6 +365,8 @@ def acceptance(name: str, args) -> dict[str, Any]:
     for v in args.peer_variants:
         common.log(f"{name}: {v} ({steps:,} env steps)")
         runs[v] = ip.peer_run(name, v, steps, args.smoke, args.run_timeout_s)
+        if on_progress:
+            on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
     dirs = []
     for v, variant, extra in (
         ("flags_only", "rose_first", ()),
@@ -373,6 +377,8 @@ def acceptance(name: str, args) -> dict[str, Any]:
         common.log(f"{name}: {v} ({steps:,} env steps{', ' + ' '.join(extra) if extra else ''})")
         runs[v] = ip.rose_run(name, variant, steps, args.smoke, caches, args.run_timeout_s, extra)
         runs[v]["plan_cache"] = _plan_entries(caches["plans"])
+        if on_progress and v != "rose":
+            on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
     return acceptance_row(name, w["algo"], steps, runs)
@@ -619,7 +625,7 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
             ],
             [
                 [
-                    r["workload"],
+                    r["workload"] + (" (partial: the call ended first)" if r.get("partial") else ""),
                     f"{r.get('date') or '-'} ({_short_device(r.get('device') or '-')})",
                     common.fmt(r.get("num_timesteps"), ",.0f"),
                     common.fmt(r.get("peer_default_env_steps_per_s"), ",.0f"),
@@ -701,13 +707,22 @@ def _public(rows: list[dict]) -> list[dict]:
 def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict], command: str) -> int:
     """``--acceptance``: every workload's runs (child processes), then, with ``--profile``, each
     plan's iteration traced in this process (the GPU is this process's only after the runs)."""
-    new = []
+    new: list[dict] = []
+    last: dict[str, dict] = {}  # each workload's row so far (kept with the error if a run raises)
+
+    def progress(row: dict) -> None:
+        last[row["workload"]] = row
+        info = common.machine_info(jax_devices=False)
+        row.update(date=info.get("date"), device=info.get("gpu") or info.get("platform"))
+        row["call_command"] = command
+        write(args.out, rows, command, accepted + _public(new + [row]), jax_devices=False)
+
     for n in names:
         try:
-            row = acceptance(n, args)
+            row = acceptance(n, args, progress)
         except Exception as e:  # noqa: BLE001 - a workload's failure is a row, the rest go on
             common.log(f"{n}: acceptance failed: {type(e).__name__}: {e}")
-            row = {"workload": n, "error": f"{type(e).__name__}: {e}"[:300]}
+            row = {**last.get(n, {"workload": n}), "error": f"{type(e).__name__}: {e}"[:300]}
         info = common.machine_info(jax_devices=False)
         row.update(date=info.get("date"), device=info.get("gpu") or info.get("platform"))
         row["call_command"] = command

@@ -788,7 +788,8 @@ def beyond_flags_headline(root: str | None = None) -> str | None:
     def x(v):
         return "—" if v is None else f"{v:.2f}x"
 
-    body = [[r["workload"], f"{r.get('date', '?')} ({(r.get('device') or '?').split(',')[0]})",
+    body = [[r["workload"] + (" (partial)" if r.get("partial") else ""),
+             f"{r.get('date', '?')} ({(r.get('device') or '?').split(',')[0]})",
              f"{r['num_timesteps']:,}" if r.get("num_timesteps") else "—",
              _fmt_rate(r.get("peer_default_env_steps_per_s")), _fmt_rate(r.get("peer_flags_env_steps_per_s")),
              _fmt_rate(r.get("flags_only_env_steps_per_s")), _fmt_rate(r.get("rose_env_steps_per_s")),
