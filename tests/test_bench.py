@@ -26,9 +26,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _env(tmp_path) -> dict:
-    """The CLI's environment: its persistent compile cache in the test's directory."""
+    """The CLI's environment: its persistent compile cache in the test's directory, and XLA's fast
+    compile (these children test plumbing, not numerics, and spend their time compiling). Imported
+    here: the children import this module (``make_broken_env``) without the tests' helpers on
+    their path."""
+    from helpers_children import FAST_COMPILE_XLA_FLAGS
+
     return {
         **os.environ,
+        "XLA_FLAGS": FAST_COMPILE_XLA_FLAGS,
         "ROSE_JAX_COMPILE_CACHE": str(tmp_path / "xla-cache"),
         "ROSE_JAX_PLAN_CACHE": str(tmp_path / "plan-cache"),
     }
