@@ -120,6 +120,9 @@ def _fast_compile(fn, *args):
     return jax.jit(fn).lower(*args).compile(compiler_options=options)
 
 
+ENV = "hopper"  # contacts from the first step: the line search runs, then stops early
+
+
 @pytest.mark.slow
 def test_real_ppo_iteration_on_mjx_hopper_is_bitwise_equal_and_a_candidate():
     """A real PPO iteration on MJX hopper (MJX's line search inside the rollout's physics): the
@@ -130,7 +133,7 @@ def test_real_ppo_iteration_on_mjx_hopper_is_bitwise_equal_and_a_candidate():
     from algos import ppo
     from rose_jax.optimize.candidates import generate_candidates
 
-    env = envs.make("hopper", backend="mjx")
+    env = envs.make(ENV, backend="mjx")
     cfg = tiny_ppo_config(num_envs=2, unroll_length=2, num_minibatches=1)
     fn = ppo.iteration(cfg, env)
     state = ppo.init(cfg, env, jax.random.PRNGKey(0))
