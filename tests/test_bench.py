@@ -313,7 +313,10 @@ def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
 def test_probe_times_each_program_alone_and_together(tmp_path, monkeypatch):
     """The GPU planner's measurement, run here on a CPU: each program's step alone, then all at
     once as processes (real child processes), positive seconds per unit for each."""
+    from helpers_children import FAST_COMPILE_XLA_FLAGS
+
     monkeypatch.setenv("ROSE_JAX_COMPILE_CACHE", str(tmp_path / "xla-cache"))
+    monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE_XLA_FLAGS)  # the probe's children: timing plumbing
     runs = bench.expand(["pendulum", "cartpole"], ["ppo"], [0, 1], sets=TINY, steps=64)
     groups = bench.plan(runs)
     lines = []
