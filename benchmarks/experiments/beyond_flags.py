@@ -710,11 +710,14 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
     new: list[dict] = []
     last: dict[str, dict] = {}  # each workload's row so far (kept with the error if a run raises)
 
-    def progress(row: dict) -> None:
-        last[row["workload"]] = row
+    def stamp(row: dict) -> dict:
         info = common.machine_info(jax_devices=False)
         row.update(date=info.get("date"), device=info.get("gpu") or info.get("platform"))
         row["call_command"] = command
+        return row
+
+    def progress(row: dict) -> None:
+        last[row["workload"]] = stamp(row)
         write(args.out, rows, command, accepted + _public(new + [row]), jax_devices=False)
 
     for n in names:
@@ -723,10 +726,7 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
         except Exception as e:  # noqa: BLE001 - a workload's failure is a row, the rest go on
             common.log(f"{n}: acceptance failed: {type(e).__name__}: {e}")
             row = {**last.get(n, {"workload": n}), "error": f"{type(e).__name__}: {e}"[:300]}
-        info = common.machine_info(jax_devices=False)
-        row.update(date=info.get("date"), device=info.get("gpu") or info.get("platform"))
-        row["call_command"] = command
-        new.append(row)
+        new.append(stamp(row))
         write(args.out, rows, command, accepted + _public(new), jax_devices=False)
     if args.profile:
         import jax

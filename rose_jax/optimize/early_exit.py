@@ -80,7 +80,7 @@ def _symbolic(jaxpr: Any, env: dict) -> list:
         ins = [_const(a, env) for a in eqn.invars]
         outs: list = [None] * len(eqn.outvars)
         if name in C.PLAIN_CALL_PRIMITIVES and not C.has_effects(eqn):
-            sub, consts = C.call_jaxpr(eqn.params)
+            sub, _ = C.call_jaxpr(eqn.params)  # its consts: unknown values
             inner = {v: ins[i] for i, v in enumerate(sub.invars) if ins[i] is not None}
             outs = _symbolic(sub, inner)
         elif name == "select_n":
