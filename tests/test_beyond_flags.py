@@ -168,10 +168,10 @@ def test_acceptance_writes_the_row_after_each_run(tmp_path, monkeypatch):
 
     seen = []
 
-    def peer(name, v, steps, smoke, timeout):
+    def peer(name, v, steps, smoke, timeout, log_path):
         return {"steady_env_steps_per_s": 1000.0, "returncode": 0}
 
-    def rose(name, variant, steps, smoke, caches, timeout, extra):
+    def rose(name, variant, steps, smoke, caches, timeout, extra, log_path):
         seen.append(json.load(open(tmp_path / "results.json"))["acceptance"][-1])
         if variant == "rose_optimize_first":
             raise RuntimeError("the call ended")
@@ -180,10 +180,31 @@ def test_acceptance_writes_the_row_after_each_run(tmp_path, monkeypatch):
     monkeypatch.setattr(ip, "peer_run", peer)
     monkeypatch.setattr(ip, "rose_run", rose)
     args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=["peer_flags"],
-                              run_timeout_s=10.0, optimize_argv=[], profile=False, out=str(tmp_path))
+                              rose_variants=["flags_only", "rose"], run_timeout_s=10.0, optimize_argv=[],
+                              profile=False, out=str(tmp_path))
     assert B.run_acceptance(args, ["smoke"], [], [], "cmd") == 0
     assert seen[0]["partial"] and seen[0]["peer_flags_env_steps_per_s"] == 1000.0
     assert seen[1]["flags_only_env_steps_per_s"] == 1100.0
     final = json.load(open(tmp_path / "results.json"))["acceptance"]
     assert len(final) == 1 and "the call ended" in final[0]["error"]
     assert final[0]["flags_only_env_steps_per_s"] == 1100.0  # what was measured stays
+
+
+def test_acceptance_runs_only_the_rose_variants_asked_for(tmp_path, monkeypatch):
+    """Stand-in runs (mock children, as above): ``--rose-variants rose`` runs the --optimize run
+    alone, each run told where to stream its log; a bad name is an argparse error."""
+    import argparse
+
+    from benchmarks.experiments import informed_peer as ip
+
+    ran = []
+    monkeypatch.setattr(ip, "peer_run", lambda *a: ran.append(("peer", a[1], a[-1])) or {"returncode": 0})
+    monkeypatch.setattr(ip, "rose_run", lambda *a: ran.append(("rose", a[1], a[-1])) or {"returncode": 0})
+    args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=["peer_flags"],
+                              rose_variants=["rose"], run_timeout_s=10.0, optimize_argv=[], profile=False,
+                              out=str(tmp_path))
+    B.run_acceptance(args, ["smoke"], [], [], "cmd")
+    assert [(k, v) for k, v, _ in ran] == [("peer", "peer_flags"), ("rose", "rose_optimize_first")]
+    assert ran[1][2] == os.path.join(str(tmp_path), "logs", "smoke-rose.log")
+    with pytest.raises(SystemExit):
+        B.main(["--acceptance", "--rose-variants", "fast", "--out", "/nonexistent"])

@@ -161,3 +161,21 @@ def test_equality_child_compares_the_kept_options_with_the_default_build(tmp_pat
     assert ip.child_equal(argv, {}, str(out)) == 0
     data = json.loads(out.read_text())
     assert data["equal"] is True and data["max_abs_diff"] == 0.0 and data["units"] == 2
+
+
+def test_run_streams_the_log_and_keeps_it_on_timeout(tmp_path):
+    """A real child process: its output lands in the log as written, and a child cut by the
+    timeout leaves what it printed, with the timeout as the last line."""
+    import sys
+
+    from benchmarks.experiments import informed_peer as ip
+
+    log = str(tmp_path / "logs" / "ok.log")
+    rc, out, err, _ = ip._run([sys.executable, "-c", "import sys; print('a'); print('b', file=sys.stderr)"],
+                              {}, 30.0, log)
+    assert rc == 0 and "a" in open(log).read() and "b" in out
+    log = str(tmp_path / "logs" / "cut.log")
+    code = "import time; print('started', flush=True); time.sleep(30)"
+    rc, out, err, wall = ip._run([sys.executable, "-c", code], {}, 2.0, log)
+    assert rc is None and wall < 20 and "started" in open(log).read()
+    assert err.strip().splitlines()[-1] == "timed out after 2s"

@@ -364,7 +364,7 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
     runs: dict[str, dict[str, Any]] = {}
     for v in args.peer_variants:
         common.log(f"{name}: {v} ({steps:,} env steps)")
-        runs[v] = ip.peer_run(name, v, steps, args.smoke, args.run_timeout_s)
+        runs[v] = ip.peer_run(name, v, steps, args.smoke, args.run_timeout_s, _log_path(args, name, v))
         if on_progress:
             on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
     dirs = []
@@ -372,16 +372,26 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
         ("flags_only", "rose_first", ()),
         ("rose", "rose_optimize_first", tuple(args.optimize_argv)),
     ):
+        if v not in args.rose_variants:
+            continue
         caches = {k: tempfile.mkdtemp(prefix=f"bf-{name}-{v}-{k}-") for k in ("compile", "plans")}
         dirs += caches.values()
         common.log(f"{name}: {v} ({steps:,} env steps{', ' + ' '.join(extra) if extra else ''})")
-        runs[v] = ip.rose_run(name, variant, steps, args.smoke, caches, args.run_timeout_s, extra)
+        runs[v] = ip.rose_run(
+            name, variant, steps, args.smoke, caches, args.run_timeout_s, extra, _log_path(args, name, v)
+        )
         runs[v]["plan_cache"] = _plan_entries(caches["plans"])
         if on_progress and v != "rose":
             on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
     return acceptance_row(name, w["algo"], steps, runs)
+
+
+def _log_path(args, name: str, variant: str) -> str:
+    """Where a run's output is streamed (``<out>/logs/<workload>-<variant>.log``: a call cut short
+    still shows how far each run got)."""
+    return os.path.join(args.out, "logs", f"{name}-{variant}.log")
 
 
 def _plan_entries(cache_dir: str) -> list[dict[str, Any]]:
@@ -775,6 +785,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--peer-variants", default="peer_default,peer_flags", help="with --acceptance")
     p.add_argument(
+        "--rose-variants",
+        default="flags_only,rose",
+        help="with --acceptance: flags_only (rose-jax train) and/or rose (rose-jax train --optimize)",
+    )
+    p.add_argument(
         "--acceptance-steps", type=float, default=None, help="env steps per run (default: sac 100k, ppo 10M)"
     )
     p.add_argument("--run-timeout-s", type=float, default=420.0, help="with --acceptance: per run")
@@ -792,6 +807,10 @@ def main(argv: list[str] | None = None) -> int:
     bad_peer = [v for v in args.peer_variants if v not in ("peer_default", "peer_flags")]
     if bad_peer:
         p.error(f"unknown peer variant(s) {bad_peer}; known: peer_default, peer_flags")
+    args.rose_variants = [v.strip() for v in args.rose_variants.split(",") if v.strip()]
+    bad_rose = [v for v in args.rose_variants if v not in ("flags_only", "rose")]
+    if bad_rose:
+        p.error(f"unknown rose variant(s) {bad_rose}; known: flags_only, rose")
     from benchmarks.experiments import informed_peer
     from rose_jax.optimize import xla_options
 

@@ -280,8 +280,25 @@ def _trial_cost_s(info: dict[str, Any]) -> float | None:
     return round(sum(rounds * (m - med[chosen]) for m in med.values()) / 1e3, 3)
 
 
-def _run(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str, str, float]:
+def _run(
+    cmd: list[str], env: dict[str, str], timeout_s: float, log_path: str | None = None
+) -> tuple[int | None, str, str, float]:
+    """Run ``cmd``; ``(returncode or None on timeout, stdout, stderr, wall s)``. With ``log_path``,
+    stdout and stderr go to that file as the child writes them (so a call cut short still shows
+    how far the child got); both returned texts are then the whole log."""
     t0 = time.perf_counter()
+    if log_path is not None:
+        os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+        with open(log_path, "w") as f:
+            try:
+                proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                rc = None
+        with open(log_path, errors="replace") as f:
+            out = f.read()
+        err = out if rc is not None else out + f"\ntimed out after {timeout_s:.0f}s"
+        return rc, out, err, time.perf_counter() - t0
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         rc, out, err = proc.returncode, proc.stdout, proc.stderr
@@ -299,7 +316,9 @@ def _flags_env(variant: str) -> dict[str, str]:
     return env
 
 
-def peer_run(name: str, variant: str, steps: int, smoke: bool, timeout_s: float) -> dict[str, Any]:
+def peer_run(
+    name: str, variant: str, steps: int, smoke: bool, timeout_s: float, log_path: str | None = None
+) -> dict[str, Any]:
     fd, result = tempfile.mkstemp(prefix=f"peer-{name}-", suffix=".json")
     os.close(fd)
     os.unlink(result)
@@ -315,7 +334,7 @@ def peer_run(name: str, variant: str, steps: int, smoke: bool, timeout_s: float)
         result,
     ] + (["--smoke"] if smoke else [])
     env = _flags_env(variant)
-    rc, _, err, wall = _run(cmd, env, timeout_s)
+    rc, _, err, wall = _run(cmd, env, timeout_s, log_path)
     data = {}
     if os.path.exists(result):
         with open(result) as f:
@@ -350,8 +369,10 @@ def rose_run(
     caches: dict[str, str],
     timeout_s: float,
     extra_argv: tuple[str, ...] = (),
+    log_path: str | None = None,
 ) -> dict[str, Any]:
-    """One ``rose-jax train`` process (``extra_argv``: more of its flags, e.g. ``--optimize-budget``)."""
+    """One ``rose-jax train`` process (``extra_argv``: more of its flags, e.g. ``--optimize-budget``;
+    ``log_path``: its output streamed there)."""
     from algos import checkpoint
     from rose_jax import rundir
 
@@ -367,7 +388,7 @@ def rose_run(
         "ROSE_JAX_COMPILE_CACHE": caches["compile"],
         "ROSE_JAX_PLAN_CACHE": caches["plans"],
     }
-    rc, out, err, wall = _run(cmd, env, timeout_s)
+    rc, out, err, wall = _run(cmd, env, timeout_s, log_path)
     run = rundir.RunDir(run_dir)
     rows, info, summary = run.rows(), run.read_run() or {}, run.read_summary() or {}
     steady, rates = _rose_steady(rows, info)
