@@ -46,7 +46,7 @@ from rose_jax.optimize.predict import (
     scan_of,
     scans_legal,
 )
-from rose_jax.optimize.where import Where, site_select, where_label
+from rose_jax.optimize.where import Where, scan_transform, where_label
 
 # steps run between two checks of the flag (the largest divisor of the length not above it is used)
 DEFAULT_CHECK_EVERY = 5
@@ -155,7 +155,6 @@ def exit_idle_loops(where: Where = None, check_every: int = DEFAULT_CHECK_EVERY)
     See the module docstring for legality and tolerance."""
     if not isinstance(check_every, int) or check_every < 1:
         raise ValueError(f"exit_idle_loops: check_every must be an int >= 1, got {check_every!r}")
-    select = site_select(where)
 
     def legal(tree) -> tuple[bool, str]:
         return scans_legal(
@@ -192,16 +191,13 @@ def exit_idle_loops(where: Where = None, check_every: int = DEFAULT_CHECK_EVERY)
         _, carry = jax.lax.while_loop(cond, body, (jnp.int32(0), init))
         return list(carry)
 
-    def apply(fn):
-        return I.rewrite(fn, select, on_scan)
-
-    return Transform(
+    return scan_transform(
         "exit_idle_loops",
         (("where", where), ("check_every", check_every)),
         FUSION_TOLERANCE,
-        "fn",
+        where,
         legal,
-        apply,
+        on_scan,
         summary=f"stop the scan(s) at {where_label(where)} once their flag is all false",
     )
 

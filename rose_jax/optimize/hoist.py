@@ -50,7 +50,7 @@ from rose_jax.optimize.predict import (
     scan_of,
     scans_legal,
 )
-from rose_jax.optimize.where import Where, site_select, where_label
+from rose_jax.optimize.where import Where, scan_transform, where_label
 
 # The largest total size of the values batched out of one loop (every iteration's at once).
 MAX_HOIST_BYTES = 2 << 30
@@ -353,7 +353,6 @@ def hoist_independent(where: Where = None) -> Transform:
     independent carried recurrences (key chains, counters) as their own scan first, the rest of
     the carry-independent work batched over all iterations at once (``jax.vmap``), then the
     remaining loop. See the module docstring for legality and tolerance."""
-    select = site_select(where)
 
     def legal(tree):
         return scans_legal(
@@ -370,16 +369,13 @@ def hoist_independent(where: Where = None) -> Transform:
             return interp.rebuild_scan(scan, invals, site.body_ctx)
         return _run_split(scan, split, invals, site, interp)
 
-    def apply(fn):
-        return I.rewrite(fn, select, on_scan)
-
-    return Transform(
+    return scan_transform(
         "hoist_independent",
         (("where", where),),
         HOIST_TOLERANCE,
-        "fn",
+        where,
         legal,
-        apply,
+        on_scan,
         summary=f"hoist and batch the carry-independent work of the scan(s) at {where_label(where)}",
     )
 

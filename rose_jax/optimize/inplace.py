@@ -55,7 +55,7 @@ from rose_jax.optimize.predict import (
     scan_of,
     scans_legal,
 )
-from rose_jax.optimize.where import Where, site_select, where_label
+from rose_jax.optimize.where import Where, scan_transform, where_label
 
 # Pure elementwise primitives (and shape-only ones, which XLA fuses into them): what an optimizer's
 # update tail is made of. Anything else (dots, reductions, gathers, RNG, loops) stays in A.
@@ -248,7 +248,6 @@ def update_in_place(where: Where = None, mode: str = "reads") -> Transform:
     tail reads from the rest of the body (simpler, but no fusion across it)."""
     if mode not in MODES:
         raise ValueError(f"update_in_place: mode must be one of {MODES}, got {mode!r}")
-    select = site_select(where)
 
     def legal(tree):
         return scans_legal(
@@ -265,16 +264,13 @@ def update_in_place(where: Where = None, mode: str = "reads") -> Transform:
             return interp.rebuild_scan(scan, invals, site.body_ctx)
         return _run_ordered(scan, split, invals, site, interp)
 
-    def apply(fn):
-        return I.rewrite(fn, select, on_scan)
-
-    return Transform(
+    return scan_transform(
         "update_in_place",
         (("where", where), ("mode", mode)),
         FUSION_TOLERANCE,
-        "fn",
+        where,
         legal,
-        apply,
+        on_scan,
         summary=f"update the carry of the scan(s) at {where_label(where)} in place, after its reads",
     )
 

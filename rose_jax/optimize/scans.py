@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from rose_jax.jaxpr import compat as C
-from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import FUSION_TOLERANCE, Transform
 from rose_jax.optimize.predict import (
     Candidate,
@@ -22,7 +21,7 @@ from rose_jax.optimize.predict import (
     scan_of,
     scans_legal,
 )
-from rose_jax.optimize.where import Where, site_select, tree_loops, where_label
+from rose_jax.optimize.where import Where, scan_transform, tree_loops, where_label
 
 
 def unroll_scans(factor: int | bool, where: Where = None) -> Transform:
@@ -39,7 +38,6 @@ def unroll_scans(factor: int | bool, where: Where = None) -> Transform:
             raise ValueError("unroll_scans: factor=False unrolls nothing; use an int >= 2 or True")
     elif not isinstance(factor, int) or factor < 2:
         raise ValueError(f"unroll_scans: factor must be an int >= 2 or True, got {factor!r}")
-    select = site_select(where)
 
     def legal(tree):
         loops = tree_loops(tree, where)
@@ -55,16 +53,13 @@ def unroll_scans(factor: int | bool, where: Where = None) -> Transform:
         unroll = factor if factor is True else min(int(factor), max(scan.length, 1))
         return interp.rebuild_scan(scan, invals, site.body_ctx, unroll=unroll)
 
-    def apply(fn):
-        return I.rewrite(fn, select, on_scan)
-
-    return Transform(
+    return scan_transform(
         "unroll_scans",
         (("factor", factor), ("where", where)),
         FUSION_TOLERANCE,
-        "fn",
+        where,
         legal,
-        apply,
+        on_scan,
         summary=f"unroll the scan(s) at {where_label(where)} by {factor}",
     )
 
@@ -151,7 +146,6 @@ def hoist_invariants(where: Where = None) -> Transform:
     while-loop invariant code motion already hoists much of this at compile time, so the gain is
     often zero: measured numbers decide.
     """
-    select = site_select(where)
 
     def legal(tree):
         return scans_legal(
@@ -173,16 +167,13 @@ def hoist_invariants(where: Where = None) -> Transform:
         hoisted = {v: env[v] for i in chosen for v in body.eqns[i].outvars if not C.is_dropvar(v)}
         return interp.rebuild_scan(scan, invals, site.body_ctx, hoisted=hoisted, skip=chosen)
 
-    def apply(fn):
-        return I.rewrite(fn, select, on_scan)
-
-    return Transform(
+    return scan_transform(
         "hoist_invariants",
         (("where", where),),
         FUSION_TOLERANCE,
-        "fn",
+        where,
         legal,
-        apply,
+        on_scan,
         summary=f"hoist loop-invariant equations out of the scan(s) at {where_label(where)}",
     )
 

@@ -72,7 +72,7 @@ from rose_jax.optimize.predict import (
     scan_of,
     scans_legal,
 )
-from rose_jax.optimize.where import Where, site_select, where_label
+from rose_jax.optimize.where import Where, scan_transform, where_label
 
 # Equations that launch a kernel of their own on a GPU (XLA fuses elementwise work into them or
 # around them): a pair of these run batched is one kernel fewer.
@@ -801,7 +801,6 @@ def batch_twins(where: Where = None) -> Transform:
     """Run the twin computations of the chosen scans' bodies (the two critics of SAC) as one vmap
     over stacked pairs, carrying stacked pairs stacked. See the module docstring for legality and
     tolerance."""
-    select = site_select(where)
 
     def legal(tree):
         return scans_legal(
@@ -818,16 +817,13 @@ def batch_twins(where: Where = None) -> Transform:
             return interp.rebuild_scan(scan, invals, site.body_ctx)
         return _run_batched(twins, invals, site, interp)
 
-    def apply(fn):
-        return I.rewrite(fn, select, on_scan)
-
-    return Transform(
+    return scan_transform(
         "batch_twins",
         (("where", where),),
         REASSOCIATION_TOLERANCE,
-        "fn",
+        where,
         legal,
-        apply,
+        on_scan,
         summary=f"batch the twin computations of the scan(s) at {where_label(where)} as one vmap",
     )
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import interpret as I
-from rose_jax.optimize.base import short
+from rose_jax.optimize.base import Tolerance, Transform, short
 
 Where = str | Sequence[str] | Callable[[Any], bool] | None
 
@@ -51,6 +51,26 @@ def site_select(where: Where, primitive: str = C.SCAN) -> Callable[[I.Site], boo
     (scans by default) matching ``where``."""
     match = matcher(where)
     return lambda site: site.primitive == primitive and match(site.component_path, site.name, site)
+
+
+def scan_transform(
+    name: str,
+    params: tuple[tuple[str, Any], ...],
+    tolerance: Tolerance,
+    where: Where,
+    legal: Callable[[Any], tuple[bool, str]],
+    on_scan: I.ScanRule,
+    summary: str,
+) -> Transform:
+    """The ``Transform`` of a jaxpr-level scan family (``level="fn"``): ``apply(fn)`` rewrites
+    ``fn`` with ``on_scan`` at each scan matching ``where``
+    (:func:`rose_jax.optimize.interpret.rewrite`)."""
+    select = site_select(where)
+
+    def apply(fn):
+        return I.rewrite(fn, select, on_scan)
+
+    return Transform(name, params, tolerance, "fn", legal, apply, summary=summary)
 
 
 def tree_loops(tree: Any, where: Where, kind: str = "scan") -> list:
