@@ -679,6 +679,75 @@ def test_windows_profile_without_a_gpu_falls_back_to_the_looptree_with_the_reaso
         O.optimize(slow_iteration, EXAMPLE, windows="nvml")
 
 
+def test_a_long_iteration_is_timed_one_at_a_time(monkeypatch):
+    """An iteration at least LONG_ITERATION_S long (here the 30 ms sleep against a lowered
+    threshold) is timed one per run: the report says so, and the search still keeps the faster
+    equal candidate; a short one keeps n_iters."""
+    monkeypatch.setattr(search, "LONG_ITERATION_S", 0.02)
+    _, report = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep()], n_iters=3, repeats=2)
+    assert report.n_iters == 1 and any("one iteration per timed run" in n for n in report.notes)
+    assert report.plan and report.candidates[0].kept and report.candidates[0].equal
+    monkeypatch.setattr(search, "LONG_ITERATION_S", 10.0)
+    _, report = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep()], n_iters=3, repeats=2)
+    assert report.n_iters == 3 and not any("one iteration per timed run" in n for n in report.notes)
+
+
+def test_measured_component_times_set_the_predicted_shares():
+    """With the profile's component times (``phases``), a node's share is its component's measured
+    share times its flops-and-bytes share within it; without them, flops and bytes alone. The
+    offloaded evaluation's predicted gain follows its measured time."""
+    from rose_jax.optimize import predict
+
+    program = toy.toy_program(8, 5)
+    state = toy.init(8)
+    tree = rtrace.trace(program.iteration(), state, arg_names=["state"])
+    comps = [n for n in tree.walk() if n.kind == "component" and len(n.component_path) == 1]
+    assert len(comps) >= 2
+    a, b = comps[0], comps[1]
+    phases = [
+        {"path": "(iteration)", "level": 0, "time_s": 1.0},
+        {"path": a.name, "level": 1, "time_s": 0.7},
+        {"path": "(glue)", "level": 1, "time_s": 0.05},
+    ]
+    ctx = predict.CandidateContext(tree, program, 1.0, phases=phases)
+    assert ctx.time_share(a) == pytest.approx(0.7)
+    inner = [n for n in a.walk() if n.kind != "component" and tuple(n.component_path) == (a.name,)]
+    assert inner
+    for n in inner:  # within a: its flops-and-bytes share of a, times a's measured share
+        w = predict._weight(tree, n) / predict._weight(tree, a)
+        assert ctx.time_share(n) == pytest.approx(0.7 * min(1.0, w))
+    # b was not timed: flops and bytes, as without phases
+    assert ctx.time_share(b) == predict.time_share(tree, b)
+    assert predict.CandidateContext(tree, program, 1.0).time_share(a) == predict.time_share(tree, a)
+    assert predict.phase_times(phases) == ({a.name: 0.7}, 1.0)
+
+
+def test_offloaded_evaluation_is_predicted_from_its_measured_time():
+    """PPO's unit (iterations, then the evaluation), traced: with the evaluation timed at 60 % of
+    the unit, offloading it is predicted to save 60 % of the baseline (without the profile, its
+    flops-and-bytes share)."""
+    import envs
+    from algos import registry
+
+    config = H.tiny_ppo_config(num_envs=8, unroll_length=8, num_evals=3, num_timesteps=8 * 8 * 6)
+    env = envs.make("pendulum")
+    fn = registry.get("ppo").unit_program(config, env)
+    state = jax.eval_shape(lambda k: registry.get("ppo").init(config, env, k), jax.random.PRNGKey(0))
+    tree = rtrace.trace(fn, state, arg_names=["state"])
+    phases = [
+        {"path": "(iteration)", "level": 0, "time_s": 2.0},
+        {"path": "evaluate", "level": 1, "time_s": 1.2},
+    ]
+
+    def offload(cands):
+        return next(c for c in cands if c.transform.name == "offload_component")
+
+    timed = offload(candidates.generate_candidates(tree, None, 2.0, platform="gpu", phases=phases))
+    assert timed.predicted == pytest.approx(1.2) and "(60%)" in timed.model
+    modelled = offload(candidates.generate_candidates(tree, None, 2.0, platform="gpu"))
+    assert modelled.predicted != pytest.approx(1.2)
+
+
 def test_search_rejects_illegal_and_mixing_group_candidates():
     program = toy.toy_program(8, 5, variant="mixing")
     cands = [O.group_rollout(2, "interleaved"), O.unroll_scans(2, where="no_such_loop")]

@@ -40,12 +40,15 @@ def generate_candidates(
     group_sizes: Sequence[int] = (2, 4),
     group_modes: Sequence[str] = ("interleaved", "processes"),
     families: Sequence[str] | None = None,
+    phases: Sequence[dict] | None = None,
 ) -> list[Candidate]:
     """Every family's candidates for the windows (or, without windows, every loop by cost), with
     predicted gains, highest first (ties in family order).
 
     ``families``: transform names to generate (e.g. ``("stream_overlap", "split_compile")``);
-    None: all. Families that make none of them are not asked.
+    None: all. Families that make none of them are not asked. ``phases``: the profile's timed
+    components (``path``, ``level``, ``time_s``), so that predictions rest on measured component
+    times (:func:`rose_jax.optimize.predict.measured_share`).
     """
     ctx = CandidateContext(
         tree,
@@ -56,6 +59,7 @@ def generate_candidates(
         tuple(unroll_factors),
         tuple(group_sizes),
         tuple(group_modes),
+        phases,
     )
     wanted = None if families is None else set(families)
     out: list[Candidate] = []

@@ -9,7 +9,11 @@ models, not measurements (the search measures every candidate it keeps); a gener
 may be illegal (the search then refuses it with the reason).
 
 The shared model: a node's share of the iteration is its flops + bytes/4 (times the trip counts
-of the loops around it) over the root's (:func:`time_share`); a profiled low-activity window lies
+of the loops around it) over the root's (:func:`time_share`). Where the profile timed the
+components (``phases``: seconds per iteration by component path), the share is measured instead:
+its component's measured share of the iteration, times the node's flops-and-bytes share within that
+component (:func:`measured_share`; flops say little about latency-bound physics, whose small
+kernels set the time). A profiled low-activity window lies
 in a node when their component paths meet (:func:`idle_for`); without a window a loop is assumed
 :data:`ASSUMED_IDLE_SHARE` idle; a compiled loop costs :data:`LOOP_OVERHEAD_S` per iteration.
 """
@@ -64,6 +68,45 @@ def time_share(tree, node) -> float:
 
     total = w(tree.root)
     return 0.0 if total <= 0 else min(1.0, w(node) * outer_trips(tree, node) / total)
+
+
+def _weight(tree, node) -> float:
+    return (float(node.cost.flops) + float(node.cost.bytes) / 4.0) * outer_trips(tree, node)
+
+
+def phase_times(phases) -> tuple[dict[str, float], float | None]:
+    """Profiled phases (``path``, ``level``, ``time_s``: seconds per iteration; level 0 is the
+    whole iteration) as ``({component path: seconds}, iteration seconds or None)``."""
+    by_path: dict[str, float] = {}
+    total = None
+    for p in sorted(phases or (), key=lambda p: p["level"]):
+        if p["level"] == 0:
+            total = float(p["time_s"])
+        elif not p["path"].startswith("("):  # "(glue)": no component
+            by_path.setdefault(p["path"], float(p["time_s"]))
+    if total is None and phases:
+        total = sum(float(p["time_s"]) for p in phases if p["level"] == 1) or None
+    return by_path, total
+
+
+def measured_share(tree, node, by_path: dict[str, float], total_s: float | None) -> float | None:
+    """``node``'s share of the iteration from profiled component times: the measured share of
+    the deepest timed component around it, times its flops-and-bytes share of that component's
+    nodes (None: no timed component around it)."""
+    if not by_path or not total_s or total_s <= 0:
+        return None
+    path = tuple(node.component_path)
+    for k in range(len(path), 0, -1):
+        key = "/".join(path[:k])
+        if key in by_path:
+            comp = path[:k]
+            break
+    else:
+        return None
+    comps = [n for n in tree.walk() if n.kind == "component" and tuple(n.component_path) == comp]
+    whole = sum(_weight(tree, n) for n in comps)
+    within = 1.0 if whole <= 0 else min(1.0, _weight(tree, node) / whole)
+    return min(1.0, by_path[key] / total_s * within)
 
 
 def windows_by_path(windows) -> dict[str, float]:
@@ -156,8 +199,10 @@ class CandidateContext:
     :class:`~rose_jax.program.Program` it traces, or None for a plain function; ``baseline_s``:
     the untransformed iteration's seconds (predictions are in seconds per iteration);
     ``windows``: profiled low-activity windows or None (``by_path``: their idle SM-seconds by
-    component path); ``platform``: the JAX backend (``"cpu"``, ``"gpu"``); the rest are the
-    variants the search tries (unroll factors, env-group sizes and modes).
+    component path); ``phases``: the profile's timed components (``path``, ``level``,
+    ``time_s`` per iteration) or None (then shares are flops-and-bytes shares); ``platform``:
+    the JAX backend (``"cpu"``, ``"gpu"``); the rest are the variants the search tries (unroll
+    factors, env-group sizes and modes).
     """
 
     tree: Any
@@ -168,10 +213,16 @@ class CandidateContext:
     unroll_factors: Sequence[int] = (2, 4, 8)
     group_sizes: Sequence[int] = (2, 4)
     group_modes: Sequence[str] = ("interleaved", "processes")
+    phases: Sequence[dict] | None = None
     by_path: dict = dataclasses.field(init=False, compare=False, repr=False)
+    phase_s: dict = dataclasses.field(init=False, compare=False, repr=False)
+    phase_total_s: float | None = dataclasses.field(init=False, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "by_path", windows_by_path(self.windows))
+        phase_s, total = phase_times(self.phases)
+        object.__setattr__(self, "phase_s", phase_s)
+        object.__setattr__(self, "phase_total_s", total)
 
     @property
     def loop_overhead_s(self) -> float:
@@ -183,8 +234,10 @@ class CandidateContext:
         return idle_for(node, self.by_path)
 
     def time_share(self, node) -> float:
-        """:func:`time_share` of ``node`` in this context's tree."""
-        return time_share(self.tree, node)
+        """``node``'s share of the iteration: :func:`measured_share` where the profile timed a
+        component around it, else :func:`time_share` (flops and bytes)."""
+        measured = measured_share(self.tree, node, self.phase_s, self.phase_total_s)
+        return time_share(self.tree, node) if measured is None else measured
 
 
 __all__ = [
@@ -195,8 +248,10 @@ __all__ = [
     "candidate_scans",
     "idle_for",
     "loop_time",
+    "measured_share",
     "moved_out_gain",
     "outer_trips",
+    "phase_times",
     "scan_of",
     "scans_legal",
     "time_share",

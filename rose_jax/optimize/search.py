@@ -81,6 +81,10 @@ DETERMINISTIC = {"xla_gpu_deterministic_ops": True}
 # ------------------------------------------------------------------------------- options
 
 
+# Seconds from which one iteration is timed alone (``n_iters`` becomes 1 for the search).
+LONG_ITERATION_S = 0.5
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizeOptions:
     """How :func:`optimize` searches (every field has the keyword of ``optimize(...)``).
@@ -478,9 +482,21 @@ class _Search:
         # whose equality is checked is refused with it)
         self.reference_error: str | None = None
         self.base_step = compile_step(target)
+        jax.block_until_ready(self.base_step(state))  # compile
+        _, first_s = measure.run_iterations(self.base_step, state, 1)
+        if opts.n_iters > 1 and first_s >= LONG_ITERATION_S:
+            # a long iteration (e.g. an epoch with its evaluation) is timed one at a time: its
+            # timing noise is small against it, and a search of 3-iteration runs of a 2 s epoch
+            # spends its budget before its first candidate
+            opts = self.opts = dataclasses.replace(opts, n_iters=1)
+            report.n_iters = 1
+            report.notes.append(
+                f"one iteration per timed run: the baseline's iteration takes {first_s:.2f} s "
+                f"(>= {LONG_ITERATION_S:g} s)"
+            )
         # the baseline, measured twice (the spread decides what "faster" means)
         n, r = opts.n_iters, opts.repeats
-        self.ref_state, t1 = measure.time_repeats(self.base_step, state, n, r)
+        self.ref_state, t1 = measure.time_repeats(self.base_step, state, n, r, warmup=False)
         self.ref_again, t2 = measure.time_repeats(self.base_step, state, n, r, warmup=False)
         report.measurements += 2 * r
         all_base = measure.Timing(t1.per_iter_s + t2.per_iter_s)
@@ -868,6 +884,11 @@ def resolve_windows(windows: Any, fn: Callable, state: Any, say: Callable[[str],
         reason = f"profile has no activity series ({tl.metadata.get('activity')}): LoopTree-only search"
         return None, {"source": "looptree", "reason": reason, "profile_s": time.perf_counter() - t0}
     found = rp.find_windows(tl)
+    # the timed components, so that predicted gains rest on measured shares of the iteration
+    phases = [
+        {"path": p.path, "level": p.level, "time_s": p.time_per_iteration_s}
+        for p in rp.phase_idle_summary(tl)
+    ]
     top = [
         {
             "path": w.path,
@@ -878,7 +899,8 @@ def resolve_windows(windows: Any, fn: Callable, state: Any, say: Callable[[str],
     ]
     reason = f"{len(found)} low-activity window(s) from the profile ({why})"
     say(f"[optimize] {reason}")
-    return found, {"source": "profile", "reason": reason, "profile_s": time.perf_counter() - t0, "top": top}
+    record = {"source": "profile", "reason": reason, "profile_s": time.perf_counter() - t0, "top": top}
+    return found, {**record, "phases": phases}
 
 
 def optimize(
@@ -931,8 +953,10 @@ def optimize(
         return compile_step(result, host=_is_host(transforms)), old
 
     windows, report.windows = resolve_windows(opts.windows, base_fn, example_state, say)
-    say(f"[optimize] {name}: baseline x2 ({opts.repeats} repeats of {opts.n_iters} iterations)")
+    say(f"[optimize] {name}: compiling and timing the baseline")
     search = _Search(target, example_state, opts, report)
+    n = search.opts.n_iters
+    say(f"[optimize] {name}: baseline timed x2 ({opts.repeats} repeats of {n} iteration(s))")
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
     budget = opts.budget(search.baseline)
     if budget is not None:
@@ -950,7 +974,13 @@ def optimize(
     ptree = trace_program(program, example_state) if program is not None else None
     if opts.candidates is None:
         cands = generate_candidates(
-            tree, program, search.baseline, windows, jax.default_backend(), families=opts.families
+            tree,
+            program,
+            search.baseline,
+            windows,
+            jax.default_backend(),
+            families=opts.families,
+            phases=report.windows.get("phases"),
         )
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
