@@ -340,3 +340,13 @@ def test_quota_step_is_skipped_without_mps_with_the_reason():
     assert dict(plan[0].params)["quota"] is None
     _, off = quotas.choose_plan_quotas([O.unroll_scans(2)], epoch, None, mode="auto", timed=None, noise=0.0)
     assert off == []  # nothing multi-process: no quota step
+    # a spent search budget skips the step before anything runs, even where quotas are searched
+    import time
+
+    plan, (rec,) = quotas.choose_plan_quotas(
+        [O.offload_component("evaluate")], epoch, None, mode="search",
+        timed=lambda a, b: pytest.fail("nothing may be timed past the deadline"), noise=0.0,
+        deadline=time.perf_counter() - 1.0,
+    )
+    assert rec.status == "skipped" and "search budget is spent" in rec.reason
+    assert dict(plan[0].params)["quota"] is None

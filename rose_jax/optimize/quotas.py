@@ -142,12 +142,15 @@ def choose_plan_quotas(
     grid: Sequence[int] = (30, 50, 70),
     refine_rounds: int = 1,
     say: Callable[[str], None] = lambda s: None,
+    deadline: float | None = None,
 ) -> tuple[list[Transform], list[QuotaRecord]]:
     """The plan with quotas where they are measured to help, and one record per multi-process transform.
 
     ``timed(plan_a, plan_b)`` times two plans end to end in turns (seconds per iteration);
     ``noise`` is the spread a difference must exceed. ``mode``: ``"auto"`` (only where MPS is
     available), ``"search"`` (also without: e.g. a mock daemon in a test), ``"off"``.
+    ``deadline``: ``time.perf_counter()`` after which no quota step starts (the search's budget;
+    each skipped step says so and its transform stays without quotas).
     """
     if mode not in QUOTA_MODES:
         raise ValueError(f"optimize: quotas must be one of {QUOTA_MODES}, got {mode!r}")
@@ -161,6 +164,10 @@ def choose_plan_quotas(
         records.append(rec)
         if mode == "off":
             rec.reason = "quotas='off'"
+            continue
+        if deadline is not None and time.perf_counter() >= deadline:
+            rec.reason = "quota step skipped: the search budget is spent (plan kept without quotas)"
+            say(f"[optimize] quotas for {t.label}: {rec.reason}")
             continue
         if mode == "auto":
             ok, why = mps_available()

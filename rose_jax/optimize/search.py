@@ -750,6 +750,7 @@ class _Search:
             grid=opts.quota_grid,
             refine_rounds=opts.quota_refine_rounds,
             say=self.say,
+            deadline=self.deadline,
         )
         self.report.quotas = [dataclasses.asdict(r) for r in records]
         return plan
