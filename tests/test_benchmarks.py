@@ -268,6 +268,17 @@ def test_every_speedup_table_has_the_informed_peer_and_end_to_end_columns(tmp_pa
         in block
     assert "1.5x: missed" in block
     assert report.beyond_flags_headline(str(tmp_path / "none")) is None
+    # faster than the one peer that ran: not established; its note under the table; a row that
+    # measured nothing stays out
+    fast = {"steady_env_steps_per_s": 20000.0, "returncode": 0, "plan_cache": []}
+    one = bf.acceptance_row("sac-hopper", "sac", 100_000, {"peer_flags": runs["peer_flags"], "rose": fast})
+    one = {k: v for k, v in one.items() if k != "_plan"}
+    one["note"] = "one run per side"
+    empty = {"workload": "ppo-ant", "num_timesteps": 1, "errors": {"rose": "timed out"}}
+    bf.write(str(tmp_path / "beyond_flags"), [], "test", [one, empty], jax_devices=False)
+    block = report.beyond_flags_headline(str(tmp_path))
+    assert "1.5x: not established" in block and "- sac-hopper, ?: one run per side" in block
+    assert "ppo-ant" not in block
 
 
 def test_every_peer_runs_as_shipped_and_with_the_best_flags_in_every_row():

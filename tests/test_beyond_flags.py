@@ -145,6 +145,13 @@ def test_acceptance_row_against_the_faster_peer_with_the_plans_tolerance_and_che
     assert row["target_met"] is False
     assert row["plan"] == ["baseline (no candidate kept)"] and row["equal"] is True
     assert row["tolerance"]["rtol"] == 0.0
+    # faster than the one peer that ran: not "met" until both ran; a run cut short has no plan
+    runs["rose"] = _run(30000.0, rc=None, error="timed out after 520s", plan_cache=[])
+    cut = B.acceptance_row("sac-hopper", "sac", 100_000, {"peer_flags": _run(9600.0), "rose": _run(20000.0)})
+    assert cut["speedup_vs_informed_peer"] > 1.5 and cut["target_met"] is None
+    cut = B.acceptance_row("sac-hopper", "sac", 100_000, {"peer_flags": _run(9600.0), "rose": runs["rose"]})
+    assert cut["plan"] == ["not known: the run did not finish"] and cut["equal"] is None
+    assert cut["tolerance"] is None and cut["rose_env_steps_per_s"] is None
     B.write(str(tmp_path), [], "cmd", [{k: v for k, v in row.items() if k != "_plan"}], jax_devices=False)
     md = open(os.path.join(tmp_path, "results.md")).read()
     assert "no (miss)" in md and "Issue 32's table" in md

@@ -781,9 +781,17 @@ def beyond_flags_headline(root: str | None = None) -> str | None:
     path = os.path.join(root or common.RESULTS_DIR, "beyond_flags", "results.json")
     if not os.path.exists(path):
         return None
-    rows = [r for r in load(path).get("acceptance") or [] if "error" not in r]
+    rates = ("peer_default_env_steps_per_s", "peer_flags_env_steps_per_s", "flags_only_env_steps_per_s",
+             "rose_env_steps_per_s")
+    # rows that measured something (a call cut before any run finished is in the results file only)
+    rows = [r for r in load(path).get("acceptance") or []
+            if "error" not in r and any(r.get(k) for k in rates)]
     if not rows:
         return None
+
+    def target(r):
+        met = r.get("target_met")
+        return f"{r.get('target')}x: " + ("not established" if met is None else ("met" if met else "missed"))
 
     def x(v):
         return "—" if v is None else f"{v:.2f}x"
@@ -794,7 +802,7 @@ def beyond_flags_headline(root: str | None = None) -> str | None:
              _fmt_rate(r.get("peer_default_env_steps_per_s")), _fmt_rate(r.get("peer_flags_env_steps_per_s")),
              _fmt_rate(r.get("flags_only_env_steps_per_s")), _fmt_rate(r.get("rose_env_steps_per_s")),
              x(r.get("speedup_vs_informed_peer")), x(r.get("speedup_vs_flags_only")),
-             f"{r.get('target')}x: " + ("met" if r.get("target_met") else "missed"),
+             target(r),
              "; ".join(r.get("plan") or []) or "—", common.fmt_equal(r.get("equal"))] for r in rows]
     table = common.markdown_table(
         ["workload", "measured", "env steps", "Brax as shipped", "Brax + flag", "rose-jax (flags only)",
@@ -808,6 +816,8 @@ def beyond_flags_headline(root: str | None = None) -> str | None:
         "between progress reports, whole runs in their own processes. Generated from "
         f"`{source}`; the floor of each missed row in `{os.path.splitext(source)[0]}.md`, details in "
         f"`{os.path.join(os.path.dirname(source), 'notes.md')}`.\n\n{table}\n"
+        + "".join(f"\n- {r['workload']}, {r.get('date', '?')}: {r['note']}" for r in rows if r.get("note"))
+        + ("\n" if any(r.get("note") for r in rows) else "")
     )
 
 
