@@ -674,6 +674,7 @@ def test_windows_profile_without_a_gpu_falls_back_to_the_looptree_with_the_reaso
     w = report.windows
     assert w["source"] == "looptree" and "no SM activity can be sampled" in w["reason"]
     assert any("LoopTree-only search" in line for line in logged)
+    assert logged and all(line.startswith("[optimize +") and "s] " in line for line in logged)  # elapsed
     assert "windows: looptree" in O.format_report(report) and report.plan  # the search still ran
     with pytest.raises(ValueError, match="windows must be None, 'profile' or a list of Windows"):
         O.optimize(slow_iteration, EXAMPLE, windows="nvml")

@@ -925,8 +925,15 @@ def optimize(
     if unknown:
         raise ValueError(f"optimize: unknown option(s) {unknown}; known: {sorted(fields)}")
     opts = OptimizeOptions(**kwargs) if options is None else dataclasses.replace(options, **kwargs)
-    say = opts.log or (lambda s: None)
     t_start = time.perf_counter()
+    if opts.log is not None:  # each line says when in the search it was written
+        user_log = opts.log
+
+        def log(line: str) -> None:
+            user_log(line.replace("[optimize]", f"[optimize +{time.perf_counter() - t_start:.0f}s]", 1))
+
+        opts = dataclasses.replace(opts, log=log)
+    say = opts.log or (lambda s: None)
     program = target if isinstance(target, Program) else None
     base_fn = target.iteration() if program is not None else target
     if program is not None and program.host:
