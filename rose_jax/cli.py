@@ -649,8 +649,10 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None):
         program = job.algo.unit_program(job.config, job.env, **job.program_kwargs())
         # profile windows first and SM quotas for multi-process plans (each says in the report
         # why it was skipped where there is no GPU / MPS)
-        # by default the search may take at most a tenth of the run it serves (stopped early otherwise)
-        limits = {"run_units": job.algo.num_units(job.config), **(budget or {})}
+        # by default the search may take at most a tenth of the run it serves (stopped early otherwise);
+        # the run pays for the search, so only candidates that won on time are compared (each
+        # comparison recompiles under deterministic ops: on MJX ant's epoch about as long as a compile)
+        limits = {"run_units": job.algo.num_units(job.config), "check_slower": False, **(budget or {})}
         step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(),
                                             env_name=job.env_name, batch_size=job.config.num_envs,
                                             windows="profile", quotas="auto", log=log, **limits)

@@ -102,8 +102,9 @@ def test_envs_lists_registry(capsys):
 
 @pytest.mark.slow
 def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys, monkeypatch):
-    """`train --optimize` runs the real plan search (baseline vs candidates, equality checked), caches
-    the plan, and a second run applies the cached plan without measuring; both train the same."""
+    """`train --optimize` runs the real plan search (baseline vs candidates, equality checked for
+    those that won on time: the run pays for the search), caches the plan, and a second run applies
+    the cached plan without measuring; both train the same."""
     monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans"))
     argv = ["train", "--env", "pendulum", "--algo", "ppo", "--optimize", "--optimize-budget", "none",
             "--steps", "2048", "--set", "num_envs=16", "--set", "unroll_length=8",
@@ -112,6 +113,11 @@ def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys
     first = capsys.readouterr().out
     assert "CACHE HIT" not in first and "candidate" in first
     assert (tmp_path / "plans" / "plans.json").exists()
+    cached = json.loads((tmp_path / "plans" / "plans.json").read_text())
+    (entry,) = [e for e in cached.values() if "plan" in e]
+    measured = [c for c in entry["report"]["candidates"] if c.get("speedup") is not None]
+    assert measured and all(c["equal"] is not None for c in measured if c["kept"])
+    assert all(c["speedup"] > 1.0 for c in measured if c["equal"] is not None)  # slower: not compared
     assert cli.main([*argv, "--run-dir", str(tmp_path / "b")]) == 0
     second = capsys.readouterr().out
     assert "CACHE HIT" in second
