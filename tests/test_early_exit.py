@@ -152,3 +152,24 @@ def test_real_ppo_iteration_on_mjx_physics_is_bitwise_equal_and_a_candidate():
     assert _bitwise(outs[1], outs[0])
     (cand,) = generate_candidates(tree, None, baseline_s=1.0, platform="gpu", families=("exit_idle_loops",))
     assert cand.transform.name == "exit_idle_loops" and cand.window == "rollout/sim/_fun"
+    # the model: on a GPU the body's equations set a skipped step's time (latency-bound kernels),
+    # at most the profiled component's time; on a CPU the flops share alone
+    from rose_jax.optimize import early_exit
+    from rose_jax.optimize.predict import LOOP_OVERHEAD_S, outer_trips, scan_of
+
+    node = next(n for n in tree.walk() if n.kind == "scan" and "/".join(n.component_path + (n.name,))
+                == "rollout/sim/_fun")
+    scan = scan_of(node)
+    steps = outer_trips(tree, node) * scan.length
+    body_s = steps * len(scan.body.eqns) * early_exit.BODY_EQN_S["gpu"]
+    half = early_exit.ASSUMED_IDLE_STEPS
+    assert cand.predicted >= half * body_s - steps * LOOP_OVERHEAD_S["gpu"]
+    timed = [
+        {"path": "(iteration)", "level": 0, "time_s": 1.0},
+        {"path": "rollout", "level": 1, "time_s": 1e-9},
+    ]
+    (capped,) = generate_candidates(tree, None, baseline_s=1.0, platform="gpu", phases=timed,
+                                    families=("exit_idle_loops",))
+    assert capped.predicted <= half * (1e-9 + steps * LOOP_OVERHEAD_S["gpu"]) < cand.predicted
+    (cpu,) = generate_candidates(tree, None, baseline_s=1.0, platform="cpu", families=("exit_idle_loops",))
+    assert "0.00us per step" in cpu.model

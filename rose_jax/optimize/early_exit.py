@@ -53,6 +53,12 @@ DEFAULT_CHECK_EVERY = 5
 # the share of a matched loop's steps assumed idle by the candidate model (a model, not a
 # measurement: MJX's line search usually converges in a few of its 50 steps)
 ASSUMED_IDLE_STEPS = 0.5
+# GPU seconds per equation of a matched loop's body, per step: such a body is a chain of small
+# latency-bound kernels over all environments, whose time its flops do not tell. Calibrated on the
+# one measurement there is (H200, PPO ant's iteration, 2026-12-05 12:21,
+# benchmarks/results/beyond_flags): 54 ms saved per iteration with 800 of the line search's 1,600
+# steps (a 361-equation body) assumed skipped, 0.19 us per equation. CPU: the flops model alone.
+BODY_EQN_S = {"gpu": 0.19e-6, "cpu": 0.0}
 
 # symbolic values: ("const", python scalar) (every element equal), ("carry", k) (carry k unchanged)
 _SHAPE_ONLY = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
@@ -207,13 +213,14 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
     and, where several match (MJX's line search in the rollout and in the evaluation), one for
     all of them (``where=None``, what the H200 measurement applied).
 
-    Model, per matched scan: :data:`ASSUMED_IDLE_STEPS` of its steps skipped, each saving its share
-    of the loop's time and a loop step's overhead (:data:`rose_jax.optimize.predict.LOOP_OVERHEAD_S`,
-    the unrolling model's basis), less a predicate round trip per check of the steps that run. On
-    PPO ant (H200) it predicts about 45 ms of the rollout's line search where 54 ms per iteration
-    were measured."""
+    Model, per matched scan: :data:`ASSUMED_IDLE_STEPS` of its steps skipped, each saving the
+    loop's time per step (the larger of its share of the iteration and, on a GPU, its body's
+    equations x :data:`BODY_EQN_S`, at most the iteration or its profiled component) and a loop
+    step's overhead (:data:`rose_jax.optimize.predict.LOOP_OVERHEAD_S`, the unrolling model's
+    basis), less a predicate round trip per check of the steps that run."""
     out: list[Candidate] = []
     overhead = ctx.loop_overhead_s
+    per_eqn = BODY_EQN_S.get(ctx.platform, BODY_EQN_S["gpu"])
     gains: list[float] = []
     for node, where in candidate_scans(ctx):
         scan = scan_of(node)
@@ -223,7 +230,11 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
         loops = outer_trips(ctx.tree, node)
         steps = loops * scan.length
         checks = loops * (scan.length / every) * (1.0 - ASSUMED_IDLE_STEPS)
-        saved = ASSUMED_IDLE_STEPS * (ctx.baseline_s * ctx.time_share(node) + steps * overhead)
+        eqns = len(scan.body.eqns)
+        cap = ctx.component_s(node)
+        body_s = min(steps * eqns * per_eqn, ctx.baseline_s if cap is None else cap)
+        loop_s = max(ctx.baseline_s * ctx.time_share(node), body_s)
+        saved = ASSUMED_IDLE_STEPS * (loop_s + steps * overhead)
         gain = saved - checks * overhead
         gains.append(gain)
         out.append(
@@ -231,7 +242,8 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
                 exit_idle_loops(where),
                 where,
                 gain,
-                f"{ASSUMED_IDLE_STEPS:.0%} of {steps} steps assumed idle x (loop time share + "
+                f"{ASSUMED_IDLE_STEPS:.0%} of {steps} steps assumed idle x (loop time {loop_s * 1e3:.1f} ms: "
+                f"max(its share, {eqns} body eqns x {per_eqn * 1e6:.2f}us per step) + "
                 f"{overhead * 1e6:.0f}us per step) - {checks:.0f} predicate checks x {overhead * 1e6:.0f}us",
             )
         )

@@ -89,20 +89,25 @@ def phase_times(phases) -> tuple[dict[str, float], float | None]:
     return by_path, total
 
 
+def timed_component(node, by_path: dict[str, float]) -> tuple[str, ...] | None:
+    """The deepest component path around ``node`` that the profile timed (None: none)."""
+    path = tuple(node.component_path)
+    for k in range(len(path), 0, -1):
+        if "/".join(path[:k]) in by_path:
+            return path[:k]
+    return None
+
+
 def measured_share(tree, node, by_path: dict[str, float], total_s: float | None) -> float | None:
     """``node``'s share of the iteration from profiled component times: the measured share of
     the deepest timed component around it, times its flops-and-bytes share of that component's
     nodes (None: no timed component around it)."""
     if not by_path or not total_s or total_s <= 0:
         return None
-    path = tuple(node.component_path)
-    for k in range(len(path), 0, -1):
-        key = "/".join(path[:k])
-        if key in by_path:
-            comp = path[:k]
-            break
-    else:
+    comp = timed_component(node, by_path)
+    if comp is None:
         return None
+    key = "/".join(comp)
     comps = [n for n in tree.walk() if n.kind == "component" and tuple(n.component_path) == comp]
     whole = sum(_weight(tree, n) for n in comps)
     within = 1.0 if whole <= 0 else min(1.0, _weight(tree, node) / whole)
@@ -233,6 +238,14 @@ class CandidateContext:
         """:func:`idle_for` of ``node`` in this context's windows."""
         return idle_for(node, self.by_path)
 
+    def component_s(self, node) -> float | None:
+        """Profiled seconds per iteration of the deepest timed component around ``node``, in
+        baseline units (None: not timed)."""
+        comp = timed_component(node, self.phase_s)
+        if comp is None or not self.phase_total_s:
+            return None
+        return self.baseline_s * self.phase_s["/".join(comp)] / self.phase_total_s
+
     def time_share(self, node) -> float:
         """``node``'s share of the iteration: :func:`measured_share` where the profile timed a
         component around it, else :func:`time_share` (flops and bytes)."""
@@ -254,6 +267,7 @@ __all__ = [
     "phase_times",
     "scan_of",
     "scans_legal",
+    "timed_component",
     "time_share",
     "where_of",
     "windows_by_path",
