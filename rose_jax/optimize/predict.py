@@ -60,18 +60,16 @@ def outer_trips(tree, node) -> int:
     return trips
 
 
-def time_share(tree, node) -> float:
-    """A node's share of the iteration's work (flops + bytes/4, a crude roofline-free weight)."""
-
-    def w(n):
-        return float(n.cost.flops) + float(n.cost.bytes) / 4.0
-
-    total = w(tree.root)
-    return 0.0 if total <= 0 else min(1.0, w(node) * outer_trips(tree, node) / total)
-
-
 def _weight(tree, node) -> float:
+    """A node's work per iteration: flops + bytes/4 (a crude roofline-free weight) times the trip
+    counts of the loops around it."""
     return (float(node.cost.flops) + float(node.cost.bytes) / 4.0) * outer_trips(tree, node)
+
+
+def time_share(tree, node) -> float:
+    """A node's share of the iteration's work (:func:`_weight` over the root's)."""
+    total = _weight(tree, tree.root)
+    return 0.0 if total <= 0 else min(1.0, _weight(tree, node) / total)
 
 
 def phase_times(phases) -> tuple[dict[str, float], float | None]:
@@ -98,20 +96,27 @@ def timed_component(node, by_path: dict[str, float]) -> tuple[str, ...] | None:
     return None
 
 
+def component_share(node, by_path: dict[str, float], total_s: float | None):
+    """``(component path, its measured share of the iteration)`` of the deepest component around
+    ``node`` that the profile timed (None: none, or no iteration time)."""
+    if not by_path or not total_s or total_s <= 0:
+        return None
+    comp = timed_component(node, by_path)
+    return None if comp is None else (comp, by_path["/".join(comp)] / total_s)
+
+
 def measured_share(tree, node, by_path: dict[str, float], total_s: float | None) -> float | None:
     """``node``'s share of the iteration from profiled component times: the measured share of
     the deepest timed component around it, times its flops-and-bytes share of that component's
     nodes (None: no timed component around it)."""
-    if not by_path or not total_s or total_s <= 0:
+    found = component_share(node, by_path, total_s)
+    if found is None:
         return None
-    comp = timed_component(node, by_path)
-    if comp is None:
-        return None
-    key = "/".join(comp)
+    comp, share = found
     comps = [n for n in tree.walk() if n.kind == "component" and tuple(n.component_path) == comp]
     whole = sum(_weight(tree, n) for n in comps)
     within = 1.0 if whole <= 0 else min(1.0, _weight(tree, node) / whole)
-    return min(1.0, by_path[key] / total_s * within)
+    return min(1.0, share * within)
 
 
 def windows_by_path(windows) -> dict[str, float]:
@@ -241,10 +246,8 @@ class CandidateContext:
     def component_s(self, node) -> float | None:
         """Profiled seconds per iteration of the deepest timed component around ``node``, in
         baseline units (None: not timed)."""
-        comp = timed_component(node, self.phase_s)
-        if comp is None or not self.phase_total_s:
-            return None
-        return self.baseline_s * self.phase_s["/".join(comp)] / self.phase_total_s
+        found = component_share(node, self.phase_s, self.phase_total_s)
+        return None if found is None else self.baseline_s * found[1]
 
     def time_share(self, node) -> float:
         """``node``'s share of the iteration: :func:`measured_share` where the profile timed a
@@ -259,6 +262,7 @@ __all__ = [
     "Candidate",
     "CandidateContext",
     "candidate_scans",
+    "component_share",
     "idle_for",
     "loop_time",
     "measured_share",
