@@ -278,6 +278,11 @@ def test_every_speedup_table_has_the_informed_peer_and_end_to_end_columns(tmp_pa
     bf.write(str(tmp_path / "beyond_flags"), [], "test", [one, empty], jax_devices=False)
     block = report.beyond_flags_headline(str(tmp_path))
     assert "1.5x: not established" in block and "- sac-hopper, ?: one run per side" in block
+    # the end-to-end column: each finished run's whole wall time, in run order
+    e2e = {"rose": 395.06, "peer_flags": 144.15}
+    assert bf.end_to_end_cell({"end_to_end_s": e2e}) == "peer_flags 144 / rose 395"
+    assert bf.end_to_end_cell({"end_to_end_s": e2e, "errors": {"rose": "timed out"}}) == "peer_flags 144"
+    assert bf.end_to_end_cell({}) == "-"
     assert "ppo-ant" not in block
 
 

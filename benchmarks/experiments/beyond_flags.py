@@ -388,6 +388,10 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
     return acceptance_row(name, w["algo"], steps, runs)
 
 
+# the acceptance runs in the order they run (and are shown)
+RUN_ORDER = ("peer_default", "peer_flags", "flags_only", "rose")
+
+
 def _log_path(args, name: str, variant: str) -> str:
     """Where a run's output is streamed (``<out>/logs/<workload>-<variant>.log``: a call cut short
     still shows how far each run got)."""
@@ -643,6 +647,7 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
                 "tolerance",
                 "learning check",
                 "search s",
+                "end to end s",
             ],
             [
                 [
@@ -661,6 +666,7 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
                     f"rtol {r['tolerance'].get('rtol')}" if r.get("tolerance") else "-",
                     _learning_cell(r["learning_check"]) if isinstance(r.get("learning_check"), dict) else "-",
                     common.fmt(r.get("search_s")),
+                    end_to_end_cell(r),
                 ]
                 for r in acc
             ],
@@ -677,6 +683,14 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
         if r.get("note"):
             lines.append(f"- {r['workload']} ({r.get('date')}): {r['note']}")
     return lines + ["", "## Variants of one iteration, same options (in-process)", ""]
+
+
+def end_to_end_cell(row: dict[str, Any]) -> str:
+    """Each run's whole wall time (compile, trial and search included), ``"peer_flags 144 / rose
+    395"``; ``"-"`` where none finished."""
+    e2e, failed = row.get("end_to_end_s") or {}, row.get("errors") or {}
+    done = [v for v in RUN_ORDER if e2e.get(v) is not None and v not in failed]
+    return " / ".join(f"{v} {e2e[v]:.0f}" for v in done) or "-"
 
 
 def _short_device(device: str) -> str:

@@ -789,6 +789,8 @@ def beyond_flags_headline(root: str | None = None) -> str | None:
     if not rows:
         return None
 
+    from benchmarks.experiments import beyond_flags as bf  # its cell rules, one copy
+
     def target(r):
         met = r.get("target_met")
         return f"{r.get('target')}x: " + ("not established" if met is None else ("met" if met else "missed"))
@@ -803,10 +805,12 @@ def beyond_flags_headline(root: str | None = None) -> str | None:
              _fmt_rate(r.get("flags_only_env_steps_per_s")), _fmt_rate(r.get("rose_env_steps_per_s")),
              x(r.get("speedup_vs_informed_peer")), x(r.get("speedup_vs_flags_only")),
              target(r),
-             "; ".join(r.get("plan") or []) or "—", common.fmt_equal(r.get("equal"))] for r in rows]
+             "; ".join(r.get("plan") or []) or "—", common.fmt_equal(r.get("equal")),
+             bf.end_to_end_cell(r)] for r in rows]
     table = common.markdown_table(
         ["workload", "measured", "env steps", "Brax as shipped", "Brax + flag", "rose-jax (flags only)",
-         "rose-jax --optimize", "vs informed peer", "vs flags only", "target", "plan", "equal"], body)
+         "rose-jax --optimize", "vs informed peer", "vs flags only", "target", "plan", "equal",
+         "end to end s"], body)
     source = os.path.relpath(path, os.path.dirname(README))
     return (
         "Beyond the flag, issue 32's table (`python -m benchmarks.experiments.beyond_flags --acceptance`): "
