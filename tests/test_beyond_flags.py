@@ -215,3 +215,53 @@ def test_acceptance_runs_only_the_rose_variants_asked_for(tmp_path, monkeypatch)
     assert ran[1][2] == os.path.join(str(tmp_path), "logs", "smoke-rose.log")
     with pytest.raises(SystemExit):
         B.main(["--acceptance", "--rose-variants", "fast", "--out", "/nonexistent"])
+
+
+def test_cached_run_row_takes_its_rate_and_the_first_runs_wall_time(tmp_path, capsys):
+    """``rose_cached`` (the same --optimize command on the plan an earlier call's search left): its
+    rate is the rose column, and the first run's whole wall time is folded in from the newest earlier
+    row with the same plan; a different plan or a cut first run is not folded."""
+    entry = {"plan": [{"name": "offload_component", "label": "offload_component()", "tolerance": {}}],
+             "report": {"equal": True, "search_time_s": 300.0, "candidates": []}}
+    runs = {"peer_default": _run(200.0), "peer_flags": _run(240.0),
+            "rose_cached": _run(300.0, plan_cache=[entry], end_to_end_s=90.0)}
+    row = B.acceptance_row("ppo-ant", "ppo", 4_000_000, runs)
+    assert row["rose_env_steps_per_s"] == 300.0 and row["rose_run"] == "rose_cached"
+    assert row["plan"] == ["offload_component()"] and row["target_met"] is True
+    first = {"workload": "ppo-ant", "num_timesteps": 4_000_000, "plan": ["offload_component()"],
+             "end_to_end_s": {"rose": 400.0}, "date": "d1", "search_s": 300.0, "command": {"rose": "c"}}
+    other = {**first, "plan": ["baseline (no candidate kept)"], "end_to_end_s": {"rose": 10.0}, "date": "d2"}
+    cut = {**first, "end_to_end_s": {"rose": 520.0}, "errors": {"rose": "timed out"}, "date": "d3"}
+    folded = B.fold_first_run(row, [first, other, cut])
+    assert folded["end_to_end_s"]["rose"] == 400.0 and folded["end_to_end_s"]["rose_cached"] == 90.0
+    assert folded["first_run"]["date"] == "d1" and folded["first_run"]["search_s"] == 300.0
+    assert B.fold_first_run(row, [other, cut]) is row
+    assert "rose_cached 90" in B.end_to_end_cell(folded) and "rose 400" in B.end_to_end_cell(folded)
+    B.write(str(tmp_path), [], "cmd", [{k: v for k, v in folded.items() if k != "_plan"}], jax_devices=False)
+    assert "the rose column is the cached run" in open(os.path.join(tmp_path, "results.md")).read()
+    with pytest.raises(SystemExit):  # a cached run needs a plan cache to read
+        B.main(["--acceptance", "--rose-variants", "rose_cached", "--out", str(tmp_path)])
+    assert "needs --plan-cache" in capsys.readouterr().err
+
+
+def test_acceptance_plan_cache_is_shared_by_the_rose_runs_and_kept(tmp_path, monkeypatch):
+    """Stand-in runs (mock children, as in the tests above): with --plan-cache the rose and
+    rose_cached runs are pointed at DIR (flags_only keeps a fresh one), and DIR outlives the call."""
+    import argparse
+
+    from benchmarks.experiments import informed_peer as ip
+
+    plans = str(tmp_path / "plans")
+    seen = {}
+
+    def rose(name, variant, steps, smoke, caches, timeout, extra, log_path):
+        seen[variant] = caches["plans"]
+        return {"returncode": 0}
+
+    monkeypatch.setattr(ip, "rose_run", rose)
+    args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=[], plan_cache=plans,
+                              rose_variants=["flags_only", "rose", "rose_cached"], run_timeout_s=10.0,
+                              optimize_argv=[], profile=False, out=str(tmp_path / "out"))
+    B.run_acceptance(args, ["smoke"], [], [], "cmd")
+    assert seen["rose_optimize_first"] == plans and seen["rose_optimize_cached"] == plans
+    assert seen["rose_first"] != plans and os.path.isdir(plans)

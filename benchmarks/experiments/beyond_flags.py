@@ -368,28 +368,34 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
         if on_progress:
             on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
     dirs = []
+    kept_plans = getattr(args, "plan_cache", None)
     for v, variant, extra in (
         ("flags_only", "rose_first", ()),
         ("rose", "rose_optimize_first", tuple(args.optimize_argv)),
+        ("rose_cached", "rose_optimize_cached", tuple(args.optimize_argv)),
     ):
         if v not in args.rose_variants:
             continue
         caches = {k: tempfile.mkdtemp(prefix=f"bf-{name}-{v}-{k}-") for k in ("compile", "plans")}
         dirs += caches.values()
+        if kept_plans and v != "flags_only":  # --plan-cache: the search's plan outlives the call
+            os.makedirs(kept_plans, exist_ok=True)
+            caches["plans"] = kept_plans
         common.log(f"{name}: {v} ({steps:,} env steps{', ' + ' '.join(extra) if extra else ''})")
         runs[v] = ip.rose_run(
             name, variant, steps, args.smoke, caches, args.run_timeout_s, extra, _log_path(args, name, v)
         )
         runs[v]["plan_cache"] = _plan_entries(caches["plans"])
-        if on_progress and v != "rose":
+        if on_progress and v == "flags_only":
             on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
     return acceptance_row(name, w["algo"], steps, runs)
 
 
-# the acceptance runs in the order they run (and are shown)
-RUN_ORDER = ("peer_default", "peer_flags", "flags_only", "rose")
+# the acceptance runs in the order they run (and are shown); rose_cached: `rose-jax train --optimize`
+# again on the plan cache an earlier rose run left (--plan-cache): the user's second run
+RUN_ORDER = ("peer_default", "peer_flags", "flags_only", "rose", "rose_cached")
 
 
 def _log_path(args, name: str, variant: str) -> str:
@@ -416,8 +422,10 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
 
     peers = {v: rate(v) for v in ("peer_default", "peer_flags") if v in runs}
     best_peer = max((x for x in peers.values() if x), default=None)
-    flags_only, rose = rate("flags_only"), rate("rose")
-    rose_run = runs.get("rose") or {}
+    # the optimized program's rate: the first (searching) run's, else the cached run's (same plan)
+    rose_from = "rose" if rate("rose") or "rose_cached" not in runs else "rose_cached"
+    flags_only, rose = rate("flags_only"), rate(rose_from)
+    rose_run = runs.get(rose_from) or {}
     finished = rose_run.get("returncode") == 0
     entries = rose_run.get("plan_cache") or []
     report = (entries[-1].get("report") if entries else None) or {}
@@ -441,6 +449,7 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
         "peer_flags_env_steps_per_s": peers.get("peer_flags"),
         "flags_only_env_steps_per_s": flags_only,
         "rose_env_steps_per_s": rose,
+        "rose_run": rose_from if rose_from in runs else None,
         "speedup_vs_informed_peer": speedup,
         "speedup_vs_flags_only": round(rose / flags_only, 3) if rose and flags_only else None,
         "target": TARGETS[algo],
@@ -464,6 +473,32 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
         "command": {v: r.get("command") for v, r in runs.items()},
         "_plan": plan,  # the plan's transforms as JSON, for plan_profile (not written)
     }
+
+
+def fold_first_run(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cached run's row (``rose_cached`` and no ``rose`` in this call) with the whole wall time of
+    the first, searching run that left its plan: the newest earlier row of the workload whose
+    ``rose`` run finished with the same plan, named by its date (``first_run``). Pure; the row is
+    returned unchanged when there is no such run."""
+    e2e = row.get("end_to_end_s") or {}
+    if e2e.get("rose") is not None or e2e.get("rose_cached") is None:
+        return row
+    for r in reversed(earlier):
+        first = (r.get("end_to_end_s") or {}).get("rose")
+        if (
+            r.get("workload") == row.get("workload")
+            and first is not None
+            and "rose" not in (r.get("errors") or {})
+            and r.get("plan") == row.get("plan")
+            and r.get("num_timesteps") == row.get("num_timesteps")
+        ):
+            return {
+                **row,
+                "end_to_end_s": {**e2e, "rose": first},
+                "first_run": {"date": r.get("date"), "device": r.get("device"), "end_to_end_s": first,
+                              "search_s": r.get("search_s"), "command": (r.get("command") or {}).get("rose")},
+            }
+    return row
 
 
 def plan_profile(name: str, args, options: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any]:
@@ -626,7 +661,9 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
         "Brax's published keywords, as shipped and with `XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode"
         "=CONCURRENT`; flags only = `rose-jax train` (its option trial: our program with the best options "
         "alone); rose = `rose-jax train --optimize` on empty caches (the plan `rose_jax.optimize.optimize` "
-        "finds with default candidate generation). Whole runs, each its own process; steady env-steps/s = "
+        "finds with default candidate generation; rose_cached: the same command again on the plan cache "
+        "that run left, its rate then the rose column, and the first run's wall time from its own call). "
+        "Whole runs, each its own process; steady env-steps/s = "
         "median rate between progress reports after the compiles (Brax: after its first two epochs). "
         f"Targets: SAC >= {TARGETS['sac']}x, PPO >= {TARGETS['ppo']}x over the faster peer.",
         "",
@@ -680,6 +717,13 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
                          f"{prof.get('floor') or prof.get('reason')}.")
         if r.get("errors"):
             lines.append(f"- {r['workload']} ({r.get('date')}): errors: {r['errors']}")
+        if r.get("first_run"):
+            f = r["first_run"]
+            lines.append(
+                f"- {r['workload']} ({r.get('date')}): the rose column is the cached run (plan cache from "
+                f"the first run of {f.get('date')} on {_short_device(f.get('device') or '-')}: "
+                f"{common.fmt(f.get('end_to_end_s'))} s end to end, search {common.fmt(f.get('search_s'))} s)"
+            )
         if r.get("note"):
             lines.append(f"- {r['workload']} ({r.get('date')}): {r['note']}")
     return lines + ["", "## Variants of one iteration, same options (in-process)", ""]
@@ -763,7 +807,7 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
         except Exception as e:  # noqa: BLE001 - a workload's failure is a row, the rest go on
             common.log(f"{n}: acceptance failed: {type(e).__name__}: {e}")
             row = {**last.get(n, {"workload": n}), "error": f"{type(e).__name__}: {e}"[:300]}
-        new.append(stamp(row))
+        new.append(stamp(fold_first_run(row, accepted)))
         write(args.out, rows, command, accepted + _public(new), jax_devices=False)
     if args.profile:
         import jax
@@ -814,7 +858,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rose-variants",
         default="flags_only,rose",
-        help="with --acceptance: flags_only (rose-jax train) and/or rose (rose-jax train --optimize)",
+        help="with --acceptance: flags_only (rose-jax train), rose (rose-jax train --optimize) and/or "
+        "rose_cached (the same again on --plan-cache's plan)",
     )
     p.add_argument(
         "--acceptance-steps", type=float, default=None, help="env steps per run (default: sac 100k, ppo 10M)"
@@ -824,6 +869,13 @@ def main(argv: list[str] | None = None) -> int:
         "--optimize-argv",
         default="--optimize-budget none",
         help="with --acceptance: more rose-jax train flags for the --optimize run",
+    )
+    p.add_argument(
+        "--plan-cache",
+        default=None,
+        metavar="DIR",
+        help="with --acceptance: the plan cache of the rose and rose_cached runs (kept after the call; "
+        "default: a fresh one per run, removed)",
     )
     p.add_argument("--out", default=OUT_DIR)
     p.add_argument("--merge", action="store_true")
@@ -835,9 +887,14 @@ def main(argv: list[str] | None = None) -> int:
     if bad_peer:
         p.error(f"unknown peer variant(s) {bad_peer}; known: peer_default, peer_flags")
     args.rose_variants = [v.strip() for v in args.rose_variants.split(",") if v.strip()]
-    bad_rose = [v for v in args.rose_variants if v not in ("flags_only", "rose")]
+    bad_rose = [v for v in args.rose_variants if v not in ("flags_only", "rose", "rose_cached")]
     if bad_rose:
-        p.error(f"unknown rose variant(s) {bad_rose}; known: flags_only, rose")
+        p.error(f"unknown rose variant(s) {bad_rose}; known: flags_only, rose, rose_cached")
+    has_plans = bool(args.plan_cache) and (
+        os.path.exists(os.path.join(args.plan_cache, "plans.json")) or "rose" in args.rose_variants
+    )
+    if "rose_cached" in args.rose_variants and not has_plans:
+        p.error("--rose-variants rose_cached needs --plan-cache DIR with a plans.json (or a rose run first)")
     from benchmarks.experiments import informed_peer
     from rose_jax.optimize import xla_options
 
