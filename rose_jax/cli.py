@@ -299,12 +299,34 @@ def _train_job(args, stored: dict[str, Any] | None) -> Job:
 
 
 def cmd_train(args) -> int:
+    if getattr(args, "mps_client", False):
+        from rose_jax.mps.client import CLIENT_MARK
+
+        if not os.environ.get(CLIENT_MARK):  # (in the child the mark is set: it trains)
+            return _train_as_mps_client(args)
     locked: list[Any] = []  # the run directory whose lock this call holds, released on every path
     try:
         return _train(args, locked)
     finally:
         for run in locked:
             run.unlock()
+
+
+def _train_as_mps_client(args) -> int:
+    """``--mps-client``: this same command again, as the client of a new MPS daemon (started here,
+    stopped when the child exits), so that worker processes (an offloaded evaluation) run their
+    kernels concurrently with the training instead of time-sliced against it. Starts before this
+    process touches the GPU: MPS reads its pipe directory when a CUDA context is created."""
+    from rose_jax.mps import MPSError, mps_status, run_as_client
+
+    ok, reason = mps_status()
+    if not ok:
+        raise _fail(f"--mps-client: {reason}")
+    argv = [sys.executable, "-m", "rose_jax.cli", *args.argv]
+    try:
+        return run_as_client(argv, log=lambda line: print(line, flush=True))
+    except MPSError as e:
+        raise _fail(f"--mps-client: the MPS daemon did not start: {e}") from None
 
 
 def _train(args, locked: list[Any]) -> int:
@@ -796,6 +818,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run in --run-dir from its latest checkpoint "
                         "(a finished run is left as is)")
     t.add_argument("--optimize", action="store_true", help="apply (or search for) a rose-jax plan")
+    t.add_argument("--mps-client", action="store_true",
+                   help="run as the client of a new MPS daemon (NVIDIA GPUs), so that a plan's worker "
+                        "processes (an offloaded evaluation) run concurrently with the training, not "
+                        "time-sliced against it")
     t.add_argument("--optimize-budget", default="auto", metavar="auto|none|SECONDS",
                    help="with --optimize: how long the search may take before it stops early and keeps the "
                         "best plan so far: auto = a tenth of the run at the untransformed speed, none = no "
@@ -856,7 +882,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv or ["train"])
     if args.command is None:
-        args = parser.parse_args(["train", *argv])
+        argv = ["train", *argv]
+        args = parser.parse_args(argv)
+    args.argv = list(argv or ["train"])  # the command line as given (train --mps-client runs it again)
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _SafeStream(sys.stdout), _SafeStream(sys.stderr)
     try:

@@ -293,3 +293,54 @@ def test_workers_need_no_main_guard(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "result [0.0, 2.0, 4.0]" in proc.stdout
     assert (tmp_path / "top.log").read_text() == "top\n"  # the workers did not re-run the script
+
+
+def test_train_mps_client_without_mps_is_one_clear_line(tmp_path):
+    """``--mps-client`` where no MPS daemon can start (this CPU machine: no nvidia-cuda-mps-control
+    or no GPU): one line naming the flag and why, nothing trained."""
+    from rose_jax.mps import mps_status
+
+    ok, _ = mps_status()
+    if ok:
+        pytest.skip("MPS is available here: the real path is test_train_mps_client_on_the_gpu")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--env", "cartpole", "--steps", "1000", "--mps-client",
+                  "--run-dir", str(tmp_path / "r")])
+    assert "--mps-client: MPS unavailable" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "r").exists()
+
+
+def test_train_mps_client_runs_the_same_command_as_a_client(monkeypatch):
+    """Mock of the MPS daemon (this unit test's stand-in; the real daemon runs in
+    test_train_mps_client_on_the_gpu): the same command line runs again in a child, whose marked
+    environment makes it train instead of starting another daemon."""
+    from rose_jax import mps
+    from rose_jax.mps.client import CLIENT_MARK
+
+    seen = []
+    monkeypatch.setattr(mps, "mps_status", lambda: (True, "MPS available (mock)"))
+    monkeypatch.setattr(mps, "run_as_client", lambda argv, log=print: seen.append(argv) or 7)
+    monkeypatch.delenv(CLIENT_MARK, raising=False)
+    argv = ["train", "--env", "cartpole", "--steps", "1000", "--mps-client"]
+    assert cli.main(argv) == 7
+    assert seen == [[sys.executable, "-m", "rose_jax.cli", *argv]]
+
+
+def test_train_mps_client_on_the_gpu(tmp_path):
+    """The real path: a short PPO run as the client of a real MPS daemon finishes and writes its
+    metrics (GPU machines with MPS only)."""
+    from rose_jax.mps import mps_status
+
+    ok, reason = mps_status()
+    if not ok:
+        pytest.skip(f"needs an MPS daemon on an NVIDIA GPU: {reason}")
+    run_dir = tmp_path / "run"
+    rc = subprocess.run(
+        [sys.executable, "-m", "rose_jax.cli", "train", "--env", "cartpole", "--steps", "8192",
+         "--mps-client", "--run-dir", str(run_dir), "--set", "num_envs=16", "--set", "unroll_length=32",
+         "--set", "num_minibatches=4", "--no-tensorboard"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert rc.returncode == 0, rc.stderr[-2000:]
+    assert "[mps] daemon up" in rc.stdout
+    assert json.loads((run_dir / "metrics.json").read_text())[-1]["env_steps"] >= 8192

@@ -21,7 +21,7 @@ from rose_jax import optimize as O
 from rose_jax import trace as rtrace
 from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import base as T
-from rose_jax.optimize import candidates, measure, process_worker, processes, search
+from rose_jax.optimize import candidates, measure, predict, process_worker, processes, search
 from rose_jax.optimize import report as plan_report
 from rose_jax.optimize import interpret as I
 
@@ -747,6 +747,20 @@ def test_offloaded_evaluation_is_predicted_from_its_measured_time():
     assert timed.predicted == pytest.approx(1.2) and "(60%)" in timed.model
     modelled = offload(candidates.generate_candidates(tree, None, 2.0, platform="gpu"))
     assert modelled.predicted != pytest.approx(1.2)
+    # time-sliced processes (not an MPS client): only a small share overlaps; an MPS client's
+    # worker runs concurrently (the whole share); off the GPU the flag does not apply
+    sliced = offload(candidates.generate_candidates(
+        tree, None, 2.0, platform="gpu", phases=phases, concurrent_processes=False))
+    assert sliced.predicted == pytest.approx(1.2 * predict.TIME_SLICED_OVERLAP)
+    assert "time-sliced" in sliced.model
+    client = offload(candidates.generate_candidates(
+        tree, None, 2.0, platform="gpu", phases=phases, concurrent_processes=True))
+    assert client.predicted == pytest.approx(1.2) and "time-sliced" not in client.model
+    cpu = offload(candidates.generate_candidates(
+        tree, None, 2.0, platform="cpu", phases=phases, concurrent_processes=False))
+    assert cpu.predicted == pytest.approx(1.2)
+    if jax.default_backend() != "gpu":  # the search asks only on a GPU
+        assert search.concurrent_processes() is None
 
 
 def test_search_rejects_illegal_and_mixing_group_candidates():

@@ -41,6 +41,7 @@ def generate_candidates(
     group_modes: Sequence[str] = ("interleaved", "processes"),
     families: Sequence[str] | None = None,
     phases: Sequence[dict] | None = None,
+    concurrent_processes: bool | None = None,
 ) -> list[Candidate]:
     """Every family's candidates for the windows (or, without windows, every loop by cost), with
     predicted gains, highest first (ties in family order).
@@ -48,7 +49,8 @@ def generate_candidates(
     ``families``: transform names to generate (e.g. ``("stream_overlap", "split_compile")``);
     None: all. Families that make none of them are not asked. ``phases``: the profile's timed
     components (``path``, ``level``, ``time_s``), so that predictions rest on measured component
-    times (:func:`rose_jax.optimize.predict.measured_share`).
+    times (:func:`rose_jax.optimize.predict.measured_share`). ``concurrent_processes``: whether
+    worker processes run concurrently with this one (an MPS client) or time-sliced (False).
     """
     ctx = CandidateContext(
         tree,
@@ -60,6 +62,7 @@ def generate_candidates(
         tuple(group_sizes),
         tuple(group_modes),
         phases,
+        concurrent_processes,
     )
     wanted = None if families is None else set(families)
     out: list[Candidate] = []

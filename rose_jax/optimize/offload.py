@@ -51,7 +51,7 @@ from rose_jax.jaxpr import compat
 from rose_jax.jaxpr.cut import Split, split_component
 from rose_jax.mps import plan as mps_plan
 from rose_jax.optimize.base import EXACT, HostStep, Transform
-from rose_jax.optimize.predict import Candidate, CandidateContext
+from rose_jax.optimize.predict import TIME_SLICED_OVERLAP, Candidate, CandidateContext
 from rose_jax.optimize.process_worker import RUN_EXPORTED
 from rose_jax.program import Program
 
@@ -372,17 +372,20 @@ def offload_component(component: str = "evaluate", quota: int | None = None):
 def candidates(ctx: CandidateContext) -> list[Candidate]:
     """Each top-level component named in :data:`OFFLOAD_COMPONENTS` (results that reach only
     the metrics, e.g. an evaluation) in a worker behind the next call. Model: the component's
-    whole share of the iteration leaves the critical path."""
+    whole share of the iteration leaves the critical path where processes run concurrently (an
+    MPS client); on a GPU whose processes are time-sliced, :data:`~rose_jax.optimize.predict.
+    TIME_SLICED_OVERLAP` of it (the worker's kernels wait for this process's time slices)."""
     out = []
+    sliced = ctx.platform == "gpu" and ctx.concurrent_processes is False
     for node in ctx.tree.root.children:
         if node.kind == "component" and node.name in OFFLOAD_COMPONENTS:
             share = ctx.time_share(node)
-            out.append(
-                Candidate(
-                    offload_component(node.name),
-                    node.name,
-                    ctx.baseline_s * share,
-                    f"{node.name}'s share of the work ({share:.0%}) leaves the critical path",
+            model = f"{node.name}'s share of the work ({share:.0%}) leaves the critical path"
+            if sliced:
+                share *= TIME_SLICED_OVERLAP
+                model += (
+                    f", {TIME_SLICED_OVERLAP:.0%} of it while processes are time-sliced (not an MPS "
+                    "client: rose-jax train --mps-client)"
                 )
-            )
+            out.append(Candidate(offload_component(node.name), node.name, ctx.baseline_s * share, model))
     return out

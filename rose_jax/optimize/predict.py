@@ -34,6 +34,13 @@ from rose_jax.program import Program
 LOOP_OVERHEAD_S = {"gpu": 10e-6, "cpu": 1e-6}
 # Assumed idle SM share of a phase when no profiler window says otherwise.
 ASSUMED_IDLE_SHARE = 0.5
+# Share of a component's time that leaves the critical path when it runs in a worker process on
+# a GPU whose processes are time-sliced (this process is not an MPS client): the worker's kernels
+# wait for the driver's time slices, so only launch and host gaps are filled. Calibrated on one
+# measurement: PPO ant's evaluation (4,096 envs, 1.42 s of a 2.37 s epoch) offloaded without MPS
+# saved 60 ms on an H100 (2026-12-05, benchmarks/results/beyond_flags/); as an MPS client the
+# same offload saved 806 ms of a 3.35 s epoch on the H200 (benchmarks/results/optimize_epoch/).
+TIME_SLICED_OVERLAP = 0.04
 
 
 @dataclasses.dataclass
@@ -211,7 +218,9 @@ class CandidateContext:
     ``windows``: profiled low-activity windows or None (``by_path``: their idle SM-seconds by
     component path); ``phases``: the profile's timed components (``path``, ``level``,
     ``time_s`` per iteration) or None (then shares are flops-and-bytes shares); ``platform``:
-    the JAX backend (``"cpu"``, ``"gpu"``); the rest are the variants the search tries (unroll
+    the JAX backend (``"cpu"``, ``"gpu"``); ``concurrent_processes``: whether worker processes
+    run kernels concurrently with this one (True: it is an MPS client; False: time-sliced; None:
+    not known, modelled as concurrent); the rest are the variants the search tries (unroll
     factors, env-group sizes and modes).
     """
 
@@ -224,6 +233,7 @@ class CandidateContext:
     group_sizes: Sequence[int] = (2, 4)
     group_modes: Sequence[str] = ("interleaved", "processes")
     phases: Sequence[dict] | None = None
+    concurrent_processes: bool | None = None
     by_path: dict = dataclasses.field(init=False, compare=False, repr=False)
     phase_s: dict = dataclasses.field(init=False, compare=False, repr=False)
     phase_total_s: float | None = dataclasses.field(init=False, compare=False, repr=False)
@@ -259,6 +269,7 @@ class CandidateContext:
 __all__ = [
     "ASSUMED_IDLE_SHARE",
     "LOOP_OVERHEAD_S",
+    "TIME_SLICED_OVERLAP",
     "Candidate",
     "CandidateContext",
     "candidate_scans",

@@ -863,6 +863,17 @@ class _Search:
         return plan, best_time, best_cmp
 
 
+def concurrent_processes() -> bool | None:
+    """Whether worker processes would run kernels concurrently with this one: on a GPU, True when
+    this process is an MPS client (``CUDA_MPS_PIPE_DIRECTORY`` set), else False (time-sliced);
+    None off the GPU."""
+    if jax.default_backend() != "gpu":
+        return None
+    from rose_jax.mps.client import inherited_daemon
+
+    return inherited_daemon() is not None
+
+
 def resolve_windows(windows: Any, fn: Callable, state: Any, say: Callable[[str], None]) -> tuple[Any, dict]:
     """The windows the candidates follow and a JSON record of where they came from.
 
@@ -989,6 +1000,7 @@ def optimize(
             jax.default_backend(),
             families=opts.families,
             phases=report.windows.get("phases"),
+            concurrent_processes=concurrent_processes(),
         )
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
