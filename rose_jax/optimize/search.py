@@ -521,11 +521,16 @@ class _Search:
         opts, report = self.opts, self.report
         eq_iters, options = opts.eq_iters, self.eq_options
         r_state, r_again, base_eq = self.ref_state, self.ref_again, self.base_step
+        t0 = time.perf_counter()
         if options or eq_iters != opts.n_iters:
             if options:
                 try:
                     base_eq = compile_step(self.target, compiler_options=options)
                     jax.block_until_ready(base_eq(self.state))
+                    self.say(
+                        f"[optimize] equality reference: the baseline compiled and run once under "
+                        f"{options} in {time.perf_counter() - t0:.0f}s"
+                    )
                 except Exception as e:  # noqa: BLE001 - e.g. an op without a deterministic GPU kernel
                     why = _options_failed(options, "the baseline", e)
                     report.notes.append(
@@ -548,7 +553,10 @@ class _Search:
         report.baseline_max_abs_diff, report.baseline_max_rel_diff = rc.max_abs, rc.max_rel
         if not rc.equal:
             report.notes.append(f"baseline not bitwise reproducible ({opts.equality}): {rc.reason}")
-        self.say(f"[optimize] baseline reproducible ({opts.equality}): {rc.equal}, max|d| {rc.max_abs:.2g}")
+        self.say(
+            f"[optimize] baseline reproducible ({opts.equality}): {rc.equal}, max|d| {rc.max_abs:.2g} "
+            f"(reference built in {time.perf_counter() - t0:.0f}s)"
+        )
         self._ref = ref
         return ref
 
@@ -896,6 +904,14 @@ def resolve_windows(windows: Any, fn: Callable, state: Any, say: Callable[[str],
         reason = f"profile has no activity series ({tl.metadata.get('activity')}): LoopTree-only search"
         return None, {"source": "looptree", "reason": reason, "profile_s": time.perf_counter() - t0}
     found = rp.find_windows(tl)
+    took = time.perf_counter() - t0
+    compiled = tl.metadata.get("compile_s")
+    if compiled is not None:  # where the profile's time goes (its compiles are most of it)
+        pre = tl.metadata.get("precompile") or {}
+        say(
+            f"[optimize] profile took {took:.0f}s: compiling {compiled:.0f}s ({pre.get('programs', '?')} "
+            f"programs on {pre.get('threads', '?')} threads), timed runs {took - compiled:.0f}s"
+        )
     # the timed components, so that predicted gains rest on measured shares of the iteration
     phases = [
         {"path": p.path, "level": p.level, "time_s": p.time_per_iteration_s}
