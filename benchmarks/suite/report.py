@@ -796,7 +796,7 @@ def beyond_flags_headline(root: str | None = None) -> str | None:
         return f"{r.get('target')}x: " + ("not established" if met is None else ("met" if met else "missed"))
 
     def x(v):
-        return "—" if v is None else f"{v:.2f}x"
+        return "—" if v is None else f"{v:.3f}x"
 
     body = [[r["workload"] + (" (partial)" if r.get("partial") else ""),
              f"{r.get('date', '?')} ({(r.get('device') or '?').split(',')[0]})",
