@@ -337,6 +337,32 @@ def test_segmented_program_matches_fn_and_times_nested_loops():
     ] == []
 
 
+def test_profile_builds_are_the_callers_cached_builds():
+    """The profile compiles ``jax.jit(fn)`` (fn unjitted) and the caller's ``also_compile`` builds
+    in its pool: afterwards both run from JAX's cache (no backend compile), counted by JAX's own
+    compile events; a build that fails to lower is recorded, and the profile goes on. A jit of a
+    jit is another program: it compiles again."""
+    import jax.monitoring
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, secs, **kw: compiles.append(name) if name.endswith("backend_compile_duration") else None
+    )
+    args = (jnp.eye(4) * 0.25, jnp.arange(8.0).reshape(2, 4), jax.random.PRNGKey(5))
+    options = {"xla_cpu_enable_fast_math": False}  # any option: a build of its own
+    bad = (jax.jit(nested_program), (jnp.ones(3),))  # wrong arguments: lowering fails
+    also = [(jax.jit(nested_program, compiler_options=dict(options)), args), bad]
+    tl = rp.time_phases(nested_program, *args, repeats=1, max_loop_iterations=2, also_compile=also)
+    pre = tl.metadata["precompile"]
+    assert pre["also"] == 2 and len(pre["also_errors"]) == 1
+    before = len(compiles)
+    jax.block_until_ready(jax.jit(nested_program)(*args))
+    jax.block_until_ready(jax.jit(nested_program, compiler_options=dict(options))(*args))
+    assert len(compiles) == before  # both found in the cache
+    jax.block_until_ready(jax.jit(jax.jit(nested_program))(*args))
+    assert len(compiles) == before + 1
+
+
 def test_time_phases_bad_input():
     args = small_args()
     with pytest.raises(ValueError, match="levels"):

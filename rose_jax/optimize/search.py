@@ -871,6 +871,17 @@ class _Search:
         return plan, best_time, best_cmp
 
 
+def _reference_build(program, fn: Callable, state: Any, opts: OptimizeOptions) -> list:
+    """The equality reference's build (``fn`` under the equality options), for the profile to
+    compile beside its pieces: ``_Search.reference`` then finds it in JAX's cache instead of
+    compiling it after the baseline's timing. Only for a plain function (a Program's iteration
+    is a new function per call, so its build would not be found) with equality options."""
+    options = opts.resolved_equality_options()
+    if program is not None or not options or opts.windows != "profile":
+        return []
+    return [(jax.jit(fn, compiler_options=options), (state,))]
+
+
 def concurrent_processes() -> bool | None:
     """Whether worker processes would run kernels concurrently with this one: on a GPU, True when
     this process is an MPS client (``CUDA_MPS_PIPE_DIRECTORY`` set), else False (time-sliced);
@@ -882,12 +893,17 @@ def concurrent_processes() -> bool | None:
     return inherited_daemon() is not None
 
 
-def resolve_windows(windows: Any, fn: Callable, state: Any, say: Callable[[str], None]) -> tuple[Any, dict]:
+def resolve_windows(
+    windows: Any, fn: Callable, state: Any, say: Callable[[str], None], also_compile: Sequence = ()
+) -> tuple[Any, dict]:
     """The windows the candidates follow and a JSON record of where they came from.
 
     ``"profile"`` profiles ``fn`` on ``state`` (component segments, 2 levels, NVML SM activity)
     and returns its low-activity windows; where no GPU / NVML can be sampled it says so and
-    returns None (the LoopTree-only search) without profiling."""
+    returns None (the LoopTree-only search) without profiling. The profile compiles
+    ``jax.jit(fn)`` itself (so the search's baseline build afterwards is JAX's cached one) and
+    ``also_compile`` (``(jitted fn, args)``, e.g. the equality reference's build) in its parallel
+    compile pool."""
     if windows is None:
         return None, {"source": "looptree", "reason": "no windows given: candidates for every loop by cost"}
     if windows != "profile":
@@ -899,7 +915,9 @@ def resolve_windows(windows: Any, fn: Callable, state: Any, say: Callable[[str],
         return None, {"source": "looptree", "reason": reason}
     t0 = time.perf_counter()
     say("[optimize] profiling the baseline (component segments, NVML SM activity) for its windows")
-    tl = rp.profile(jax.jit(fn), state, levels=2, repeats=2)
+    # fn itself, not jax.jit(fn): the profile's fused build is then the one the search's
+    # compile_step(fn) finds in JAX's cache (a jit of a jit is another program)
+    tl = rp.profile(fn, state, levels=2, repeats=2, also_compile=also_compile)
     if tl.activity is None:
         reason = f"profile has no activity series ({tl.metadata.get('activity')}): LoopTree-only search"
         return None, {"source": "looptree", "reason": reason, "profile_s": time.perf_counter() - t0}
@@ -987,7 +1005,8 @@ def optimize(
         say(f"[optimize] cache hit for {name}: plan {[t.label for t in transforms] or 'baseline'}")
         return compile_step(result, host=_is_host(transforms)), old
 
-    windows, report.windows = resolve_windows(opts.windows, base_fn, example_state, say)
+    also = _reference_build(program, base_fn, example_state, opts)
+    windows, report.windows = resolve_windows(opts.windows, base_fn, example_state, say, also_compile=also)
     say(f"[optimize] {name}: compiling and timing the baseline")
     search = _Search(target, example_state, opts, report)
     n = search.opts.n_iters

@@ -506,13 +506,16 @@ class SegmentedProgram:
             env.update(zip(s.out_vars, outs, strict=True))
         return jax.tree.unflatten(self.out_tree, [_read(env, v) for v in self.outvars])
 
-    def precompile(self, extra: Sequence = (), threads: int | None = None) -> dict:
+    def precompile(self, extra: Sequence = (), threads: int | None = None, also: Sequence = ()) -> dict:
         """Compile every segment (and, with levels >= 2, every level >= 2 piece) up front.
 
         ``extra``: ``(jitted fn, args)`` pairs compiled first, alone (the fused program: on a GPU,
         XLA autotunes kernels by timing them, which concurrent compiles would disturb). The
         pieces are then compiled in parallel threads (XLA compiles without the GIL; lowering
-        is sequential). Returns counts and seconds.
+        is sequential). ``also``: more ``(jitted fn, args)`` pairs compiled in that pool for the
+        caller (JAX keeps the executables: a later call of the same function with the same
+        options compiles nothing); one that fails is recorded in ``also_errors``, never
+        raised. Returns counts and seconds.
         """
         t0 = time.perf_counter()
         for fn, args in extra:
@@ -524,21 +527,42 @@ class SegmentedProgram:
                 plan = self._detail(i)
                 if plan is not None:
                     jobs.extend(plan.compile_jobs())
+        errors: list[str] = []
+
+        def lower_also(fn, args):
+            try:
+                return fn.lower(*args)
+            except Exception as e:  # noqa: BLE001 - the caller compiles (and reports) it again
+                errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+                return None
+
+        def compile_one(low):
+            try:
+                low.compile()
+            except Exception as e:  # noqa: BLE001 - only the caller's (also) jobs get here
+                if id(low) in own:  # a piece of the profile itself: its failure is the profile's
+                    raise
+                errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+
         lowered = [fn.lower(*args) for fn, args in jobs]
+        own = {id(low) for low in lowered}
+        lowered += [low for low in (lower_also(fn, args) for fn, args in also) if low is not None]
         t2 = time.perf_counter()
         workers = max(1, min(len(lowered), threads or os.cpu_count() or 1))
         if workers == 1:
             for low in lowered:
-                low.compile()
+                compile_one(low)
         else:
             with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                list(pool.map(lambda low: low.compile(), lowered))
+                list(pool.map(compile_one, lowered))
         return {
             "programs": len(lowered) + len(extra),
             "extra_compile_s": t1 - t0,
             "lower_s": t2 - t1,
             "compile_s": time.perf_counter() - t2,
             "threads": workers,
+            "also": len(also),
+            "also_errors": errors,
         }
 
     def _detail(self, i: int):
@@ -603,6 +627,7 @@ def time_phases(
     time_fused: bool = True,
     check_outputs: bool = True,
     precompile: bool = True,
+    also_compile: Sequence = (),
 ) -> Timeline:
     """Time ``fn(*args)`` per component segment; returns a :class:`Timeline` (no activity).
 
@@ -618,6 +643,9 @@ def time_phases(
       time_fused: also time ``jax.jit(fn)`` (level-0 phases ``"(iteration)"``).
       check_outputs: compare the segmented outputs with ``jax.jit(fn)``'s (metadata).
       precompile: compile all pieces up front in parallel threads (much faster on many cores).
+      also_compile: ``(jitted fn, args)`` pairs the caller will run later, compiled in the same
+        parallel pool before anything is timed (with ``precompile``; failures are recorded in
+        ``metadata["precompile"]["also_errors"]``, not raised).
     """
     _check_int("time_phases: levels", levels, 1)
     _check_int("time_phases: repeats", repeats, 1)
@@ -640,7 +668,9 @@ def time_phases(
     }
     fused = jax.jit(fn)
     if precompile:
-        meta["precompile"] = prog.precompile(extra=[(fused, args)] if (check_outputs or time_fused) else [])
+        meta["precompile"] = prog.precompile(
+            extra=[(fused, args)] if (check_outputs or time_fused) else [], also=also_compile
+        )
     seg_out = prog.run(*args)  # warm-up (compiles every segment unless precompiled)
     if check_outputs or time_fused:
         ref = jax.block_until_ready(fused(*args))
