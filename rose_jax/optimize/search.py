@@ -927,8 +927,9 @@ def resolve_windows(
     if compiled is not None:  # where the profile's time goes (its compiles are most of it)
         pre = tl.metadata.get("precompile") or {}
         say(
-            f"[optimize] profile took {took:.0f}s: compiling {compiled:.0f}s ({pre.get('programs', '?')} "
-            f"programs on {pre.get('threads', '?')} threads), timed runs {took - compiled:.0f}s"
+            f"[optimize] profile took {took:.0f}s: compiling {pre.get('programs', '?')} programs on "
+            f"{pre.get('threads', '?')} threads and a warm-up run {compiled:.0f}s, "
+            f"timed runs {took - compiled:.0f}s"
         )
     # the timed components, so that predicted gains rest on measured shares of the iteration
     phases = [
