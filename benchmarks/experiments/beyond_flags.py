@@ -376,11 +376,14 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
     ):
         if v not in args.rose_variants:
             continue
-        caches = {k: tempfile.mkdtemp(prefix=f"bf-{name}-{v}-{k}-") for k in ("compile", "plans")}
-        dirs += caches.values()
+        caches = {"compile": tempfile.mkdtemp(prefix=f"bf-{name}-{v}-compile-")}
+        dirs.append(caches["compile"])
         if kept_plans and v != "flags_only":  # --plan-cache: the search's plan outlives the call
             os.makedirs(kept_plans, exist_ok=True)
             caches["plans"] = kept_plans
+        else:
+            caches["plans"] = tempfile.mkdtemp(prefix=f"bf-{name}-{v}-plans-")
+            dirs.append(caches["plans"])
         common.log(f"{name}: {v} ({steps:,} env steps{', ' + ' '.join(extra) if extra else ''})")
         runs[v] = ip.rose_run(
             name, variant, steps, args.smoke, caches, args.run_timeout_s, extra, _log_path(args, name, v)

@@ -946,7 +946,7 @@ def resolve_windows(
     ]
     reason = f"{len(found)} low-activity window(s) from the profile ({why})"
     say(f"[optimize] {reason}")
-    record = {"source": "profile", "reason": reason, "profile_s": time.perf_counter() - t0, "top": top}
+    record = {"source": "profile", "reason": reason, "profile_s": took, "top": top}
     return found, {**record, "phases": phases}
 
 

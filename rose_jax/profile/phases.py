@@ -529,34 +529,29 @@ class SegmentedProgram:
                     jobs.extend(plan.compile_jobs())
         errors: list[str] = []
 
-        def lower_also(fn, args):
+        def guarded(step):  # the caller's (also) jobs: a failure is recorded, the caller reports it again
             try:
-                return fn.lower(*args)
-            except Exception as e:  # noqa: BLE001 - the caller compiles (and reports) it again
+                return step()
+            except Exception as e:  # noqa: BLE001
                 errors.append(f"{type(e).__name__}: {str(e)[:200]}")
                 return None
 
-        def compile_one(low):
-            try:
-                low.compile()
-            except Exception as e:  # noqa: BLE001 - only the caller's (also) jobs get here
-                if id(low) in own:  # a piece of the profile itself: its failure is the profile's
-                    raise
-                errors.append(f"{type(e).__name__}: {str(e)[:200]}")
-
-        lowered = [fn.lower(*args) for fn, args in jobs]
-        own = {id(low) for low in lowered}
-        lowered += [low for low in (lower_also(fn, args) for fn, args in also) if low is not None]
+        # a failing piece of the profile itself raises: its failure is the profile's
+        tasks = [low.compile for low in (fn.lower(*args) for fn, args in jobs)]
+        for fn, args in also:
+            low = guarded(lambda fn=fn, args=args: fn.lower(*args))
+            if low is not None:
+                tasks.append(lambda low=low: guarded(low.compile))
         t2 = time.perf_counter()
-        workers = max(1, min(len(lowered), threads or os.cpu_count() or 1))
+        workers = max(1, min(len(tasks), threads or os.cpu_count() or 1))
         if workers == 1:
-            for low in lowered:
-                compile_one(low)
+            for task in tasks:
+                task()
         else:
             with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                list(pool.map(compile_one, lowered))
+                list(pool.map(lambda task: task(), tasks))
         return {
-            "programs": len(lowered) + len(extra),
+            "programs": len(tasks) + len(extra),
             "extra_compile_s": t1 - t0,
             "lower_s": t2 - t1,
             "compile_s": time.perf_counter() - t2,
