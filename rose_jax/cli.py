@@ -364,7 +364,7 @@ def _train(args, locked: list[Any]) -> int:
     from rose_jax.optimize import xla_options
 
     try:
-        trial_sets = {} if args.optimize else xla_options.sets_from_spec(args.xla_options)
+        trial_sets = xla_options.sets_from_spec(args.xla_options)
     except ValueError as e:
         raise _fail(e) from None
     budget = _optimize_budget(args.optimize_budget)
@@ -451,8 +451,10 @@ def _train(args, locked: list[Any]) -> int:
                 resume=latest is not None,
             )
             if args.optimize:
+                # the search's baseline is the unit under the fastest of these sets (as without
+                # --optimize), and every candidate is timed under it
                 kwargs["make_step"] = _optimized_step_maker(job, lambda m: tqdm.write(m, file=sys.stdout),
-                                                            budget)
+                                                            {**budget, "option_sets": trial_sets})
             elif trial_sets:
                 kwargs["make_step"] = _trial_step_maker(
                     job, trial_sets, lambda m: tqdm.write(f"rose-jax train: {m}", file=sys.stdout),
@@ -831,7 +833,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "learn alike: 5 seeds per side trained for N env steps, final returns not different "
                         "(Welch, 5%%) and means within 5%%; 0 = no learning check (default: %(default)s)")
     t.add_argument("--xla-options", default="auto", metavar="auto|default|SETS",
-                   help="XLA option sets tried on the first iterations, the fastest kept (GPU only): auto = "
+                   help="XLA option sets tried on the first iterations, the fastest kept (GPU only; with "
+                        "--optimize the search's baseline and every candidate run under the fastest): auto = "
                         "CONCURRENT command buffers with and without loops; default = XLA's defaults, no "
                         "trial; or names from rose_jax.optimize.xla_options.SETS (default: %(default)s)")
     t.set_defaults(func=cmd_train)

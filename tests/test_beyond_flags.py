@@ -236,6 +236,9 @@ def test_cached_run_row_takes_its_rate_and_the_first_runs_wall_time(tmp_path, ca
     assert folded["end_to_end_s"]["rose"] == 400.0 and folded["end_to_end_s"]["rose_cached"] == 90.0
     assert folded["first_run"]["date"] == "d1" and folded["first_run"]["search_s"] == 300.0
     assert B.fold_first_run(row, [other, cut]) is row
+    # a later cached run folds in the same first run, not the cached run before it
+    again = B.fold_first_run(row, [first, {**folded, "date": "d4"}])
+    assert again["first_run"]["date"] == "d1" and again["end_to_end_s"]["rose"] == 400.0
     assert "rose_cached 90" in B.end_to_end_cell(folded) and "rose 400" in B.end_to_end_cell(folded)
     B.write(str(tmp_path), [], "cmd", [{k: v for k, v in folded.items() if k != "_plan"}], jax_devices=False)
     assert "the rose column is the cached run" in open(os.path.join(tmp_path, "results.md")).read()

@@ -104,8 +104,11 @@ def test_envs_lists_registry(capsys):
 def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys, monkeypatch):
     """`train --optimize` runs the real plan search (baseline vs candidates, equality checked for
     those that won on time: the run pays for the search), caches the plan, and a second run applies
-    the cached plan without measuring; both train the same."""
+    the cached plan without measuring; both train the same. The search's baseline is timed under
+    the --xla-options sets first (on a CPU the GPU sets are none: a CPU-valid one through the
+    variable), and the plan's report records which build it kept."""
     monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans"))
+    monkeypatch.setenv("ROSE_JAX_XLA_OPTION_SETS", '{"o1": {"xla_backend_optimization_level": 1}}')
     argv = ["train", "--env", "pendulum", "--algo", "ppo", "--optimize", "--optimize-budget", "none",
             "--steps", "2048", "--set", "num_envs=16", "--set", "unroll_length=8",
             "--set", "num_minibatches=2"]
@@ -115,6 +118,9 @@ def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys
     assert (tmp_path / "plans" / "plans.json").exists()
     cached = json.loads((tmp_path / "plans" / "plans.json").read_text())
     (entry,) = [e for e in cached.values() if "plan" in e]
+    base = entry["report"]["base_options"]
+    assert base["name"] in ("default", "o1") and set(base["ms_per_iter"]) == {"default", "o1"}
+    assert "XLA options of the baseline and every candidate" in first
     measured = [c for c in entry["report"]["candidates"] if c.get("speedup") is not None]
     assert measured and all(c["equal"] is not None for c in measured if c["kept"])
     # a single candidate is compared only when it won on time (combinations of kept ones always are)

@@ -76,6 +76,10 @@ def test_rose_steady_leaves_out_the_option_trial():
     assert ip._trial_cost_s(info) == pytest.approx((0.002 + 0.0 + 0.001))
     cached = {"xla_options": {**info["xla_options"], "cached": True}}
     assert len(ip._rose_steady(rows, cached)[1]) == 6
+    # the last two reports written together (6 ms apart): that interval is not a unit's rate
+    together = [*rows, {"env_steps": 800, "wall_s": t + 0.006}]
+    median, rates = ip._rose_steady(together, info)
+    assert len(rates) == 4 and median == pytest.approx(10.0) and max(rates) < 20.0
     assert ip._trial_cost_s(cached) == 0.0
 
 

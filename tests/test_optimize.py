@@ -3,6 +3,8 @@ the search keeps only faster-and-equal candidates, and plans are cached."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 
 import chex
@@ -1363,10 +1365,10 @@ def test_search_isolation_refuses_an_aborting_candidate_remembers_it_and_continu
 
 def test_profile_is_given_the_function_and_the_reference_build(monkeypatch):
     """The search's profile gets ``fn`` itself (its fused build is then the baseline's cached
-    build; tests/test_profile.py checks the cache) and the equality reference's build to compile
-    beside its pieces, only for a plain function with equality options and profile windows. The
-    profiler here is this unit test's stand-in (no NVML on a CPU); the real profile runs in
-    test_profile.py and, with NVML, on the GPU."""
+    build; tests/test_profile.py checks the cache) and the builds of the option sets and the
+    equality reference to compile beside its pieces, only for a plain function with profile
+    windows. The profiler here is this unit test's stand-in (no NVML on a CPU); the real profile
+    runs in test_profile.py and, with NVML, on the GPU."""
     from rose_jax import profile as rp
 
     seen = {}
@@ -1378,15 +1380,19 @@ def test_profile_is_given_the_function_and_the_reference_build(monkeypatch):
     monkeypatch.setattr(rp, "available", lambda: (True, "stand-in"))
     monkeypatch.setattr(rp, "profile", fake_profile)
     fn, state = toy.toy_program(8, 5).iteration(), toy.init(8)
-    opts = search.OptimizeOptions(windows="profile", equality_options={"xla_cpu_enable_fast_math": False})
-    also = search._reference_build(None, fn, state, opts)
+    eq = {"xla_cpu_enable_fast_math": False}
+    opts = search.OptimizeOptions(windows="profile", equality_options=eq, option_sets=None)
+    also = search._also_builds(None, fn, state, opts)
     assert len(also) == 1 and also[0][1] == (state,)
+    sets = {"o1": {"xla_backend_optimization_level": 1}}
+    with_sets = search._also_builds(None, fn, state, dataclasses.replace(opts, option_sets=sets))
+    assert len(with_sets) == 2  # the option set's build, then the reference's
     windows, record = search.resolve_windows("profile", fn, state, lambda s: None, also_compile=also)
     assert windows is None and "no activity series" in record["reason"]
     assert seen["fn"] is fn and seen["also_compile"] is also and seen["levels"] == 2
     program = toy.toy_program(8, 5)
-    assert search._reference_build(program, fn, state, opts) == []  # a Program: not found later
-    no_profile = search.OptimizeOptions(windows=None, equality_options={"xla_cpu_enable_fast_math": False})
-    assert search._reference_build(None, fn, state, no_profile) == []  # nothing profiled: nothing to share
-    if jax.default_backend() != "gpu":  # "auto" equality options are none on a CPU
-        assert search._reference_build(None, fn, state, search.OptimizeOptions(windows="profile")) == []
+    assert search._also_builds(program, fn, state, opts) == []  # a Program: not found later
+    no_profile = search.OptimizeOptions(windows=None, equality_options=eq)
+    assert search._also_builds(None, fn, state, no_profile) == []  # nothing profiled: nothing to share
+    if jax.default_backend() != "gpu":  # "auto" equality options and option sets are none on a CPU
+        assert search._also_builds(None, fn, state, search.OptimizeOptions(windows="profile")) == []

@@ -481,8 +481,9 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
 def fold_first_run(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
     """A cached run's row (``rose_cached`` and no ``rose`` in this call) with the whole wall time of
     the first, searching run that left its plan: the newest earlier row of the workload whose
-    ``rose`` run finished with the same plan, named by its date (``first_run``). Pure; the row is
-    returned unchanged when there is no such run."""
+    ``rose`` run finished with the same plan, named by its date (``first_run``; where that row is
+    itself a cached run's, the first run it names). Pure; the row is returned unchanged when there
+    is no such run."""
     e2e = row.get("end_to_end_s") or {}
     if e2e.get("rose") is not None or e2e.get("rose_cached") is None:
         return row
@@ -495,12 +496,11 @@ def fold_first_run(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[s
             and r.get("plan") == row.get("plan")
             and r.get("num_timesteps") == row.get("num_timesteps")
         ):
-            return {
-                **row,
-                "end_to_end_s": {**e2e, "rose": first},
-                "first_run": {"date": r.get("date"), "device": r.get("device"), "end_to_end_s": first,
-                              "search_s": r.get("search_s"), "command": (r.get("command") or {}).get("rose")},
+            origin = r.get("first_run") or {
+                "date": r.get("date"), "device": r.get("device"), "end_to_end_s": first,
+                "search_s": r.get("search_s"), "command": (r.get("command") or {}).get("rose"),
             }
+            return {**row, "end_to_end_s": {**e2e, "rose": first}, "first_run": origin}
     return row
 
 
@@ -650,7 +650,7 @@ def write(
             ],
         ),
     ]
-    common.write_markdown_and_plot(out, lines, _plot, rows)
+    common.write_markdown_and_plot(out, lines, _plot, rows, acceptance or [])
 
 
 def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
@@ -767,19 +767,43 @@ def _profile_cell(p: dict | None) -> str:
     return cell
 
 
-def _plot(rows, path):  # pragma: no cover - drawing
+ACCEPTANCE_BARS = (
+    ("peer_default_env_steps_per_s", "Brax as shipped"),
+    ("peer_flags_env_steps_per_s", "Brax + flag"),
+    ("flags_only_env_steps_per_s", "rose-jax train"),
+    ("rose_env_steps_per_s", "rose-jax train --optimize"),
+)
+
+
+def _plot(rows, acceptance, path):  # pragma: no cover - drawing
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    names = [f"{r['workload']}\n{r['variant']}" for r in rows if r.get("env_steps_per_s")]
-    vals = [r["env_steps_per_s"] for r in rows if r.get("env_steps_per_s")]
-    ax.bar(range(len(vals)), vals)
-    ax.set_xticks(range(len(vals)), names, fontsize=7)
-    ax.set_ylabel("env-steps/s")
-    ax.set_title("same options, with and without the restructuring")
+    # issue 32's table: each acceptance row holding a peer and our rate, its four steady rates side by side
+    acc = [r for r in acceptance if r.get("rose_env_steps_per_s") and r.get("speedup_vs_informed_peer")]
+    fig, axes = plt.subplots(1 + bool(acc), 1, figsize=(9, 3.5 * (1 + bool(acc))), squeeze=False)
+    if acc:
+        ax = axes[0][0]
+        width = 0.8 / len(ACCEPTANCE_BARS)
+        for i, (key, label) in enumerate(ACCEPTANCE_BARS):
+            vals = [r.get(key) or 0.0 for r in acc]
+            ax.bar([j + i * width for j in range(len(acc))], vals, width, label=label)
+        names = [f"{r['workload']} {r['num_timesteps'] / 1e6:g}M\n{r['date'][5:16]}" for r in acc]
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(acc))], names, fontsize=7)
+        ax.set_ylabel("steady env-steps/s")
+        ax.set_title("against the informed peer: whole runs, each in its own process")
+        ax.legend(fontsize=7)
+    ax = axes[-1][0]
+    shown = [r for r in rows if r.get("speedup_vs_flags_only") and r.get("variant") != "flags_only"]
+    names = [f"{r['workload']} {r['variant']}"[:40] for r in shown]
+    vals = [r["speedup_vs_flags_only"] for r in shown]
+    ax.bar(range(len(vals)), vals, color=["tab:green" if v > 1 else "tab:gray" for v in vals])
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(vals)), names, fontsize=5, rotation=90)
+    ax.set_ylabel("speedup vs flags only")
+    ax.set_title("one iteration in-process: each restructuring under the same options as flags only")
     fig.tight_layout()
     common.save_plot(fig, path)
 

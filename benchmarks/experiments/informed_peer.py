@@ -230,14 +230,26 @@ def child_equal(argv: list[str], options: dict[str, Any], result: str) -> int:
 # the parent: one process per run
 
 
+# An interval this much shorter than the median interval is two reports written together, not a
+# unit's time: rose-jax's driver reads each unit's metrics after dispatching the next, and on the
+# H100/H200 runs of 2026-12-05 the last two reports of every rose-jax run came within ~6 ms of
+# each other (a rate 600x the others'), the last unit's time inside the interval before.
+TOGETHER_SHARE = 0.1
+
+
 def _steady(points: list[tuple[int, float]], skip: int) -> tuple[float | None, list[float]]:
     """(median, rates) of env steps per second between consecutive points, the first ``skip``
-    intervals left out; None when fewer than 3 remain."""
-    rates = []
+    intervals left out, and any interval shorter than :data:`TOGETHER_SHARE` of the median
+    interval (reports written together); None when fewer than 3 remain."""
+    spans = []
     for (s0, t0), (s1, t1) in zip(points, points[1:], strict=False):
         if t1 > t0 and s1 > s0:
-            rates.append((s1 - s0) / (t1 - t0))
-    rates = rates[skip:]
+            spans.append((s1 - s0, t1 - t0))
+    spans = spans[skip:]
+    if spans:
+        typical = statistics.median(dt for _, dt in spans)
+        spans = [(ds, dt) for ds, dt in spans if dt >= TOGETHER_SHARE * typical]
+    rates = [ds / dt for ds, dt in spans]
     return (statistics.median(rates) if len(rates) >= 3 else None), rates
 
 

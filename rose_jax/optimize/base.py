@@ -118,7 +118,10 @@ class Transform:
       (:mod:`rose_jax.optimize.quotas`): ``""`` none run; ``"even"``: param ``groups`` identical
       workers, the even split, written as param ``quotas``; ``"probe"``: ``quota_branches(fn,
       state)`` gives the driver's and the worker's branches, each timed alone at a few quotas,
-      the worker's chosen quota written as param ``quota``.
+      the worker's chosen quota written as param ``quota``;
+    * ``chooses_options``: ``apply``'s step compiles its programs with XLA options it chooses
+      itself (split_compile measures them per stage): the search's base option set
+      (``OptimizeOptions.option_sets``) is not imposed on a plan that holds it.
     """
 
     name: str
@@ -132,6 +135,7 @@ class Transform:
     needs_program_tree: bool = dataclasses.field(default=False, compare=False)
     regroups_envs: bool = dataclasses.field(default=False, compare=False)
     worker_quotas: str = dataclasses.field(default="", compare=False)
+    chooses_options: bool = dataclasses.field(default=False, compare=False)
     quota_branches: Callable[[Any, Any], Sequence[Any]] | None = dataclasses.field(
         default=None, compare=False, repr=False
     )

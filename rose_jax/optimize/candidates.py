@@ -42,6 +42,8 @@ def generate_candidates(
     families: Sequence[str] | None = None,
     phases: Sequence[dict] | None = None,
     concurrent_processes: bool | None = None,
+    base_options: str | None = None,
+    options_saved_s: float = 0.0,
 ) -> list[Candidate]:
     """Every family's candidates for the windows (or, without windows, every loop by cost), with
     predicted gains, highest first (ties in family order).
@@ -51,6 +53,8 @@ def generate_candidates(
     components (``path``, ``level``, ``time_s``), so that predictions rest on measured component
     times (:func:`rose_jax.optimize.predict.measured_share`). ``concurrent_processes``: whether
     worker processes run concurrently with this one (an MPS client) or time-sliced (False).
+    ``base_options`` / ``options_saved_s``: the XLA option set the baseline already runs under
+    and what it saved per iteration against XLA's defaults (see ``CandidateContext``).
     """
     ctx = CandidateContext(
         tree,
@@ -63,6 +67,8 @@ def generate_candidates(
         tuple(group_modes),
         phases,
         concurrent_processes,
+        base_options,
+        options_saved_s,
     )
     wanted = None if families is None else set(families)
     out: list[Candidate] = []

@@ -78,16 +78,17 @@ def time_repeats(
 
 
 def time_alternating(
-    steps: list[Callable], state: Any, n_iters: int, repeats: int
+    steps: list[Callable], state: Any, n_iters: int, repeats: int, warmup: bool = True
 ) -> list[tuple[Any, Timing]]:
     """Time several iteration functions in turns (A B A B ...) so that drift hits all alike.
 
-    Each is warmed up (compiled) first; every run starts from ``state``. Returns, per function,
-    the final state of its last run and its per-iteration times.
+    Each is warmed up (compiled) first unless ``warmup=False`` (every one already ran); every run
+    starts from ``state``. Returns, per function, the final state of its last run and its
+    per-iteration times.
     """
     if n_iters < 1 or repeats < 1:
         raise ValueError(f"n_iters and repeats must be >= 1, got {n_iters}, {repeats}")
-    for step in steps:
+    for step in steps if warmup else ():
         jax.block_until_ready(step(state))
     finals: list[Any] = [state] * len(steps)
     times: list[list[float]] = [[] for _ in steps]

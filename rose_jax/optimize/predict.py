@@ -220,8 +220,10 @@ class CandidateContext:
     ``time_s`` per iteration) or None (then shares are flops-and-bytes shares); ``platform``:
     the JAX backend (``"cpu"``, ``"gpu"``); ``concurrent_processes``: whether worker processes
     run kernels concurrently with this one (True: it is an MPS client; False: time-sliced; None:
-    not known, modelled as concurrent); the rest are the variants the search tries (unroll
-    factors, env-group sizes and modes).
+    not known, modelled as concurrent); ``base_options``: the XLA option set the baseline runs
+    under (``OptimizeOptions.option_sets``; None: XLA's defaults) and ``options_saved_s`` the
+    seconds per iteration it saved against XLA's defaults; the rest are the variants the search
+    tries (unroll factors, env-group sizes and modes).
     """
 
     tree: Any
@@ -234,6 +236,8 @@ class CandidateContext:
     group_modes: Sequence[str] = ("interleaved", "processes")
     phases: Sequence[dict] | None = None
     concurrent_processes: bool | None = None
+    base_options: str | None = None
+    options_saved_s: float = 0.0
     by_path: dict = dataclasses.field(init=False, compare=False, repr=False)
     phase_s: dict = dataclasses.field(init=False, compare=False, repr=False)
     phase_total_s: float | None = dataclasses.field(init=False, compare=False, repr=False)

@@ -76,6 +76,10 @@ class PlanReport:
     # the quota step per multi-process transform of the plan (rose_jax.optimize.quotas.QuotaRecord)
     quotas: list[dict] = dataclasses.field(default_factory=list)
     windows: dict = dataclasses.field(default_factory=dict)  # where the search's windows came from
+    # the XLA option set the baseline and every candidate ran under (OptimizeOptions.option_sets):
+    # name, options, ms/iter of each set timed in turns, speedup vs XLA's defaults, refused sets;
+    # None: no set was tried (XLA's defaults)
+    base_options: dict | None = None
 
     def to_json(self) -> dict:
         return _clean(dataclasses.asdict(self))
@@ -114,6 +118,18 @@ def _fmt_equal(x: bool | None) -> str:
     return "not checked" if x is None else str(x)
 
 
+def _fmt_base_options(b: dict | None) -> str:
+    """The report's line on the baseline's XLA option set ("" where none was tried)."""
+    if not b:
+        return ""
+    times = ", ".join(f"{name} {_fmt_s(ms / 1e3)}" for name, ms in b.get("ms_per_iter", {}).items())
+    refused = "".join(f"; {name} refused: {why}" for name, why in (b.get("refused") or {}).items())
+    return (
+        f"\nXLA options of the baseline and every candidate: {b['name']} "
+        f"({b['speedup_vs_default']:.3f}x vs XLA's defaults; in turns: {times}{refused})"
+    )
+
+
 def format_report(report: PlanReport) -> str:
     """A human-readable table of the report."""
     head = (
@@ -125,6 +141,7 @@ def format_report(report: PlanReport) -> str:
         f"({report.equality}; baseline reproducible={report.baseline_reproducible}, max|d| "
         f"{'-' if report.baseline_max_abs_diff is None else f'{report.baseline_max_abs_diff:.2g}'})\n"
         f"plan: {', '.join(t['label'] for t in report.plan) or '(none: baseline kept)'}"
+        f"{_fmt_base_options(report.base_options)}"
     )
     rows = [("candidate", "window", "pred", "local", "e2e", "speedup", "max|d|", "kept", "reason")]
     for c in report.candidates:

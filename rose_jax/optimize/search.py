@@ -12,6 +12,14 @@ by more than the run-to-run spread of the baseline (measured twice) AND it is eq
 baseline within the transform's tolerance. Kept candidates are combined greedily (each addition
 re-validated). Every candidate, kept or not, is logged in the :class:`PlanReport` with the reason.
 
+The baseline is our program under its best global XLA options, not under XLA's defaults
+(``option_sets=``): before any candidate, the untransformed iteration is timed in turns under
+XLA's defaults and each option set (on a GPU the ``CONCURRENT`` command-buffer sets ``rose-jax
+train`` tries without ``--optimize``); the fastest is kept where it beats the default build by
+a margin, and every candidate is compiled and timed under it (split_compile, which measures its
+own options per stage, excepted). A plan is kept only for what it adds beyond those flags, and
+the step returned runs under them (``report.base_options`` says which set, with its timings).
+
 Equality (``equality=``, recorded in the report and in every candidate record):
 
 * ``"stepwise"`` (default): the baseline's own states ``s_0 .. s_{N-1}`` (N = ``n_iters``) are
@@ -51,6 +59,7 @@ every combination goes through one trial (:meth:`_Search.trial`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from typing import Any, Callable, NamedTuple, Sequence
@@ -60,7 +69,7 @@ import jax
 from rose_jax import profile as rp
 from rose_jax import trace as rtrace
 from rose_jax.compare import Comparison, compare_each, compare_trees
-from rose_jax.optimize import base, isolate, measure, quotas
+from rose_jax.optimize import base, isolate, measure, quotas, xla_options
 from rose_jax.optimize import cache as plan_cache
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import HostStep, Tolerance, Transform
@@ -140,6 +149,17 @@ class OptimizeOptions:
       also at most ``budget_share`` of that run at the baseline's speed (a search that costs more
       than a small share of its run cannot pay for itself; ``rose-jax train --optimize`` passes it).
     budget_share: see ``run_units``.
+    option_sets: XLA option sets (``{name: compiler options}``, names as in
+      :data:`rose_jax.optimize.xla_options.SETS`) the untransformed iteration is timed under, in
+      turns with XLA's defaults, before any candidate. The fastest, kept only when it beats the
+      default build by :data:`~rose_jax.optimize.xla_options.DEFAULT_MARGIN`, becomes the
+      baseline: every candidate is compiled and timed under it (except one that chooses its own
+      options, ``Transform.chooses_options``: split_compile) and the returned step runs under it.
+      So a plan is measured against our program with its best global options, the informed
+      baseline, not against XLA's defaults. ``"auto"``:
+      :func:`rose_jax.optimize.xla_options.candidate_sets` (on a GPU the sets ``rose-jax train``
+      tries without ``--optimize``; none on a CPU); None or ``{}``: XLA's defaults only. A set
+      that fails to compile or run is refused with the reason (``report.base_options``).
     learning_check: ``transform -> rose_jax.optimize.learning.LearningCheck`` (e.g.
       ``algos.equivalence.checker(config, env)``: both programs trained on the same >= 5 seeds).
       A faster candidate kept under a tolerance (``level="fn"``, results not bitwise equal) is
@@ -172,6 +192,7 @@ class OptimizeOptions:
     run_units: int | None = None
     budget_share: float = 0.1
     learning_check: Callable[[Transform], Any] | None = None
+    option_sets: dict | str | None = "auto"
 
     def __post_init__(self):
         if self.n_iters < 1 or self.repeats < 1:
@@ -209,6 +230,18 @@ class OptimizeOptions:
             raise ValueError(f"optimize: run_units must be a positive int or None, got {self.run_units!r}")
         if not 0 < self.budget_share <= 1:
             raise ValueError(f"optimize: budget_share must be in (0, 1], got {self.budget_share!r}")
+        sets = self.option_sets
+        named = isinstance(sets, dict) and all(
+            isinstance(k, str) and isinstance(v, dict) for k, v in sets.items()
+        )
+        if not (sets is None or sets == "auto" or named):
+            raise ValueError(
+                f"optimize: option_sets must be 'auto', None or {{name: {{XLA option: value}}}}, got {sets!r}"
+            )
+        if isinstance(sets, dict) and "default" in sets:
+            raise ValueError(
+                "optimize: option_sets must not name 'default' (XLA's defaults are always timed)"
+            )
 
     def budget(self, baseline_s: float) -> float | None:
         """Seconds the search may take: ``budget_s`` and ``budget_share`` of the run (None: no limit)."""
@@ -225,6 +258,12 @@ class OptimizeOptions:
     def isolating(self) -> bool:
         """Whether candidates are first compiled in a child process (``isolate`` resolved)."""
         return jax.default_backend() == "gpu" if self.isolate is None else self.isolate
+
+    def resolved_option_sets(self) -> dict[str, dict]:
+        """``option_sets`` with ``"auto"`` resolved for this process's backend (``{}``: none)."""
+        if self.option_sets == "auto":
+            return xla_options.candidate_sets()
+        return dict(self.option_sets or {})
 
     def resolved_equality_options(self) -> dict | None:
         """``equality_options`` with ``"auto"`` resolved for this process's backend."""
@@ -306,6 +345,44 @@ def compile_step(target: Any, host: bool = False, compiler_options: dict | None 
     if is_program:
         return HostIteration(target) if target.host else jax.jit(target.iteration())
     return target if host else jax.jit(target)
+
+
+def plan_step(transformed: Any, transforms: Sequence[Transform], options: dict | None = None) -> Callable:
+    """``compile_step`` of ``apply_plan(target, transforms)`` under the search's base XLA
+    ``options`` (see ``OptimizeOptions.option_sets``): none where a transform of the plan chooses
+    its own (``Transform.chooses_options``: split_compile), and a host step that cannot take
+    compiler options runs under XLA's defaults."""
+    host = _is_host(transforms)
+    if not options or any(t.chooses_options for t in transforms):
+        return compile_step(transformed, host=host)
+    try:
+        return compile_step(transformed, host=host, compiler_options=options)
+    except ValueError:  # HostStep.with_compiler_options: this step cannot be recompiled
+        return compile_step(transformed, host=host)
+
+
+def compile_sets(
+    target: Any, state: Any, sets: dict[str, dict]
+) -> tuple[dict[str, Callable], dict[str, str]]:
+    """``target`` compiled under each of ``sets`` (``{name: XLA options}``) and run once from
+    ``state``, the builds in parallel threads (XLA compiles without the GIL; a build the profile
+    already compiled is JAX's cached one). Returns ``(builds, refused)``: a set whose compile or
+    run fails is refused with the reason, never raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build(item):
+        name, options = item
+        try:
+            step = compile_step(target, compiler_options=options)
+            jax.block_until_ready(step(state))
+            return name, step, None
+        except Exception as e:  # noqa: BLE001 - e.g. an option this jaxlib does not know
+            return name, None, xla_options.reason(e)
+
+    with ThreadPoolExecutor(max(1, len(sets))) as pool:
+        done = list(pool.map(build, sets.items()))
+    builds = {name: step for name, step, why in done if why is None}
+    return builds, {name: why for name, _, why in done if why is not None}
 
 
 def _is_host(transforms: Sequence[Transform]) -> bool:
@@ -481,6 +558,8 @@ class _Search:
         # why the reference could not be built under the equality options (then every candidate
         # whose equality is checked is refused with it)
         self.reference_error: str | None = None
+        # XLA options every candidate is compiled under (None: XLA's defaults); see option_sets
+        self.base_options: dict | None = None
         self.base_step = compile_step(target)
         jax.block_until_ready(self.base_step(state))  # compile
         _, first_s = measure.run_iterations(self.base_step, state, 1)
@@ -494,15 +573,62 @@ class _Search:
                 f"one iteration per timed run: the baseline's iteration takes {first_s:.2f} s "
                 f"(>= {LONG_ITERATION_S:g} s)"
             )
-        # the baseline, measured twice (the spread decides what "faster" means)
+        # the baseline, measured twice (the spread decides what "faster" means); with option
+        # sets, the first of the two is the kept build's timing in turns with the others
         n, r = opts.n_iters, opts.repeats
-        self.ref_state, t1 = measure.time_repeats(self.base_step, state, n, r, warmup=False)
+        sets = opts.resolved_option_sets()
+        if sets:
+            self.ref_state, t1 = self._choose_options(sets)
+        else:
+            self.ref_state, t1 = measure.time_repeats(self.base_step, state, n, r, warmup=False)
+            report.measurements += r
         self.ref_again, t2 = measure.time_repeats(self.base_step, state, n, r, warmup=False)
-        report.measurements += 2 * r
+        report.measurements += r
         all_base = measure.Timing(t1.per_iter_s + t2.per_iter_s)
         self.baseline = all_base.median
         self.spread = max(abs(t1.median - t2.median), 2.0 * all_base.mad)
         report.baseline_s, report.baseline_spread_s = self.baseline, self.spread
+
+    def _choose_options(self, sets: dict[str, dict]) -> tuple[Any, measure.Timing]:
+        """Time the untransformed iteration under XLA's defaults and each of ``sets`` in turns
+        and make the fastest the baseline (``base_step``, ``base_options``) when it beats the
+        default build by ``xla_options.DEFAULT_MARGIN``; a set whose build fails is refused with
+        the reason. Returns the kept build's final state and timing (in turns with the others)."""
+        state, report, opts = self.state, self.report, self.opts
+        t0 = time.perf_counter()
+        builds, refused = compile_sets(self.target, state, sets)
+        for name, why in refused.items():
+            self.say(f"[optimize] XLA option set {name} refused: {why}")
+        names = ["default", *builds]
+        timed = measure.time_alternating(
+            [self.base_step, *builds.values()], state, opts.n_iters, opts.repeats, warmup=False
+        )
+        report.measurements += len(names) * opts.repeats
+        medians = {nm: t.median for nm, (_, t) in zip(names, timed, strict=True)}
+        best = min(medians, key=medians.get)
+        if best != "default" and medians[best] >= medians["default"] * (1 - xla_options.DEFAULT_MARGIN):
+            best = "default"  # not faster than the default build by the margin (noise)
+        if best != "default":
+            self.base_options, self.base_step = dict(sets[best]), builds[best]
+        speedup = medians["default"] / medians[best]
+        report.base_options = {
+            "name": best,
+            "options": dict(sets.get(best, {})),
+            "ms_per_iter": {nm: m * 1e3 for nm, m in medians.items()},
+            "speedup_vs_default": speedup,
+            "refused": refused,
+            "seconds": time.perf_counter() - t0,
+        }
+        times = ", ".join(f"{nm} {m * 1e3:.1f}" for nm, m in medians.items())
+        self.say(
+            f"[optimize] XLA options of the baseline: {best} kept ({speedup:.3f}x vs XLA's defaults; "
+            f"ms/iter in turns: {times}); every candidate is timed under them"
+        )
+        return timed[names.index(best)]
+
+    def compile(self, transformed: Any, transforms: Sequence[Transform]) -> Callable:
+        """:func:`plan_step` under the baseline's XLA options."""
+        return plan_step(transformed, transforms, self.base_options)
 
     # -- equality reference --------------------------------------------------------------
     @property
@@ -592,7 +718,7 @@ class _Search:
                     return None
             if rec.stage != "combine":
                 rec.stage = "e2e"
-            step = compile_step(transformed, host=host)
+            step = self.compile(transformed, transforms)
             (_, tb), (state_c, tc) = measure.time_alternating(
                 [self.base_step, step], self.state, opts.n_iters, opts.repeats
             )
@@ -735,7 +861,7 @@ class _Search:
         steps = []
         try:
             for plan in (plan_a, plan_b):
-                steps.append(compile_step(apply_plan(self.target, plan), host=_is_host(plan)))
+                steps.append(self.compile(apply_plan(self.target, plan), plan))
             (_, ta), (_, tb) = measure.time_alternating(
                 steps, self.state, self.opts.n_iters, self.opts.repeats
             )
@@ -871,15 +997,26 @@ class _Search:
         return plan, best_time, best_cmp
 
 
-def _reference_build(program, fn: Callable, state: Any, opts: OptimizeOptions) -> list:
-    """The equality reference's build (``fn`` under the equality options), for the profile to
-    compile beside its pieces: ``_Search.reference`` then finds it in JAX's cache instead of
-    compiling it after the baseline's timing. Only for a plain function (a Program's iteration
-    is a new function per call, so its build would not be found) with equality options."""
-    options = opts.resolved_equality_options()
-    if program is not None or not options or opts.windows != "profile":
+def _also_builds(program, fn: Callable, state: Any, opts: OptimizeOptions) -> list:
+    """The builds of ``fn`` under each option set (``option_sets``) and the equality reference's
+    (``fn`` under the equality options), for the profile to compile beside its pieces: the
+    search then finds them in JAX's cache instead of compiling them after the profile. Only for a
+    plain function (a Program's iteration is a new function per call, so its build would not be
+    found) that is profiled."""
+    if program is not None or opts.windows != "profile":
         return []
-    return [(jax.jit(fn, compiler_options=options), (state,))]
+    eq = opts.resolved_equality_options()
+    sets = [o for o in opts.resolved_option_sets().values() if o] + ([eq] if eq else [])
+    return [(jax.jit(fn, compiler_options=o), (state,)) for o in sets]
+
+
+def _options_context(base_options: dict | None) -> dict:
+    """``generate_candidates``' ``base_options`` / ``options_saved_s`` from the report's record
+    (nothing where no set was kept)."""
+    if not base_options or base_options["name"] == "default":
+        return {}
+    name, ms = base_options["name"], base_options["ms_per_iter"]
+    return {"base_options": name, "options_saved_s": (ms["default"] - ms[name]) / 1e3}
 
 
 def concurrent_processes() -> bool | None:
@@ -991,6 +1128,10 @@ def optimize(
     batch_size = opts.batch_size if opts.batch_size is not None else (program.num_envs if program else None)
     device = plan_cache.device_name()
     key = plan_cache.cache_key(fp, env_name, batch_size, device)
+    sets = opts.resolved_option_sets()
+    if sets:  # a plan searched over other option sets is another plan
+        tried = json.dumps(sets, sort_keys=True, default=str).encode()
+        key += "|options=" + hashlib.sha1(tried).hexdigest()[:12]
     name = program.name if program else getattr(base_fn, "__name__", "fn")
     report = PlanReport(name, fp, key, device, jax.__version__, opts.n_iters, opts.repeats, opts.equality)
 
@@ -1004,9 +1145,9 @@ def optimize(
             old.equal = None  # (a report cached before empty plans said "not checked")
         old.cache_path = opts.cache_dir
         say(f"[optimize] cache hit for {name}: plan {[t.label for t in transforms] or 'baseline'}")
-        return compile_step(result, host=_is_host(transforms)), old
+        return plan_step(result, transforms, (old.base_options or {}).get("options")), old
 
-    also = _reference_build(program, base_fn, example_state, opts)
+    also = _also_builds(program, base_fn, example_state, opts)
     windows, report.windows = resolve_windows(opts.windows, base_fn, example_state, say, also_compile=also)
     say(f"[optimize] {name}: compiling and timing the baseline")
     search = _Search(target, example_state, opts, report)
@@ -1037,6 +1178,7 @@ def optimize(
             families=opts.families,
             phases=report.windows.get("phases"),
             concurrent_processes=concurrent_processes(),
+            **_options_context(report.base_options),
         )
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
@@ -1069,4 +1211,4 @@ def optimize(
         f"[optimize] plan: {[t.label for t in plan] or 'baseline'}; speedup {report.speedup:.3f}x; "
         f"search {report.search_time_s:.1f}s"
     )
-    return compile_step(result, host=_is_host(plan)), report
+    return search.compile(result, plan), report

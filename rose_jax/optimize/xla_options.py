@@ -103,7 +103,8 @@ def candidate_sets(names: tuple[str, ...] | None = None) -> dict[str, dict[str, 
     return {n: SETS[n] for n in names if n != "default"}
 
 
-def _reason(e: BaseException) -> str:
+def reason(e: BaseException) -> str:
+    """A failed build's reason in one line (at most 200 characters)."""
     return " ".join(f"{type(e).__name__}: {e}".split())[:200]
 
 
@@ -179,7 +180,7 @@ class TrialStep:
         try:
             self.builds[first] = lowered.compile(compiler_options=self.candidates[first] or None)
         except Exception as e:  # a set this jaxlib or GPU does not take: refused, said why
-            self.refused[first] = _reason(e)
+            self.refused[first] = reason(e)
             self.builds["default"] = lowered.compile()
         rest = {n: self.candidates.get(n, {}) for n in ["default", *names[1:]] if n not in self.builds}
         self._order = ["default", *names]
@@ -218,7 +219,7 @@ class TrialStep:
             self.cache_key = self._key(lowered)
             entry = cache.lookup(self.cache_dir, self.cache_key)
         except (OSError, ValueError) as e:  # an unreadable cache: the trial runs, said why
-            self.log(f"XLA options: plan cache not used ({_reason(e)})")
+            self.log(f"XLA options: plan cache not used ({reason(e)})")
             return False
         if not entry or entry.get("chosen") not in ("default", *self.candidates):
             return False
@@ -254,7 +255,7 @@ class TrialStep:
         try:
             cache.store(self.cache_dir, self.cache_key, entry)
         except (OSError, ValueError) as e:  # the decision holds for this run; a later one tries again
-            self.log(f"XLA options: decision not cached ({_reason(e)})")
+            self.log(f"XLA options: decision not cached ({reason(e)})")
 
     def _harvest(self, wait: bool = False) -> None:
         """Take the background compiles that have finished (all of them with ``wait``)."""
@@ -268,7 +269,7 @@ class TrialStep:
             except Exception as e:
                 if name == "default":  # the algorithm's own jit would fail the same way
                     raise
-                self.refused[name] = _reason(e)
+                self.refused[name] = reason(e)
         if not self._pending and self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
