@@ -222,11 +222,13 @@ def test_cached_run_row_takes_its_rate_and_the_first_runs_wall_time(tmp_path, ca
     rate is the rose column, and the first run's whole wall time is folded in from the newest earlier
     row with the same plan; a different plan or a cut first run is not folded."""
     entry = {"plan": [{"name": "offload_component", "label": "offload_component()", "tolerance": {}}],
-             "report": {"equal": True, "search_time_s": 300.0, "candidates": []}}
+             "report": {"equal": True, "search_time_s": 300.0, "candidates": [],
+                        "base_options": {"name": "concurrent_no_loops"}}}
     runs = {"peer_default": _run(200.0), "peer_flags": _run(240.0),
             "rose_cached": _run(300.0, plan_cache=[entry], end_to_end_s=90.0)}
     row = B.acceptance_row("ppo-ant", "ppo", 4_000_000, runs)
     assert row["rose_env_steps_per_s"] == 300.0 and row["rose_run"] == "rose_cached"
+    assert row["base_options"] == "concurrent_no_loops"  # the set the search's baseline ran under
     assert row["plan"] == ["offload_component()"] and row["target_met"] is True
     first = {"workload": "ppo-ant", "num_timesteps": 4_000_000, "plan": ["offload_component()"],
              "end_to_end_s": {"rose": 400.0}, "date": "d1", "search_s": 300.0, "command": {"rose": "c"}}

@@ -459,6 +459,9 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
         "target_met": met,
         "plan": [t.get("label") for t in plan]
         or (["baseline (no candidate kept)"] if finished else ["not known: the run did not finish"]),
+        # the XLA option set the search's baseline, every candidate and the run ran under (None: a
+        # search before the baseline was timed under option sets)
+        "base_options": (report.get("base_options") or {}).get("name"),
         # an empty plan runs the program itself; a kept plan was compared by the search
         "equal": (True if finished else None) if not plan else report.get("equal"),
         "max_abs_diff": report.get("max_abs_diff"),
@@ -701,7 +704,8 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
                     common.fmt(r.get("speedup_vs_informed_peer"), ".3f"),
                     common.fmt(r.get("speedup_vs_flags_only"), ".3f"),
                     "-" if r.get("target_met") is None else ("yes" if r["target_met"] else "no (miss)"),
-                    "; ".join(r.get("plan") or []) or r.get("error", "-"),
+                    ("; ".join(r.get("plan") or []) or r.get("error", "-"))
+                    + (f" (under {r['base_options']})" if r.get("base_options") else ""),
                     common.fmt_equal(r.get("equal")),
                     f"rtol {r['tolerance'].get('rtol')}" if r.get("tolerance") else "-",
                     _learning_cell(r["learning_check"]) if isinstance(r.get("learning_check"), dict) else "-",

@@ -771,6 +771,7 @@ class _Search:
         out = isolate.check(
             fn,
             (self.state,),
+            compiler_options=self.base_options,  # as it will be compiled here
             label=rec.label,
             cache_dir=self.opts.cache_dir,
             fingerprint=self.report.fingerprint,
@@ -1000,10 +1001,11 @@ class _Search:
 def _also_builds(program, fn: Callable, state: Any, opts: OptimizeOptions) -> list:
     """The builds of ``fn`` under each option set (``option_sets``) and the equality reference's
     (``fn`` under the equality options), for the profile to compile beside its pieces: the
-    search then finds them in JAX's cache instead of compiling them after the profile. Only for a
-    plain function (a Program's iteration is a new function per call, so its build would not be
-    found) that is profiled."""
-    if program is not None or opts.windows != "profile":
+    search then finds them in JAX's cache instead of compiling them after the profile. Only when
+    profiled, and for a Program only with JAX's persistent compilation cache on (a Program's
+    iteration is a new function per call: its build is found by its HLO in the persistent cache,
+    not in the in-memory one; ``rose-jax train`` turns the persistent cache on)."""
+    if opts.windows != "profile" or (program is not None and isolate.persistent_cache_dir() is None):
         return []
     eq = opts.resolved_equality_options()
     sets = [o for o in opts.resolved_option_sets().values() if o] + ([eq] if eq else [])
