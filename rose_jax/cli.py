@@ -453,8 +453,14 @@ def _train(args, locked: list[Any]) -> int:
             if args.optimize:
                 # the search's baseline is the unit under the fastest of these sets (as without
                 # --optimize), and every candidate is timed under it
-                kwargs["make_step"] = _optimized_step_maker(job, lambda m: tqdm.write(m, file=sys.stdout),
-                                                            {**budget, "option_sets": trial_sets})
+                # a run too short to pay for a search trains as without --optimize (the option trial)
+                write = lambda m: tqdm.write(m, file=sys.stdout)  # noqa: E731
+                fallback = _trial_step_maker(
+                    job, trial_sets, lambda m: write(f"rose-jax train: {m}"),
+                    lambda record: run.write_run({**info, "xla_options": record}),
+                ) if trial_sets else None
+                kwargs["make_step"] = _optimized_step_maker(job, write, {**budget, "option_sets": trial_sets},
+                                                            fallback)
             elif trial_sets:
                 kwargs["make_step"] = _trial_step_maker(
                     job, trial_sets, lambda m: tqdm.write(f"rose-jax train: {m}", file=sys.stdout),
@@ -657,7 +663,7 @@ def _learning_check_kw(job: Job, steps: int) -> dict[str, Any]:
         raise _fail(f"--learning-check-steps {steps}: {e}") from None
 
 
-def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None):
+def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, fallback=None):
     """``train --optimize``: ``make_step(state)`` searches (or loads the cached) rose-jax plan of
     what train runs per report (PPO: the iteration program, or with ``num_evals`` set the epoch of
     iterations and its evaluation; SAC: the epoch with its evaluation).
@@ -665,6 +671,8 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None):
     The search measures the untransformed unit and each candidate end to end and keeps a
     candidate only if it is faster and computes the same result (``rose_jax.optimize.optimize``);
     plans are cached per (program, env, batch, GPU, jax version), so a second run skips the search.
+    Where the run is too short to pay for a search (``report.skipped``), ``fallback(state)`` (the
+    option trial of a run without ``--optimize``) makes the step, when given.
     """
 
     def make_step(state):
@@ -680,6 +688,10 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None):
         step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(),
                                             env_name=job.env_name, batch_size=job.config.num_envs,
                                             windows="profile", quotas="auto", log=log, **limits)
+        if report.skipped:
+            log(f"rose-jax train: --optimize: {report.skipped}"
+                + ("; training as without --optimize (its XLA option trial)" if fallback else ""))
+            return fallback(state) if fallback is not None else step
         log(rj_optimize.format_report(report))
         return step
 

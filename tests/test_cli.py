@@ -135,6 +135,36 @@ def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys
     assert a[-1]["policy_loss"] == b[-1]["policy_loss"]
 
 
+def test_train_optimize_on_a_run_too_short_for_a_search_trains_as_without(tmp_path, capsys, monkeypatch):
+    """`train --optimize` with the default budget on a run whose tenth is under MIN_SEARCH_UNITS
+    units skips the search (one line says why) and runs the option trial of a plain `train` (on a
+    CPU the GPU sets are none: a CPU-valid one through the variable); no plan is cached (the
+    trial's decision is, as without --optimize)."""
+    monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans"))
+    monkeypatch.setenv("ROSE_JAX_XLA_OPTION_SETS", '{"o1": {"xla_backend_optimization_level": 1}}')
+    from rose_jax.optimize import xla_options
+
+    made, real = [], xla_options.trial_maker
+
+    def spy(unit_fn, units, sets, **kw):  # records the sets the fallback's trial was made with
+        made.append(sets)
+        return real(unit_fn, units, sets, **kw)
+
+    monkeypatch.setattr(xla_options, "trial_maker", spy)
+    argv = ["train", "--env", "pendulum", "--algo", "ppo", "--optimize", "--steps", "8192",
+            "--set", "num_envs=16", "--set", "unroll_length=8", "--set", "num_minibatches=2",
+            "--run-dir", str(tmp_path / "a")]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "--optimize: search skipped" in out and "training as without --optimize" in out
+    assert "candidate  " not in out  # no plan table
+    # the step is the option trial's (whether it decides before this short run ends depends on
+    # its background compile: its own tests check the decision)
+    assert made and set(made[0]) == {"o1"}
+    plans = tmp_path / "plans" / "plans.json"  # at most the trial's decision, never a searched plan
+    assert not plans.exists() or not [e for e in json.loads(plans.read_text()).values() if "plan" in e]
+
+
 def test_optimize_budget_bad_value_is_one_line(tmp_path, capsys):
     argv = ["train", "--env", "pendulum", "--optimize", "--optimize-budget", "soon",
             "--run-dir", str(tmp_path / "r")]

@@ -645,8 +645,10 @@ def test_search_without_check_slower_skips_equality_of_slower_candidates_only():
 
 def test_search_stops_early_when_its_budget_is_spent():
     """budget_s (or budget_share of a run of run_units at the baseline's speed): once spent, no
-    further candidate is measured, the best plan so far is kept and the report says so; a long
-    enough run gives the search room to keep the faster candidate."""
+    further candidate is measured, the best plan so far is kept and the report says so; a run
+    whose share is under MIN_SEARCH_UNITS units gets no search at all (nothing measured after the
+    baseline's compile and first run); a long enough run gives the search room to keep the faster
+    candidate."""
     cands = [drop_sleep(), synthetic("toy_slower", _sleepier)]
     logged: list[str] = []
     _, report = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=1, repeats=2, budget_s=0.0,
@@ -656,7 +658,12 @@ def test_search_stops_early_when_its_budget_is_spent():
     assert any("stopped early" in n for n in report.notes) and any("stopped early" in m for m in logged)
     # a 2-iteration run at ~20 ms/iter leaves 10 % of 40 ms: too little for a candidate
     _, short = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=1, repeats=2, run_units=2)
-    assert not short.plan and any("stopped early" in n for n in short.notes)
+    assert not short.plan and short.skipped and "search skipped" in short.skipped
+    assert short.measurements == 0 and not short.candidates and short.baseline_s is None
+    # an explicit budget below the run's share is the user's: the search runs and stops early
+    _, capped = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=1, repeats=2, run_units=1000,
+                           budget_s=0.0)
+    assert capped.skipped is None and any("stopped early" in n for n in capped.notes)
     _, long = O.optimize(slow_iteration, EXAMPLE, candidates=cands, n_iters=1, repeats=2, run_units=10**6)
     assert [p["name"] for p in long.plan] == ["toy_drop_sleep"]
     assert not any("stopped" in n for n in long.notes)

@@ -80,6 +80,8 @@ class PlanReport:
     # name, options, ms/iter of each set timed in turns, speedup vs XLA's defaults, refused sets;
     # None: no set was tried (XLA's defaults)
     base_options: dict | None = None
+    # why no search ran (the run's share for it is under MIN_SEARCH_UNITS units); None: it ran
+    skipped: str | None = None
 
     def to_json(self) -> dict:
         return _clean(dataclasses.asdict(self))

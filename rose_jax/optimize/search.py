@@ -148,6 +148,9 @@ class OptimizeOptions:
     run_units: the units (iterations, epochs) of the run the plan serves; with it the budget is
       also at most ``budget_share`` of that run at the baseline's speed (a search that costs more
       than a small share of its run cannot pay for itself; ``rose-jax train --optimize`` passes it).
+      Where that share is under :data:`MIN_SEARCH_UNITS` units (and no smaller ``budget_s`` was
+      given), no search runs: after the baseline's compile and one run, the untransformed step is
+      returned, nothing is cached and ``report.skipped`` says why.
     budget_share: see ``run_units``.
     option_sets: XLA option sets (``{name: compiler options}``, names as in
       :data:`rose_jax.optimize.xla_options.SETS`) the untransformed iteration is timed under, in
@@ -573,6 +576,12 @@ class _Search:
                 f"one iteration per timed run: the baseline's iteration takes {first_s:.2f} s "
                 f"(>= {LONG_ITERATION_S:g} s)"
             )
+        self.first_s = first_s
+
+    def time_baseline(self) -> None:
+        """The option trial (``option_sets``) and the baseline's two timings (``baseline``,
+        ``spread``)."""
+        state, opts, report = self.state, self.opts, self.report
         # the baseline, measured twice (the spread decides what "faster" means); with option
         # sets, the first of the two is the kept build's timing in turns with the others
         n, r = opts.n_iters, opts.repeats
@@ -1012,6 +1021,30 @@ def _also_builds(program, fn: Callable, state: Any, opts: OptimizeOptions) -> li
     return [(jax.jit(fn, compiler_options=o), (state,)) for o in sets]
 
 
+# A search's least cost in iterations of the unit it optimizes, from PPO ant's 4.2 s epoch on the
+# H100 (benchmarks/results/beyond_flags/, 2026-12-05 21:27): its profile took 109 s (26 units),
+# the baseline's timings and the option trial about 12 units, one candidate 14-18 units (two
+# compiles and its timed turns). A run whose share (``budget_share`` of ``run_units``) is
+# smaller gets no search.
+MIN_SEARCH_UNITS = 40
+
+
+def _too_short(opts: OptimizeOptions, first_s: float) -> str | None:
+    """Why the search is skipped (None: it runs): the budget is the run's share
+    (``budget_share`` x ``run_units`` units, not an explicit ``budget_s``) and under
+    :data:`MIN_SEARCH_UNITS` units."""
+    if opts.run_units is None:
+        return None
+    share = opts.budget_share * opts.run_units
+    if share >= MIN_SEARCH_UNITS or (opts.budget_s is not None and opts.budget_s < share * first_s):
+        return None
+    return (
+        f"search skipped: the run's share for it ({opts.budget_share:.0%} of {opts.run_units} units, "
+        f"{share * first_s:.3g} s at {first_s:.3g} s per unit) is under the {MIN_SEARCH_UNITS} units a "
+        "profile, the option trial and one candidate take; the untransformed iteration is returned"
+    )
+
+
 def _options_context(base_options: dict | None) -> dict:
     """``generate_candidates``' ``base_options`` / ``options_saved_s`` from the report's record
     (nothing where no set was kept)."""
@@ -1149,10 +1182,19 @@ def optimize(
         say(f"[optimize] cache hit for {name}: plan {[t.label for t in transforms] or 'baseline'}")
         return plan_step(result, transforms, (old.base_options or {}).get("options")), old
 
+    say(f"[optimize] {name}: compiling the baseline")
+    search = _Search(target, example_state, opts, report)
+    skip = _too_short(opts, search.first_s)
+    if skip:  # the run cannot pay for a search: the untransformed step, nothing measured or cached
+        report.skipped = skip
+        report.notes.append(skip)
+        report.search_time_s = time.perf_counter() - t_start
+        say(f"[optimize] {skip}")
+        return search.base_step, report
     also = _also_builds(program, base_fn, example_state, opts)
     windows, report.windows = resolve_windows(opts.windows, base_fn, example_state, say, also_compile=also)
-    say(f"[optimize] {name}: compiling and timing the baseline")
-    search = _Search(target, example_state, opts, report)
+    say(f"[optimize] {name}: timing the baseline")
+    search.time_baseline()
     n = search.opts.n_iters
     say(f"[optimize] {name}: baseline timed x2 ({opts.repeats} repeats of {n} iteration(s))")
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
