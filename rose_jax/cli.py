@@ -450,22 +450,21 @@ def _train(args, locked: list[Any]) -> int:
                 keep_checkpoints=args.keep_checkpoints or None,
                 resume=latest is not None,
             )
+            # the option trial: what trains without --optimize, and with it where the run is too
+            # short to pay for a search
+            trial = _trial_step_maker(
+                job, trial_sets, lambda m: tqdm.write(f"rose-jax train: {m}", file=sys.stdout),
+                lambda record: run.write_run({**info, "xla_options": record}),
+            ) if trial_sets else None
             if args.optimize:
-                # the search's baseline is the unit under the fastest of these sets (as without
-                # --optimize), and every candidate is timed under it
-                # a run too short to pay for a search trains as without --optimize (the option trial)
-                write = lambda m: tqdm.write(m, file=sys.stdout)  # noqa: E731
-                fallback = _trial_step_maker(
-                    job, trial_sets, lambda m: write(f"rose-jax train: {m}"),
-                    lambda record: run.write_run({**info, "xla_options": record}),
-                ) if trial_sets else None
-                kwargs["make_step"] = _optimized_step_maker(job, write, {**budget, "option_sets": trial_sets},
-                                                            fallback)
-            elif trial_sets:
-                kwargs["make_step"] = _trial_step_maker(
-                    job, trial_sets, lambda m: tqdm.write(f"rose-jax train: {m}", file=sys.stdout),
-                    lambda record: run.write_run({**info, "xla_options": record}),
+                # the search's baseline is the unit under the fastest of the same sets, and every
+                # candidate is timed under it
+                kwargs["make_step"] = _optimized_step_maker(
+                    job, lambda m: tqdm.write(m, file=sys.stdout), {**budget, "option_sets": trial_sets},
+                    fallback=trial,
                 )
+            elif trial is not None:
+                kwargs["make_step"] = trial
             try:
                 state, _ = job.algo.train_with_config(job.config, job.env, **kwargs)
             except (ValueError, TypeError) as e:

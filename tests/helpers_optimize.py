@@ -7,6 +7,24 @@ import jax
 import psutil
 
 
+def core(state):
+    """A toy iteration's work under one component (``update``), for the search's tests."""
+    import jax.numpy as jnp
+
+    import rose_jax
+
+    with rose_jax.component("update"):
+        w = state["w"] * 0.99 + 0.01 * jnp.tanh(state["w"])
+    return {"w": w, "n": state["n"] + 1}, {"norm": jnp.sum(w * w)}
+
+
+def example_state():
+    """The toy iteration's state: 16 floats and a step counter."""
+    import jax.numpy as jnp
+
+    return {"w": jnp.linspace(-1.0, 1.0, 16), "n": jnp.zeros((), jnp.int32)}
+
+
 def tiny_ppo_config(num_envs: int = 4, unroll_length: int = 4, **overrides):
     """A PPO configuration small enough for a CPU test: 2 minibatches, 1 epoch, 8 hidden units."""
     from algos import ppo

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import helpers_optimize as H
 import rose_jax
 from rose_jax import optimize as O
 from rose_jax.optimize import base as T
@@ -26,20 +27,14 @@ from rose_jax.optimize import report as plan_report
 O1 = {"xla_backend_optimization_level": 1}
 
 
-def core(state):
-    with rose_jax.component("update"):
-        w = state["w"] * 0.99 + 0.01 * jnp.tanh(state["w"])
-    return {"w": w, "n": state["n"] + 1}, {"norm": jnp.sum(w * w)}
-
-
 def iteration(state):
-    new, metrics = core(state)
+    new, metrics = H.core(state)
     with rose_jax.component("extra"):
         w = new["w"] + 0.0 * jnp.sin(new["w"])
     return {"w": w, "n": new["n"]}, metrics
 
 
-EXAMPLE = {"w": jnp.linspace(-1.0, 1.0, 16), "n": jnp.zeros((), jnp.int32)}
+EXAMPLE = H.example_state()
 
 
 def identity_transform(name="toy_same"):

@@ -551,10 +551,7 @@ def _sleep(seconds):
     return io_callback(cb, jax.ShapeDtypeStruct((), jnp.float32), ordered=True)
 
 
-def core(state):
-    with rose_jax.component("update"):
-        w = state["w"] * 0.99 + 0.01 * jnp.tanh(state["w"])
-    return {"w": w, "n": state["n"] + 1}, {"norm": jnp.sum(w * w)}
+core = H.core
 
 
 def slow_iteration(state):
@@ -586,7 +583,7 @@ def _wrong(fn):
     return wrong
 
 
-EXAMPLE = {"w": jnp.linspace(-1.0, 1.0, 16), "n": jnp.zeros((), jnp.int32)}
+EXAMPLE = H.example_state()
 
 
 def test_search_keeps_faster_equal_and_rejects_slower_and_unequal():

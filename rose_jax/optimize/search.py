@@ -614,9 +614,7 @@ class _Search:
         )
         report.measurements += len(names) * opts.repeats
         medians = {nm: t.median for nm, (_, t) in zip(names, timed, strict=True)}
-        best = min(medians, key=medians.get)
-        if best != "default" and medians[best] >= medians["default"] * (1 - xla_options.DEFAULT_MARGIN):
-            best = "default"  # not faster than the default build by the margin (noise)
+        best = xla_options.fastest(medians)  # the rule of rose-jax train's own trial
         if best != "default":
             self.base_options, self.base_step = dict(sets[best]), builds[best]
         speedup = medians["default"] / medians[best]

@@ -103,6 +103,17 @@ def candidate_sets(names: tuple[str, ...] | None = None) -> dict[str, dict[str, 
     return {n: SETS[n] for n in names if n != "default"}
 
 
+def fastest(medians: dict[str, float], margin: float = DEFAULT_MARGIN) -> str:
+    """The build to keep from per-unit medians by name (``"default"``: XLA's defaults): the
+    fastest, unless it does not beat the default build's median by ``margin`` (noise); the
+    default where there is nothing to compare. The one rule of the trial and the search."""
+    base = medians.get("default")
+    best = min(medians, key=medians.get) if medians else "default"
+    if base is None or best == "default" or medians[best] > base * (1 - margin):
+        return "default"
+    return best
+
+
 def reason(e: BaseException) -> str:
     """A failed build's reason in one line (at most 200 characters)."""
     return " ".join(f"{type(e).__name__}: {e}".split())[:200]
@@ -299,9 +310,9 @@ class TrialStep:
     def _decide(self) -> None:
         medians = {n: statistics.median(t) for n, t in self.times.items() if t}
         base = medians.get("default")
-        best = min(medians, key=medians.get) if medians else "default"
+        best = fastest(medians, self.margin)
         refused = "".join(f"; {n} refused ({why})" for n, why in self.refused.items())
-        if base is None or best == "default" or medians[best] > base * (1 - self.margin):
+        if best == "default":
             self.chosen = "default"
             if medians and base is not None and len(medians) > 1:
                 others = ", ".join(f"{n} {medians[n] * 1e3:.1f} ms" for n in medians if n != "default")
