@@ -355,7 +355,6 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
     ``on_progress(row)``: called with the row so far after each run (``"partial": True``), so a
     call cut short keeps what it measured."""
     import shutil
-    import tempfile
 
     from benchmarks.experiments import informed_peer as ip
 
@@ -367,7 +366,22 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
         runs[v] = ip.peer_run(name, v, steps, args.smoke, args.run_timeout_s, _log_path(args, name, v))
         if on_progress:
             on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
-    dirs = []
+    dirs: list[str] = []
+    try:
+        _rose_runs(args, name, w["algo"], steps, runs, dirs, on_progress)
+    finally:  # a run that raised (a timeout, ^C) leaves no cache directories behind
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    return acceptance_row(name, w["algo"], steps, runs)
+
+
+def _rose_runs(args, name: str, algo: str, steps: int, runs: dict, dirs: list[str], on_progress) -> None:
+    """``rose-jax train`` (flags only), ``--optimize`` and its cached rerun, as ``args`` asks; the
+    temporary cache directories made go into ``dirs``."""
+    import tempfile
+
+    from benchmarks.experiments import informed_peer as ip
+
     kept_plans = getattr(args, "plan_cache", None)
     for v, variant, extra in (
         ("flags_only", "rose_first", ()),
@@ -390,10 +404,7 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
         )
         runs[v]["plan_cache"] = _plan_entries(caches["plans"])
         if on_progress and v == "flags_only":
-            on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
-    for d in dirs:
-        shutil.rmtree(d, ignore_errors=True)
-    return acceptance_row(name, w["algo"], steps, runs)
+            on_progress({**acceptance_row(name, algo, steps, runs), "partial": True})
 
 
 # the acceptance runs in the order they run (and are shown); rose_cached: `rose-jax train --optimize`
