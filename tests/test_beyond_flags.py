@@ -168,7 +168,7 @@ def test_acceptance_bad_peer_variant_is_an_argparse_error(capsys):
 def test_acceptance_writes_the_row_after_each_run(tmp_path, monkeypatch):
     """Stand-in runs (this unit test's mock of the child processes; the CPU smoke of the real ones
     is `beyond_flags --acceptance --smoke`): after each run the row so far is on disk, marked
-    partial, and a run that raises leaves the earlier runs' numbers written."""
+    partial, and a run that raises leaves the earlier runs' numbers written and no temporary cache."""
     import argparse
 
     from benchmarks.experiments import informed_peer as ip
@@ -178,8 +178,12 @@ def test_acceptance_writes_the_row_after_each_run(tmp_path, monkeypatch):
     def peer(name, v, steps, smoke, timeout, log_path):
         return {"steady_env_steps_per_s": 1000.0, "returncode": 0}
 
+    made = []
+
     def rose(name, variant, steps, smoke, caches, timeout, extra, log_path):
         seen.append(json.load(open(tmp_path / "results.json"))["acceptance"][-1])
+        made.extend(caches.values())
+        assert all(os.path.isdir(d) for d in caches.values())
         if variant == "rose_optimize_first":
             raise RuntimeError("the call ended")
         return {"steady_env_steps_per_s": 1100.0, "returncode": 0}
@@ -195,6 +199,8 @@ def test_acceptance_writes_the_row_after_each_run(tmp_path, monkeypatch):
     final = json.load(open(tmp_path / "results.json"))["acceptance"]
     assert len(final) == 1 and "the call ended" in final[0]["error"]
     assert final[0]["flags_only_env_steps_per_s"] == 1100.0  # what was measured stays
+    # the runs' temporary caches are gone, the raising run's too
+    assert len(made) == 4 and not any(os.path.exists(d) for d in made)
 
 
 def test_acceptance_runs_only_the_rose_variants_asked_for(tmp_path, monkeypatch):

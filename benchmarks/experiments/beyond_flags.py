@@ -354,7 +354,8 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
     plan, its equality, tolerance and learning check from the search's report (the plan cache).
     ``on_progress(row)``: called with the row so far after each run (``"partial": True``), so a
     call cut short keeps what it measured."""
-    import shutil
+    import contextlib
+    import tempfile
 
     from benchmarks.experiments import informed_peer as ip
 
@@ -366,45 +367,35 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
         runs[v] = ip.peer_run(name, v, steps, args.smoke, args.run_timeout_s, _log_path(args, name, v))
         if on_progress:
             on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
-    dirs: list[str] = []
-    try:
-        _rose_runs(args, name, w["algo"], steps, runs, dirs, on_progress)
-    finally:  # a run that raised (a timeout, ^C) leaves no cache directories behind
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
-    return acceptance_row(name, w["algo"], steps, runs)
-
-
-def _rose_runs(args, name: str, algo: str, steps: int, runs: dict, dirs: list[str], on_progress) -> None:
-    """``rose-jax train`` (flags only), ``--optimize`` and its cached rerun, as ``args`` asks; the
-    temporary cache directories made go into ``dirs``."""
-    import tempfile
-
-    from benchmarks.experiments import informed_peer as ip
-
     kept_plans = getattr(args, "plan_cache", None)
-    for v, variant, extra in (
-        ("flags_only", "rose_first", ()),
-        ("rose", "rose_optimize_first", tuple(args.optimize_argv)),
-        ("rose_cached", "rose_optimize_cached", tuple(args.optimize_argv)),
-    ):
-        if v not in args.rose_variants:
-            continue
-        caches = {"compile": tempfile.mkdtemp(prefix=f"bf-{name}-{v}-compile-")}
-        dirs.append(caches["compile"])
-        if kept_plans and v != "flags_only":  # --plan-cache: the search's plan outlives the call
-            os.makedirs(kept_plans, exist_ok=True)
-            caches["plans"] = kept_plans
-        else:
-            caches["plans"] = tempfile.mkdtemp(prefix=f"bf-{name}-{v}-plans-")
-            dirs.append(caches["plans"])
-        common.log(f"{name}: {v} ({steps:,} env steps{', ' + ' '.join(extra) if extra else ''})")
-        runs[v] = ip.rose_run(
-            name, variant, steps, args.smoke, caches, args.run_timeout_s, extra, _log_path(args, name, v)
-        )
-        runs[v]["plan_cache"] = _plan_entries(caches["plans"])
-        if on_progress and v == "flags_only":
-            on_progress({**acceptance_row(name, algo, steps, runs), "partial": True})
+    # the runs' temporary caches, removed when the runs end, also when one raises (a timeout, ^C)
+    with contextlib.ExitStack() as temporary:
+
+        def tempdir(prefix: str) -> str:
+            made = tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True)
+            return temporary.enter_context(made)
+
+        for v, variant, extra in (
+            ("flags_only", "rose_first", ()),
+            ("rose", "rose_optimize_first", tuple(args.optimize_argv)),
+            ("rose_cached", "rose_optimize_cached", tuple(args.optimize_argv)),
+        ):
+            if v not in args.rose_variants:
+                continue
+            caches = {"compile": tempdir(f"bf-{name}-{v}-compile-")}
+            if kept_plans and v != "flags_only":  # --plan-cache: the search's plan outlives the call
+                os.makedirs(kept_plans, exist_ok=True)
+                caches["plans"] = kept_plans
+            else:
+                caches["plans"] = tempdir(f"bf-{name}-{v}-plans-")
+            common.log(f"{name}: {v} ({steps:,} env steps{', ' + ' '.join(extra) if extra else ''})")
+            runs[v] = ip.rose_run(
+                name, variant, steps, args.smoke, caches, args.run_timeout_s, extra, _log_path(args, name, v)
+            )
+            runs[v]["plan_cache"] = _plan_entries(caches["plans"])
+            if on_progress and v == "flags_only":
+                on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
+    return acceptance_row(name, w["algo"], steps, runs)
 
 
 # the acceptance runs in the order they run (and are shown); rose_cached: `rose-jax train --optimize`
