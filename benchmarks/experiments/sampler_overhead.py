@@ -36,12 +36,21 @@ def overhead_iters(fn, state, args) -> int:
 
     if args.overhead_block_s <= 0:
         return args.overhead_iters
-    out = jax.block_until_ready(fn(state))  # compile
-    s = out[0] if isinstance(out, tuple) else state
-    t = time.perf_counter()
+
+    def chain(s):  # one iteration; its state goes on (an iteration returns (state, metrics))
+        out = jax.block_until_ready(fn(s))
+        return out[0] if isinstance(out, tuple) else s
+
+    # two untimed calls: the compile, then the first call on the iteration's own output (its
+    # arrays can take the dispatch slow path once); then the median of 3 timed iterations, so
+    # that one slow call does not shrink the block
+    s = chain(chain(state))
+    times = []
     for _ in range(3):
-        s = jax.block_until_ready(fn(s))[0]
-    per_iter = (time.perf_counter() - t) / 3
+        t = time.perf_counter()
+        s = chain(s)
+        times.append(time.perf_counter() - t)
+    per_iter = sorted(times)[1]
     return max(args.overhead_iters, math.ceil(args.overhead_block_s / max(per_iter, 1e-6)))
 
 
