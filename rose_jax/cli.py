@@ -452,16 +452,20 @@ def _train(args, locked: list[Any]) -> int:
             )
             # the option trial: what trains without --optimize, and with it where the run is too
             # short to pay for a search
+            def record_in_run(key: str, value: dict[str, Any]) -> None:  # run.json: what trained
+                info[key] = value
+                run.write_run(info)
+
             trial = _trial_step_maker(
                 job, trial_sets, lambda m: tqdm.write(f"rose-jax train: {m}", file=sys.stdout),
-                lambda record: run.write_run({**info, "xla_options": record}),
+                lambda record: record_in_run("xla_options", record),
             ) if trial_sets else None
             if args.optimize:
                 # the search's baseline is the unit under the fastest of the same sets, and every
                 # candidate is timed under it
                 kwargs["make_step"] = _optimized_step_maker(
                     job, lambda m: tqdm.write(m, file=sys.stdout), {**budget, "option_sets": trial_sets},
-                    fallback=trial,
+                    fallback=trial, record=lambda r: record_in_run("optimize", r),
                 )
             elif trial is not None:
                 kwargs["make_step"] = trial
@@ -662,7 +666,7 @@ def _learning_check_kw(job: Job, steps: int) -> dict[str, Any]:
         raise _fail(f"--learning-check-steps {steps}: {e}") from None
 
 
-def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, fallback=None):
+def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, fallback=None, record=None):
     """``train --optimize``: ``make_step(state)`` searches (or loads the cached) rose-jax plan of
     what train runs per report (PPO: the iteration program, or with ``num_evals`` set the epoch of
     iterations and its evaluation; SAC: the epoch with its evaluation).
@@ -671,7 +675,8 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
     candidate only if it is faster and computes the same result (``rose_jax.optimize.optimize``);
     plans are cached per (program, env, batch, GPU, jax version), so a second run skips the search.
     Where the run is too short to pay for a search (``report.skipped``), ``fallback(state)`` (the
-    option trial of a run without ``--optimize``) makes the step, when given.
+    option trial of a run without ``--optimize``) makes the step, when given. ``record(dict)``
+    (when given) receives :func:`plan_record` of the plan the run trains with (for ``run.json``).
     """
 
     def make_step(state):
@@ -687,6 +692,8 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(),
                                             env_name=job.env_name, batch_size=job.config.num_envs,
                                             windows="profile", quotas="auto", log=log, **limits)
+        if record is not None:
+            record(plan_record(report))
         if report.skipped:
             log(f"rose-jax train: --optimize: {report.skipped}"
                 + ("; training as without --optimize (its XLA option trial)" if fallback else ""))
@@ -695,6 +702,30 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         return step
 
     return make_step
+
+
+# host-level transforms whose step returns some metrics before they are computed (a worker
+# finishes them behind the next call): the run's last report then waits for that work alone
+DEFERRING_TRANSFORMS = frozenset({"offload_component"})
+
+
+def plan_record(report) -> dict[str, Any]:
+    """``run.json``'s ``optimize`` entry: the plan a run trained with (transform names and
+    parameters, its XLA options), where it came from (a cache hit or a search of ``search_s``
+    seconds, or ``skipped`` with the reason), and ``defers_metrics``: whether the step returns
+    metrics that a worker finishes behind the next call (then the interval up to the run's last
+    report times that trailing work alone, not a unit)."""
+    plan = list(report.plan or [])
+    return {
+        "plan": plan,
+        "base_options": (report.base_options or {}).get("name"),
+        "cache_hit": bool(report.cache_hit),
+        "search_s": report.search_time_s,
+        "speedup_on_unit": report.speedup,
+        "equal": report.equal,
+        "skipped": report.skipped,
+        "defers_metrics": any(t.get("name") in DEFERRING_TRANSFORMS for t in plan) and not report.skipped,
+    }
 
 
 # ---------------------------------------------------------------------------------------------

@@ -133,6 +133,11 @@ def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys
     b = json.loads((tmp_path / "b" / "metrics.json").read_text())
     assert [r["env_steps"] for r in a] == [r["env_steps"] for r in b]
     assert a[-1]["policy_loss"] == b[-1]["policy_loss"]
+    # run.json says which plan trained each run: the search's, then the cache's same plan
+    ra = json.loads((tmp_path / "a" / "run.json").read_text())["optimize"]
+    rb = json.loads((tmp_path / "b" / "run.json").read_text())["optimize"]
+    assert ra["cache_hit"] is False and rb["cache_hit"] is True and ra["plan"] == rb["plan"] == entry["plan"]
+    assert ra["base_options"] == base["name"] and ra["defers_metrics"] is False
 
 
 def test_train_optimize_on_a_run_too_short_for_a_search_trains_as_without(tmp_path, capsys, monkeypatch):
@@ -161,6 +166,8 @@ def test_train_optimize_on_a_run_too_short_for_a_search_trains_as_without(tmp_pa
     # the step is the option trial's (whether it decides before this short run ends depends on
     # its background compile: its own tests check the decision)
     assert made and set(made[0]) == {"o1"}
+    run_info = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run_info["optimize"]["skipped"].startswith("search skipped") and run_info["optimize"]["plan"] == []
     plans = tmp_path / "plans" / "plans.json"  # at most the trial's decision, never a searched plan
     assert not plans.exists() or not [e for e in json.loads(plans.read_text()).values() if "plan" in e]
 

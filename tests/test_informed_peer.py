@@ -83,6 +83,40 @@ def test_rose_steady_leaves_out_the_option_trial():
     assert ip._trial_cost_s(cached) == 0.0
 
 
+def test_rose_steady_leaves_out_a_deferring_plans_last_interval():
+    """An offloaded evaluation: each report waits for its unit's evaluation while the next unit
+    trains (a 2 s cadence); the last report waits for the last evaluation alone (0.8 s after the one
+    before): that interval is not a unit's rate and is left out only for a plan that defers metrics."""
+    rows, t = [], 0.0
+    for i, dt in enumerate([30, 2, 2, 2, 2, 0.8]):
+        t += dt
+        rows.append({"env_steps": (i + 1) * 100, "wall_s": t})
+    plain = {"xla_options": {"cached": True}}
+    deferred = {**plain, "optimize": {"plan": [{"name": "offload_component"}], "defers_metrics": True}}
+    median, rates = ip._rose_steady(rows, deferred)
+    assert rates == pytest.approx([50.0] * 4) and median == pytest.approx(50.0)
+    assert max(ip._rose_steady(rows, plain)[1]) == pytest.approx(125.0)  # counted without the flag
+
+
+def test_plan_record_says_whether_the_plan_defers_metrics():
+    from rose_jax.cli import plan_record
+    from rose_jax.optimize.report import PlanReport
+
+    def report(names, **kw):
+        r = PlanReport("run_epoch", "fp", "key", "cpu", "0", 1, 3, "stepwise")
+        r.plan = [{"name": n, "params": {}} for n in names]
+        for k, v in kw.items():
+            setattr(r, k, v)
+        return r
+
+    rec = plan_record(report(["offload_component"], cache_hit=True, speedup=1.14, equal=True))
+    assert rec["defers_metrics"] is True and rec["cache_hit"] is True and rec["speedup_on_unit"] == 1.14
+    assert plan_record(report(["exit_idle_loops"]))["defers_metrics"] is False
+    assert plan_record(report([]))["plan"] == [] and plan_record(report([]))["defers_metrics"] is False
+    skipped = plan_record(report(["offload_component"], skipped="search skipped: too short"))
+    assert skipped["defers_metrics"] is False and skipped["skipped"].startswith("search skipped")
+
+
 def _rec(variant, wall, rate, repeat=1, call="c1", **kw):
     return {
         "workload": "ppo-ant",

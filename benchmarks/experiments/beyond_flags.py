@@ -460,7 +460,13 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
         "target": TARGETS[algo],
         "target_met": met,
         "plan": [t.get("label") for t in plan]
-        or (["baseline (no candidate kept)"] if finished else ["not known: the run did not finish"]),
+        or (
+            ["baseline (no candidate kept)"]
+            if finished
+            else ["not known: the run did not finish"]
+            if rose_from in runs
+            else ["- (no --optimize run in this call)"]
+        ),
         # the XLA option set the search's baseline, every candidate and the run ran under (None: a
         # search before the baseline was timed under option sets)
         "base_options": (report.get("base_options") or {}).get("name"),

@@ -268,7 +268,8 @@ def _peer_steady(reports: list[dict[str, Any]]) -> tuple[float | None, list[floa
 
 
 def _rose_steady(rows: list[dict[str, Any]], info: dict[str, Any]) -> tuple[float | None, list[float]]:
-    """rose-jax: intervals after its first unit (compile) and the option trial's units."""
+    """rose-jax: intervals after its first unit (compile) and the option trial's units (and, for a
+    plan that defers metrics, before its last report)."""
     xo = info.get("xla_options") or {}
     trial_units = xo.get("trial_units")  # every unit before the decision (timed or beside compiles)
     if trial_units is None:
@@ -276,6 +277,12 @@ def _rose_steady(rows: list[dict[str, Any]], info: dict[str, Any]) -> tuple[floa
     pts = [(int(r["env_steps"]), float(r["wall_s"])) for r in rows if "wall_s" in r]
     if pts and pts[0][0] == 0:  # an evaluation at step 0 before training
         pts = pts[1:]
+    if (info.get("optimize") or {}).get("defers_metrics"):
+        # a plan that finishes some metrics in a worker behind the next call (offload_component):
+        # each report waits for its unit's deferred work while the next unit runs, so the reports'
+        # cadence is the unit's, except the last interval, which times the last unit's deferred
+        # work alone (nothing runs beside it); it is left out
+        pts = pts[:-1]
     # interval j (report j -> j + 1) times unit j + 2; units 1..trial_units ran the trial
     return _steady(pts, max(trial_units - 1, 0))
 
