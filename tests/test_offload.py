@@ -168,6 +168,65 @@ def test_offloaded_epoch_in_a_worker_equals_the_epoch(algo):
     assert _children() <= before, "the worker process outlived close()"
 
 
+def test_pipelined_timing_of_a_real_offloaded_epoch_ends_where_the_epoch_does():
+    """measure.run_pipelined on a real OffloadedStep (CPU worker process): one untimed call ahead,
+    then n timed calls from the same state; the final state is bitwise the jitted epoch's after n
+    calls, nothing is left in flight, and drain(keep_last=1) leaves only the newest call's work."""
+    env = envs.make("pendulum")
+    c = ppo.PPOConfig(num_envs=8, unroll_length=8, num_minibatches=2, num_epochs=1,
+                      policy_hidden_sizes=(16,), value_hidden_sizes=(16,))
+    fn, state = ppo.epoch(c, env, 2, num_eval_envs=4, eval_length=30), ppo.init(c, env, jax.random.PRNGKey(1))
+    step = O.offload_component("evaluate").apply(fn)
+    assert step.pipelined and not getattr(jax.jit(fn), "pipelined", False)
+    try:
+        final, dt = measure.run_pipelined(step, state, 2)
+        assert dt > 0 and not step._pending
+        ref = jax.jit(fn)
+        s = state
+        for _ in range(2):
+            s, _ = ref(s)
+        assert measure.compare_trees(final, s).equal
+        _, m1 = step(state)
+        _, m2 = step(state)
+        step.drain(keep_last=1)
+        assert m1["eval_episode_return"].done() and len(step._pending) <= 1
+        (_, t), = measure.time_alternating([step], state, 1, 2, warmup=False)
+        assert len(t.per_iter_s) == 2 and all(x > 0 for x in t.per_iter_s)
+    finally:
+        step.close()
+
+
+def test_pipelined_timing_is_the_longer_of_the_main_calls_and_the_deferred_work():
+    """A stand-in pipelined step (a unit test of the rule, beside the real step above): each call
+    returns at once and leaves 0.05 s of deferred work; the cadence of 3 calls is 3 x 0.05 s, not
+    the near-zero clock of the calls themselves."""
+    import concurrent.futures
+    import time
+
+    class Stub(base.HostStep):  # stands in for OffloadedStep: a thread does the deferred work
+        pipelined = True
+
+        def __init__(self):
+            self.pool = concurrent.futures.ThreadPoolExecutor(1)
+            self.pending = []
+
+        def __call__(self, state):
+            self.pending.append(self.pool.submit(time.sleep, 0.05))
+            return state + 1, {}
+
+        def drain(self, keep_last=0):
+            cut = max(len(self.pending) - keep_last, 0)
+            done, self.pending = self.pending[:cut], self.pending[cut:]
+            for f in done:
+                f.result()
+
+    stub = Stub()
+    final, dt = measure.run_pipelined(stub, jnp.float32(0.0), 3)
+    stub.pool.shutdown()
+    assert float(final) == 3.0 and not stub.pending
+    assert 0.14 <= dt < 0.6, dt
+
+
 def test_search_measures_the_offload_candidate_and_checks_equality():
     """optimize() on an epoch: the generated offload candidate is legal, measured end to end and
     equal (whether it is kept depends on this machine's speed); the plan's step works."""

@@ -218,7 +218,12 @@ class HostStep:
     a multi-process collect or the iteration built around one). The defaults describe a step
     with nothing in flight and nothing resident: subclasses override what they hold.
 
-    * ``drain()``: wait for work still running in workers (its time counts in a timed run);
+    * ``drain(keep_last=0)``: wait for work still running in workers (its time counts in a timed
+      run), all but that of the newest ``keep_last`` calls;
+    * ``pipelined``: True when a call returns some metrics before they are computed (a worker
+      finishes them behind the next call): a caller that reads call k's metrics after dispatching
+      call k+1, as ``algos.driver`` does, overlaps that work with the next call, and the search
+      times such a step that way (:func:`rose_jax.optimize.measure.time_repeats`);
     * ``sync_state(state)``: the full state (an env state resident in workers fetched back);
     * ``stats()``: what moved between processes (JSON-able dict);
     * ``close()``: stop the worker processes (and an MPS daemon the step started);
@@ -232,11 +237,12 @@ class HostStep:
     """
 
     host = True
+    pipelined = False
 
     def __call__(self, state: Any) -> Any:
         raise NotImplementedError
 
-    def drain(self) -> None:
+    def drain(self, keep_last: int = 0) -> None:
         return None
 
     def sync_state(self, state: Any) -> Any:
@@ -264,10 +270,11 @@ class HostStep:
         self.close()
 
 
-def drain(step: Any) -> None:
-    """Wait for a host step's work in flight (no-op for a jitted step)."""
+def drain(step: Any, keep_last: int = 0) -> None:
+    """Wait for a host step's work in flight, all but that of its newest ``keep_last`` calls (no-op
+    for a jitted step)."""
     if isinstance(step, HostStep):
-        step.drain()
+        step.drain(keep_last)
 
 
 def synced(step: Any, state: Any) -> Any:

@@ -1,7 +1,9 @@
 """Timing and result comparison for the search (host side, impure: clocks and device syncs).
 
 ``run_iterations`` times ``n_iters`` calls of an iteration function from one start state,
-``time_repeats`` does that several times (after one untimed warm-up call that compiles).
+``time_repeats`` does that several times (after one untimed warm-up call that compiles); a
+host step whose metrics are finished behind the next call is timed as a run calls it
+(``run_pipelined``).
 ``compare_trees`` / ``compare_each`` / ``Comparison`` (a chex-style leaf-wise comparison that also
 reports the largest absolute and relative differences) live in :mod:`rose_jax.compare`, which the
 profiler uses too; they are importable from here as well.
@@ -58,10 +60,45 @@ def run_iterations(step: Callable, state: Any, n_iters: int) -> tuple[Any, float
     return state, time.perf_counter() - t0
 
 
+def run_pipelined(step: Callable, state: Any, n_iters: int) -> tuple[Any, float]:
+    """:func:`run_iterations` of a step whose metrics a worker finishes behind the next call
+    (``HostStep.pipelined``, e.g. an offloaded evaluation), timed as a long run calls it
+    (``algos.driver`` reads call k's metrics after dispatching call k+1).
+
+    One untimed call from ``state`` first, so that the first timed call runs beside that call's
+    deferred work (under MPS the two contend as they do in a run); each timed call then waits for
+    the call before it. The clock stops when the state is ready and only the last call's deferred
+    work is left; that work is then timed alone (``tail``). Returns the final state (after
+    ``n_iters`` calls from ``state``) and ``max(clock, n_iters * tail)``: the run's cadence, whether
+    the main program or the deferred work is the longer of the two.
+    """
+    jax.block_until_ready(state)
+    ahead, _ = step(state)
+    jax.block_until_ready(ahead)
+    del ahead
+    t0 = time.perf_counter()
+    for _ in range(n_iters):
+        state, _ = step(state)
+        base.drain(step, keep_last=1)  # the call before this one's deferred work
+    jax.block_until_ready(state)
+    clock = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    base.drain(step)
+    tail = time.perf_counter() - t1
+    return state, max(clock, n_iters * tail)
+
+
+def _timed_run(step: Callable, state: Any, n_iters: int) -> tuple[Any, float]:
+    if getattr(step, "pipelined", False):
+        return run_pipelined(step, state, n_iters)
+    return run_iterations(step, state, n_iters)
+
+
 def time_repeats(
     step: Callable, state: Any, n_iters: int, repeats: int, warmup: bool = True
 ) -> tuple[Any, Timing]:
-    """Warm up (compile) once, then ``repeats`` timed runs of ``n_iters`` iterations from ``state``.
+    """Warm up (compile) once, then ``repeats`` timed runs of ``n_iters`` iterations from ``state``
+(:func:`run_pipelined` for a pipelined host step, else :func:`run_iterations`).
 
     Returns the final state of the last run (every run starts from the same ``state``, so every
     run of a deterministic program ends in the same state) and the per-iteration times.
@@ -72,7 +109,7 @@ def time_repeats(
         jax.block_until_ready(step(state))
     times, final = [], state
     for _ in range(repeats):
-        final, dt = run_iterations(step, state, n_iters)
+        final, dt = _timed_run(step, state, n_iters)
         times.append(dt / n_iters)
     return final, Timing(tuple(times))
 
@@ -94,7 +131,7 @@ def time_alternating(
     times: list[list[float]] = [[] for _ in steps]
     for _ in range(repeats):
         for i, step in enumerate(steps):
-            finals[i], dt = run_iterations(step, state, n_iters)
+            finals[i], dt = _timed_run(step, state, n_iters)
             times[i].append(dt / n_iters)
     return [(f, Timing(tuple(t))) for f, t in zip(finals, times, strict=True)]
 

@@ -174,10 +174,15 @@ class OffloadedStep(HostStep):
         self._stats["calls"] += 1
         return jax.tree.unflatten(prep.out_tree, full)
 
-    def drain(self) -> None:
-        """Wait until every offloaded computation has finished (re-raises a worker's error)."""
+    # its metrics are finished by the worker behind the next call (base.HostStep.pipelined)
+    pipelined = True
+
+    def drain(self, keep_last: int = 0) -> None:
+        """Wait until every offloaded computation has finished, all but those of the newest
+        ``keep_last`` calls (re-raises a worker's error)."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            cut = max(len(self._pending) - keep_last, 0)
+            pending, self._pending = self._pending[:cut], self._pending[cut:]
         for f in pending:
             f.result()
 
