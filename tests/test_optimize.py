@@ -1393,7 +1393,12 @@ def test_profile_is_given_the_function_and_the_reference_build(monkeypatch):
     assert len(with_sets) == 2  # the option set's build, then the reference's
     windows, record = search.resolve_windows("profile", fn, state, lambda s: None, also_compile=also)
     assert windows is None and "no activity series" in record["reason"]
-    assert seen["fn"] is fn and seen["also_compile"] is also and seen["levels"] == 2
+    assert seen["fn"] is fn and seen["also_compile"] is also and seen["levels"] == 2 and seen["repeats"] == 2
+    # the search profiles a long iteration (>= LONG_ITERATION_S) in one pass
+    monkeypatch.setattr(search, "LONG_ITERATION_S", 0.0)
+    seen.clear()
+    search.optimize(fn, state, windows="profile", candidates=[], option_sets=None, equality_options=eq)
+    assert seen["repeats"] == 1 and seen["fn"] is fn
     program = toy.toy_program(8, 5)
     # a Program's build is found later only by its HLO in JAX's persistent compilation cache
     # (rose-jax train turns it on; an earlier test of this process may have: both settings here)
