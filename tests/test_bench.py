@@ -123,6 +123,7 @@ def test_cli_bad_input_is_one_line_and_makes_nothing(tmp_path, capsys):
     assert "holds no benchmark" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path):
     """Two programs (pendulum: 2 seeds x 2 learning rates vmapped; a broken env's group) one after
     another; the broken group is reported failed, the other finishes; the report aggregates the
@@ -189,6 +190,7 @@ def test_bench_trains_every_run_contains_a_failure_resumes_and_reports(tmp_path)
     assert os.path.exists(root / "report" / "report.md")
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_with_checkpoints_and_resume_finishes(tmp_path):
     """Ctrl-C during a benchmark: the group in flight stops after its step with checkpoints, later
     groups do not start, the report is written; --resume finishes every run from there."""
@@ -252,6 +254,7 @@ def test_ctrl_c_stops_with_checkpoints_and_resume_finishes(tmp_path):
             assert steps == sorted(set(steps)) and steps[-1] == 16 * 1500  # one record, no step twice
 
 
+@pytest.mark.slow
 def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
     """--mode processes: one child process per program (plain processes on a CPU, MPS with quotas on a
     GPU), each run in the benchmark's layout, a settings group vmapped inside its process."""
@@ -310,6 +313,7 @@ def test_processes_mode_runs_each_program_in_its_own_process(tmp_path):
     assert by == {"pendulum": "finished", "cartpole": "finished (already)"}
 
 
+@pytest.mark.slow
 def test_probe_times_each_program_alone_and_together(tmp_path, monkeypatch):
     """The GPU planner's measurement, run here on a CPU: each program's step alone, then all at
     once as processes (real child processes), positive seconds per unit for each."""

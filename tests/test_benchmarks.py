@@ -572,6 +572,7 @@ def test_tiny_suite_writes_table_plot_and_readme_block(tiny_results, tmp_path):
         assert f.read() == original  # the real README is not touched
 
 
+@pytest.mark.slow
 def test_readme_auto_shows_the_iteration_suite_then_the_epoch_suite(tiny_results, tmp_path):
     results, _, _ = tiny_results
     is_epoch = [(r.get("workload") or {}).get("unit") == "epoch" for r in results["rows"]]

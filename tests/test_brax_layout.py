@@ -148,6 +148,7 @@ def _brax_loss_fn(config, nets):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalize_advantage", [True, False])
 def test_loss_and_gradients_equal_brax_compute_ppo_loss(normalize_advantage):
     config = _config(normalize_advantage=normalize_advantage)
@@ -352,6 +353,7 @@ def _brax_device_put_replicated(monkeypatch):
         monkeypatch.setattr(jax, "device_put_replicated", device_put_replicated, raising=False)
 
 
+@pytest.mark.slow
 def test_schedule_equals_brax_ppo_train(monkeypatch):
     _brax_device_put_replicated(monkeypatch)
     from brax.training.agents.ppo import train as brax_ppo
@@ -395,6 +397,7 @@ def test_brax_compat_rejects_unimplemented_keywords_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_drop_in_tries_option_sets_by_default_and_trains_the_same(algo, monkeypatch, tmp_path, capsys):
     """The drop-in is fast by default like `rose-jax train`: the unit is tried under the option sets
@@ -435,6 +438,7 @@ def _evals_config(**kw):
     return ppo.PPOConfig(**base)
 
 
+@pytest.mark.slow
 def test_train_with_evals_runs_make_step_of_the_eval_epoch_and_trains_the_same():
     """With num_evals set, make_step replaces the jitted epoch (iterations + evaluation): built once,
     from the starting state, and a step computing the same epoch trains and evaluates the same."""
@@ -489,6 +493,7 @@ def test_unit_program_with_evals_and_action_repeat_is_the_epoch_train_runs():
     chex.assert_trees_all_equal(jax.jit(unit)(state), jax.jit(reference)(state))
 
 
+@pytest.mark.slow
 def test_unit_program_without_evals_runs_on_the_env_train_resolves():
     """Without num_evals the unit is the iteration program, built on the env train runs on: a
     registry name built and action_repeat wrapped once (it used to be searched on the unwrapped
@@ -645,6 +650,7 @@ TINY_BRAX_SAC_KW = dict(
 )
 
 
+@pytest.mark.slow
 def test_sac_schedule_and_step0_report_equal_brax_sac_train(monkeypatch):
     """The drop-in's SAC reports at Brax's env steps (an evaluation at step 0, then one per epoch
     after the prefill); its step-0 report is the initial policy's evaluation, computed plainly."""

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers_children import FAST_COMPILE_XLA_FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,6 +20,7 @@ FAST_COMPILE = {
 }
 
 
+@pytest.mark.slow
 def test_brax_parity_smoke(tmp_path):
     out = tmp_path / "parity"
     proc = subprocess.run(

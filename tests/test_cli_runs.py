@@ -170,6 +170,7 @@ def test_mjx_envs_train_to_completion_and_play_back(env, tmp_path):
 # ------------------------------------------------------------------ one run directory, one process
 
 
+@pytest.mark.slow
 def test_lock_ctrl_c_through_dead_pipes_and_resume_past_a_truncated_checkpoint(env, tmp_path):
     from algos import checkpoint, tb
 
@@ -277,6 +278,7 @@ def test_run_dir_under_a_file_is_a_one_line_error(env, tmp_path):
 # ------------------------------------------------------------------ XLA options by default
 
 
+@pytest.mark.slow
 def test_a_second_run_reuses_the_option_decision_without_a_trial(env, tmp_path):
     """The option trial's decision is cached per (program, candidates, GPU model, jax version): a
     second run of the same program compiles only the kept build, runs no trial, says so in one
@@ -295,6 +297,7 @@ def test_a_second_run_reuses_the_option_decision_without_a_trial(env, tmp_path):
     assert len(outs[1]) == 1 and "no trial" in outs[1][0]
 
 
+@pytest.mark.slow
 def test_option_sets_refused_fall_back_to_the_default_build(env, tmp_path):
     """Without --optimize, train tries XLA option sets on its first iterations (GPU: CONCURRENT
     command buffers). A set that does not compile is refused in one line, the run continues on

@@ -260,6 +260,7 @@ def ant_generalized():
     return _brax_fixture("generalized")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["ant_mjx", "ant_generalized"])
 def test_brax_ant_steps_under_jit_vmap(fixture, request):
     env, _, first, traj = request.getfixturevalue(fixture)
@@ -274,6 +275,7 @@ def test_brax_ant_steps_under_jit_vmap(fixture, request):
     assert not np.allclose(traj.obs[0], traj.obs[1])
 
 
+@pytest.mark.slow
 def test_brax_mjx_pipeline_state_is_mjx_data(ant_mjx):
     from mujoco import mjx
 
@@ -283,6 +285,7 @@ def test_brax_mjx_pipeline_state_is_mjx_data(ant_mjx):
     chex.assert_trees_all_equal(first.pipeline_state.qpos, first.pipeline_state.q)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["ant_mjx", "ant_generalized"])
 def test_brax_auto_reset_fires_at_episode_length(fixture, request):
     _, _, first, traj = request.getfixturevalue(fixture)
@@ -295,6 +298,7 @@ def test_brax_auto_reset_fires_at_episode_length(fixture, request):
     np.testing.assert_allclose(traj.last_episode_return[EPISODE - 1], traj.reward[:EPISODE].sum(0), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_brax_mjx_matches_brax_training_wrappers(ant_mjx):
     """Same keys and actions -> the same obs/reward/done as Brax's own wrap() stack."""
     import brax.envs
@@ -388,6 +392,7 @@ def cartpole_pushed():
     return env, first, traj
 
 
+@pytest.mark.slow
 def test_mjcf_cartpole_runs_and_reward_responds_to_actions(cartpole_pushed):
     from mujoco import mjx
 

@@ -117,6 +117,7 @@ def split_body(fn, *args):
     return H.first_scan(fn, *args).body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,loop", [("sac", "_grad_step"), ("ppo", "epoch_step")])
 def test_real_iterations_same_state(name, loop):
     it, state = H.real_iteration(name)

@@ -191,6 +191,7 @@ def test_summary_compares_with_the_faster_peer_and_reports_spread(tmp_path):
     assert os.path.getsize(tmp_path / "results.png") > 1000
 
 
+@pytest.mark.slow
 def test_equality_child_compares_the_kept_options_with_the_default_build(tmp_path):
     """The child that checks the kept option set: the rose-jax unit of the workload's command built
     twice (here both XLA's defaults on a CPU), two units from one state, compared bitwise."""

@@ -42,6 +42,7 @@ def test_bad_input_is_one_line_error(ref, cand, match):
         compare_returns(ref, cand)
 
 
+@pytest.mark.slow
 def test_real_check_trains_both_sides_on_the_same_seeds():
     import envs
     from algos import equivalence

@@ -227,6 +227,7 @@ def test_pipelined_timing_is_the_longer_of_the_main_calls_and_the_deferred_work(
     assert 0.14 <= dt < 0.6, dt
 
 
+@pytest.mark.slow
 def test_search_measures_the_offload_candidate_and_checks_equality():
     """optimize() on an epoch: the generated offload candidate is legal, measured end to end and
     equal (whether it is kept depends on this machine's speed); the plan's step works."""
@@ -339,6 +340,7 @@ def _timed(target, state):
     return timed
 
 
+@pytest.mark.slow
 def test_quota_step_plumbing_with_a_mock_mps_daemon(tmp_path, monkeypatch):
     """MOCK daemon (CPU: the quota variables change nothing, only the plumbing is real): the
     offload plan's two branches are exported and timed alone in probe workers at each quota of

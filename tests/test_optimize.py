@@ -392,6 +392,7 @@ def ppo16():
     return program, state, _run(iterate, state, 3), moved, _run(iterate, moved, 3)
 
 
+@pytest.mark.slow
 def test_resident_ppo_in_real_workers_equal_and_env_state_stays(ppo16):
     """2 spawned CPU workers: equal after 3 iterations; only the first iteration moves the env state,
     and the runtime's own byte counts agree; an env state changed on the driver is re-uploaded."""

@@ -14,6 +14,7 @@ def _sac_row():
     return next(r for r in overlap.rows_for(smoke=True) if r.kind == "sac")
 
 
+@pytest.mark.slow
 def test_time_split_times_collect_and_learn_of_the_real_program():
     import chex
     import jax

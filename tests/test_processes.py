@@ -43,6 +43,7 @@ def brax_ppo():
     return program, state
 
 
+@pytest.mark.slow
 def test_brax_mjx_env_groups_in_worker_functions(brax_ppo):
     """Each group's rollout traced in turn in one process (a worker that starts with no programs
     built): no tracer leaks from the Brax env's construction; equal to the fused iteration; no

@@ -149,6 +149,7 @@ def test_resuming_a_finished_run_changes_nothing(reference, env):
     assert json.loads((run_dir / "metrics.json").read_text()) == json.loads(json.dumps(record(run_dir)))
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_resume_completes_the_same_record(reference, env, tmp_path):
     _, want = reference
     run_dir = tmp_path / "run"
@@ -197,6 +198,7 @@ KILLS = [
 ]
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_never_loses_the_run(reference, env, tmp_path):
     from algos import checkpoint
 

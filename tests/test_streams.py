@@ -397,6 +397,7 @@ print("RESULT " + json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_split_stages_load_what_their_isolated_children_compiled(tmp_path):
     """With JAX's persistent compilation cache on, each isolated child writes its stage's executable
     there and the driver loads it (a cache hit) instead of compiling the stage again; the result is
@@ -442,6 +443,7 @@ def test_stream_regions_become_async_calls_on_gpu(sac_setup):
 # ------------------------------------------------------------------------------ the benchmark
 
 
+@pytest.mark.slow
 def test_overlap_benchmark_smoke(tmp_path):
     out = tmp_path / "overlap"
     proc = subprocess.run(

@@ -83,6 +83,7 @@ def _assert_close_rows(got, want, what):
                 assert g[name] == pytest.approx(value, rel=RTOL, abs=ATOL), (what, name)
 
 
+@pytest.mark.slow
 def test_vmapped_ppo_seeds_equal_solo_runs_and_checkpoints_are_per_seed(tmp_path):
     env, config, seeds = ENV, ppo.PPOConfig(num_timesteps=16 * 6, **TINY), (3, 0, 7)
     dirs = sweep.seed_dirs(tmp_path, seeds)
@@ -107,6 +108,7 @@ def test_vmapped_ppo_seeds_equal_solo_runs_and_checkpoints_are_per_seed(tmp_path
     assert not np.allclose(p[0], p[1])
 
 
+@pytest.mark.slow
 def test_vmapped_ppo_with_evaluations_equals_solo_runs(tmp_path):
     """num_evals set (Brax's run shape): the group's step is the epoch of iterations then the
     evaluation, batched over the runs; each run equals its solo ``train_with_config`` (whose
@@ -128,6 +130,7 @@ def test_vmapped_ppo_with_evaluations_equals_solo_runs(tmp_path):
     assert result.metrics[0][-1]["eval_episode_return"] != result.metrics[1][-1]["eval_episode_return"]
 
 
+@pytest.mark.slow
 def test_settings_group_with_evaluations_equals_solo_runs(tmp_path):
     """Data settings (learning rates as traced values) and Brax's evaluation epoch together: the
     evaluator's cache key holds no traced value, and each run equals its solo run."""
@@ -143,6 +146,7 @@ def test_settings_group_with_evaluations_equals_solo_runs(tmp_path):
                                    [r["eval_episode_return"] for r in solo_epochs], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_settings", [False, True])
 def test_option_trial_in_a_group_equals_the_plain_group_and_is_recorded(tmp_path, with_settings):
     """xla_options: the group's step runs under the fastest of XLA's defaults and the given sets
@@ -223,6 +227,7 @@ def _wait_for(pred, timeout, what):
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_raise_and_a_sigkill_leave_the_daemon_and_the_other_run_going(tmp_path, xla_cache, monkeypatch):
     """Three processes under one (mock) MPS daemon with quotas: ``broken`` raises (its env factory),
     ``victim`` is SIGKILLed mid-run, ``survivor`` (gated: it starts training once the victim is
@@ -353,6 +358,7 @@ def test_cli_rejects_bad_arguments_in_one_line_before_any_directory(tmp_path, ca
                     {"learning_rate": 3e-4, "normalize_observations": False}]
 
 
+@pytest.mark.slow
 def test_benchmark_smoke_runs_every_phase_on_a_cpu(tmp_path, xla_cache):
     """``python -m benchmarks.experiments.sweep --smoke``: sequential, vmapped, processes and kill
     phases on the tiny pendulum config (the program of the process test above: compiled once)."""

@@ -91,6 +91,7 @@ def test_data_fields_are_declared_by_each_algorithm():
     assert sweep.data_fields(SAC_CONFIG) == sac.DATA_FIELDS == tuple(SAC_VALUES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_a_group_equals_solo_runs_of_its_configs(groups, algo):
     module, env, config, values, mixed = ALGOS[algo]
@@ -113,6 +114,7 @@ def test_a_group_equals_solo_runs_of_its_configs(groups, algo):
         _assert_close_trees(restored, solo_state, f"{what} checkpoint")
 
 
+@pytest.mark.slow
 def test_a_stopped_group_resumes_and_its_checkpoints_resume_solo_runs(groups, tmp_path):
     """Stopped after the first iteration: the group resumes to the uninterrupted group's result,
     and a run's checkpoint resumes a solo run of its config to the uninterrupted solo result (the
