@@ -450,12 +450,12 @@ def _train(args, locked: list[Any]) -> int:
                 keep_checkpoints=args.keep_checkpoints or None,
                 resume=latest is not None,
             )
-            # the option trial: what trains without --optimize, and with it where the run is too
-            # short to pay for a search
             def record_in_run(key: str, value: dict[str, Any]) -> None:  # run.json: what trained
                 info[key] = value
                 run.write_run(info)
 
+            # the option trial: what trains without --optimize, and with it where the run is too
+            # short to pay for a search
             trial = _trial_step_maker(
                 job, trial_sets, lambda m: tqdm.write(f"rose-jax train: {m}", file=sys.stdout),
                 lambda record: record_in_run("xla_options", record),
@@ -692,39 +692,34 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(),
                                             env_name=job.env_name, batch_size=job.config.num_envs,
                                             windows="profile", quotas="auto", log=log, **limits)
-        if record is not None:
-            record(plan_record(report))
         if report.skipped:
             log(f"rose-jax train: --optimize: {report.skipped}"
                 + ("; training as without --optimize (its XLA option trial)" if fallback else ""))
-            return fallback(state) if fallback is not None else step
-        log(rj_optimize.format_report(report))
+            step = fallback(state) if fallback is not None else step
+        else:
+            log(rj_optimize.format_report(report))
+        if record is not None:
+            record(plan_record(report, step))
         return step
 
     return make_step
 
 
-# host-level transforms whose step returns some metrics before they are computed (a worker
-# finishes them behind the next call): the run's last report then waits for that work alone
-DEFERRING_TRANSFORMS = frozenset({"offload_component"})
-
-
-def plan_record(report) -> dict[str, Any]:
+def plan_record(report, step) -> dict[str, Any]:
     """``run.json``'s ``optimize`` entry: the plan a run trained with (transform names and
     parameters, its XLA options), where it came from (a cache hit or a search of ``search_s``
-    seconds, or ``skipped`` with the reason), and ``defers_metrics``: whether the step returns
-    metrics that a worker finishes behind the next call (then the interval up to the run's last
-    report times that trailing work alone, not a unit)."""
-    plan = list(report.plan or [])
+    seconds, or ``skipped`` with the reason), and ``defers_metrics``: whether ``step``, what the run
+    trains with, returns metrics that a worker finishes behind the next call (``HostStep.pipelined``;
+    then the interval up to the run's last report times that trailing work alone, not a unit)."""
     return {
-        "plan": plan,
+        "plan": list(report.plan or []),
         "base_options": (report.base_options or {}).get("name"),
         "cache_hit": bool(report.cache_hit),
         "search_s": report.search_time_s,
         "speedup_on_unit": report.speedup,
         "equal": report.equal,
         "skipped": report.skipped,
-        "defers_metrics": any(t.get("name") in DEFERRING_TRANSFORMS for t in plan) and not report.skipped,
+        "defers_metrics": bool(getattr(step, "pipelined", False)),
     }
 
 

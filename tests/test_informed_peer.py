@@ -99,8 +99,14 @@ def test_rose_steady_leaves_out_a_deferring_plans_last_interval():
 
 
 def test_plan_record_says_whether_the_plan_defers_metrics():
+    """defers_metrics is the trained step's own ``pipelined`` (stand-ins for an OffloadedStep and a
+    jitted step here; the real OffloadedStep is pipelined in tests/test_offload.py)."""
+    from types import SimpleNamespace
+
     from rose_jax.cli import plan_record
     from rose_jax.optimize.report import PlanReport
+
+    offloaded, jitted = SimpleNamespace(pipelined=True), SimpleNamespace()
 
     def report(names, **kw):
         r = PlanReport("run_epoch", "fp", "key", "cpu", "0", 1, 3, "stepwise")
@@ -109,11 +115,12 @@ def test_plan_record_says_whether_the_plan_defers_metrics():
             setattr(r, k, v)
         return r
 
-    rec = plan_record(report(["offload_component"], cache_hit=True, speedup=1.14, equal=True))
+    rec = plan_record(report(["offload_component"], cache_hit=True, speedup=1.14, equal=True), offloaded)
     assert rec["defers_metrics"] is True and rec["cache_hit"] is True and rec["speedup_on_unit"] == 1.14
-    assert plan_record(report(["exit_idle_loops"]))["defers_metrics"] is False
-    assert plan_record(report([]))["plan"] == [] and plan_record(report([]))["defers_metrics"] is False
-    skipped = plan_record(report(["offload_component"], skipped="search skipped: too short"))
+    assert plan_record(report(["exit_idle_loops"]), jitted)["defers_metrics"] is False
+    empty = plan_record(report([]), jitted)
+    assert empty["plan"] == [] and empty["defers_metrics"] is False
+    skipped = plan_record(report(["offload_component"], skipped="search skipped: too short"), jitted)
     assert skipped["defers_metrics"] is False and skipped["skipped"].startswith("search skipped")
 
 

@@ -442,6 +442,14 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
     tolerance = max(tol, key=lambda t: (t.get("rtol", 0.0), t.get("atol", 0.0))) if tol else exact
     if not tol and not finished:
         tolerance = None
+    if plan:
+        labels = [t.get("label") for t in plan]
+    elif finished:
+        labels = ["baseline (no candidate kept)"]
+    elif rose_from in runs:
+        labels = ["not known: the run did not finish"]
+    else:
+        labels = ["- (no --optimize run in this call)"]
     speedup = round(rose / best_peer, 3) if rose and best_peer else None
     # met only against both peers (as shipped and with the flag: the faster one is the informed
     # peer); a miss against either is a miss (the other can only be faster)
@@ -459,14 +467,7 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
         "speedup_vs_flags_only": round(rose / flags_only, 3) if rose and flags_only else None,
         "target": TARGETS[algo],
         "target_met": met,
-        "plan": [t.get("label") for t in plan]
-        or (
-            ["baseline (no candidate kept)"]
-            if finished
-            else ["not known: the run did not finish"]
-            if rose_from in runs
-            else ["- (no --optimize run in this call)"]
-        ),
+        "plan": labels,
         # the XLA option set the search's baseline, every candidate and the run ran under (None: a
         # search before the baseline was timed under option sets)
         "base_options": (report.get("base_options") or {}).get("name"),

@@ -98,7 +98,7 @@ def time_repeats(
     step: Callable, state: Any, n_iters: int, repeats: int, warmup: bool = True
 ) -> tuple[Any, Timing]:
     """Warm up (compile) once, then ``repeats`` timed runs of ``n_iters`` iterations from ``state``
-(:func:`run_pipelined` for a pipelined host step, else :func:`run_iterations`).
+    (:func:`run_pipelined` for a pipelined host step, else :func:`run_iterations`).
 
     Returns the final state of the last run (every run starts from the same ``state``, so every
     run of a deterministic program ends in the same state) and the per-iteration times.
