@@ -273,3 +273,53 @@ def test_two_draws_of_xlas_generator_stay_two():
     xs = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 3))
     _, (a, b) = jax.jit(twins.batch_twins().apply(fn))((w, w), xs)  # the same weights in both networks
     assert not bool(jnp.all(a == b))
+
+
+def _order_by_ancestors(eqns, regions):
+    """The reference ``twins._order`` is checked against: repeatedly place the first pending item
+    whose transitive ancestors (``_ancestors``' bit sets) are all placed."""
+    anc = twins._ancestors(eqns)
+    item_of = {i: ("region", r) for r, (sa, sb) in enumerate(regions) for i in sa | sb}
+    items = list(dict.fromkeys(item_of.get(i, i) for i in range(len(eqns))))
+    deps = {}
+    for it in items:
+        members = sorted(regions[it[1]][0] | regions[it[1]][1]) if isinstance(it, tuple) else [it]
+        bits = 0
+        for i in members:
+            bits |= anc[i]
+        deps[it] = {item_of.get(j, j) for j in range(len(eqns)) if bits >> j & 1} - {it}
+    out, done, pending = [], set(), list(items)
+    while pending:
+        nxt = next((it for it in pending if deps[it] <= done), None)
+        if nxt is None:
+            return None
+        out.append(nxt)
+        done.add(nxt)
+        pending.remove(nxt)
+    return out
+
+
+@pytest.mark.parametrize("fn,args", [(twin_critics, _inputs(0)), (_swapped_region, _odd_inputs()),
+                                     (_callbacks, _odd_inputs())])  # fmt: skip
+def test_order_is_the_ancestor_order_on_random_regions(fn, args):
+    """The linear-time schedule places the same items in the same order as the ancestor walk, and
+    finds the same cycles, for the body's own regions and for random pairs of equation sets."""
+    eqns = list(twins.inline_calls(H.first_scan(fn, *args)).body.eqns)
+    rng = np.random.default_rng(0)
+    cycles = 0
+    for trial in range(60):
+        regions = []
+        for _ in range(int(rng.integers(1, 4))):
+            size = int(rng.integers(1, min(4, len(eqns) // 4) + 1))
+            picked = rng.choice(len(eqns), size=2 * size, replace=False)
+            if trial % 2:  # contiguous runs: mostly acyclic regions
+                start = int(rng.integers(0, len(eqns) - 2 * size + 1))
+                picked = np.arange(start, start + 2 * size)
+            regions.append((set(int(i) for i in picked[:size]), set(int(i) for i in picked[size:])))
+        flat = [i for sa, sb in regions for i in sa | sb]
+        if len(flat) != len(set(flat)):
+            continue
+        got = twins._order(eqns, regions)
+        assert got == _order_by_ancestors(eqns, regions)
+        cycles += got is None
+    assert 0 < cycles < 60  # both outcomes were exercised

@@ -623,12 +623,12 @@ def find_twins(scan: C.ScanParams) -> Twins:
     keep.sort(key=lambda s: min(s[0] | s[1]))
     if not keep:
         return Twins((), unchanged, (), 0, none + " (twin pairs found, but none convex with a kernel)", scan)
-    schedule = _order(eqns, anc, keep)
+    schedule = _order(eqns, keep)
     while schedule is None:  # a cycle between regions: drop the last one
         keep.pop()
         if not keep:
             return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest", scan)
-        schedule = _order(eqns, anc, keep)
+        schedule = _order(eqns, keep)
 
     # regions in the order they run (``_order`` may run a later region first), numbered so
     order = [item[1] for item in schedule if isinstance(item, tuple)]
@@ -645,50 +645,56 @@ def find_twins(scan: C.ScanParams) -> Twins:
     return Twins(tuple(regions), tuple(schedule), tuple(stacked_carry), stacks, "", scan, reverses)
 
 
-def _order(eqns: list, anc: list[int], regions: list[tuple[set[int], set[int]]]) -> list | None:
-    """A topological order of the body with each region one item, else None (a cycle)."""
+def _order(eqns: list, regions: list[tuple[set[int], set[int]]]) -> list | None:
+    """A topological order of the body with each region one item, else None (a cycle).
+
+    Kahn's algorithm over the items' direct dependencies (the producers of their members'
+    operands and, for an equation with effects, the previous one with effects), always taking the
+    ready item that comes first in the body: the order of taking the first pending item whose
+    ancestors (:func:`_ancestors`) are all placed, in time about linear in the body (walking the
+    ancestor bit sets took 68 s of a search on MJX humanoid's PPO epoch, 2026-12-06)."""
+    import heapq
+
     item_of: dict[int, Any] = {}
     for r, (sa, sb) in enumerate(regions):
         for i in sa | sb:
             item_of[i] = ("region", r)
     items: list[Any] = []
-    seen: set[Any] = set()
+    position: dict[Any, int] = {}
     for i in range(len(eqns)):
         it = item_of.get(i, i)
-        if it not in seen:
-            seen.add(it)
+        if it not in position:
+            position[it] = len(items)
             items.append(it)
-    members = {
-        it: (sorted(regions[it[1]][0] | regions[it[1]][1]) if isinstance(it, tuple) else [it]) for it in items
-    }
-    deps: dict[Any, set[Any]] = {}
-    for it in items:
-        bits = 0
-        for i in members[it]:
-            bits |= anc[i]
-        d = set()
-        j = 0
-        while bits:
-            if bits & 1:
-                other = item_of.get(j, j)
-                if other != it:
-                    d.add(other)
-            bits >>= 1
-            j += 1
-        deps[it] = d
+    prod = {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
+    deps: list[set[int]] = [set() for _ in items]
+    users: list[list[int]] = [[] for _ in items]
+    last_effect = None  # an equation with effects also follows the previous one (as in _ancestors)
+    for i, e in enumerate(eqns):
+        me = position[item_of.get(i, i)]
+        sources = [prod.get(v) if C.is_var(v) else None for v in e.invars]
+        if C.has_effects(e):
+            sources.append(last_effect)
+            last_effect = i
+        for j in sources:
+            if j is None:
+                continue
+            other = position[item_of.get(j, j)]
+            if other != me and other not in deps[me]:
+                deps[me].add(other)
+                users[other].append(me)
+    waiting = [len(d) for d in deps]
+    ready = [p for p, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
     out: list[Any] = []
-    done: set[Any] = set()
-    pending = list(items)
-    while pending:
-        for idx, it in enumerate(pending):
-            if deps[it] <= done:
-                out.append(it)
-                done.add(it)
-                del pending[idx]
-                break
-        else:
-            return None
-    return out
+    while ready:
+        p = heapq.heappop(ready)
+        out.append(items[p])
+        for u in users[p]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    return out if len(out) == len(items) else None
 
 
 def describe(twins: Twins, scan: C.ScanParams) -> str:
