@@ -276,3 +276,38 @@ def test_acceptance_plan_cache_is_shared_by_the_rose_runs_and_kept(tmp_path, mon
     B.run_acceptance(args, ["smoke"], [], [], "cmd")
     assert seen["rose_optimize_first"] == plans and seen["rose_optimize_cached"] == plans
     assert seen["rose_first"] != plans and os.path.isdir(plans)
+
+
+def test_flags_only_cached_runs_on_flags_onlys_caches_and_fills_the_column(tmp_path, monkeypatch, capsys):
+    """Stand-in runs (mock children, as in the tests above): ``flags_only_cached`` is the user's
+    second ``rose-jax train`` on the very compile and plan caches ``flags_only`` left (the option
+    trial's decision cached there); its rate fills the flags-only column when the first run has
+    none, and it needs ``flags_only`` in the same call."""
+    import argparse
+
+    from benchmarks.experiments import informed_peer as ip
+
+    seen = []
+
+    def rose(name, variant, steps, smoke, caches, timeout, extra, log_path):
+        seen.append((variant, dict(caches), log_path))
+        first = len(seen) == 1
+        return {"returncode": 0, "steady_env_steps_per_s": None if first else 1234.0}
+
+    monkeypatch.setattr(ip, "rose_run", rose)
+    args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=[], plan_cache=None,
+                              rose_variants=["flags_only", "flags_only_cached"], run_timeout_s=10.0,
+                              optimize_argv=[], profile=False, out=str(tmp_path))
+    B.run_acceptance(args, ["smoke"], [], [], "cmd")
+    assert [v for v, _, _ in seen] == ["rose_first", "rose_cached"]
+    assert seen[1][1] == seen[0][1]  # the same caches: a second run, not a first one
+    assert seen[1][2].endswith("smoke-flags_only_cached.log")
+    row = json.load(open(tmp_path / "results.json"))["acceptance"][-1]
+    assert row["flags_only_env_steps_per_s"] == 1234.0 and row["flags_only_run"] == "flags_only_cached"
+    # the first run's own rate wins when it has one
+    both = {"flags_only": _run(900.0), "flags_only_cached": _run(1000.0)}
+    both = B.acceptance_row("ppo-ant", "ppo", 1, both)
+    assert both["flags_only_env_steps_per_s"] == 900.0 and both["flags_only_run"] == "flags_only"
+    with pytest.raises(SystemExit):
+        B.main(["--acceptance", "--rose-variants", "flags_only_cached", "--out", str(tmp_path)])
+    assert "give flags_only too" in capsys.readouterr().err

@@ -375,32 +375,39 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
             made = tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True)
             return temporary.enter_context(made)
 
+        first_caches: dict[str, str] = {}  # flags_only's, which flags_only_cached runs on again
         for v, variant, extra in (
             ("flags_only", "rose_first", ()),
+            ("flags_only_cached", "rose_cached", ()),
             ("rose", "rose_optimize_first", tuple(args.optimize_argv)),
             ("rose_cached", "rose_optimize_cached", tuple(args.optimize_argv)),
         ):
             if v not in args.rose_variants:
                 continue
-            caches = {"compile": tempdir(f"bf-{name}-{v}-compile-")}
-            if kept_plans and v != "flags_only":  # --plan-cache: the search's plan outlives the call
-                os.makedirs(kept_plans, exist_ok=True)
-                caches["plans"] = kept_plans
+            if v == "flags_only_cached":  # the user's second run: the trial's decision is cached
+                caches = dict(first_caches)
             else:
-                caches["plans"] = tempdir(f"bf-{name}-{v}-plans-")
+                caches = {"compile": tempdir(f"bf-{name}-{v}-compile-")}
+                if kept_plans and v != "flags_only":  # --plan-cache: the search's plan outlives the call
+                    os.makedirs(kept_plans, exist_ok=True)
+                    caches["plans"] = kept_plans
+                else:
+                    caches["plans"] = tempdir(f"bf-{name}-{v}-plans-")
             common.log(f"{name}: {v} ({steps:,} env steps{', ' + ' '.join(extra) if extra else ''})")
             runs[v] = ip.rose_run(
                 name, variant, steps, args.smoke, caches, args.run_timeout_s, extra, _log_path(args, name, v)
             )
             runs[v]["plan_cache"] = _plan_entries(caches["plans"])
-            if on_progress and v == "flags_only":
+            if v == "flags_only":
+                first_caches = dict(caches)
+            if on_progress and v in ("flags_only", "flags_only_cached"):
                 on_progress({**acceptance_row(name, w["algo"], steps, runs), "partial": True})
     return acceptance_row(name, w["algo"], steps, runs)
 
 
 # the acceptance runs in the order they run (and are shown); rose_cached: `rose-jax train --optimize`
 # again on the plan cache an earlier rose run left (--plan-cache): the user's second run
-RUN_ORDER = ("peer_default", "peer_flags", "flags_only", "rose", "rose_cached")
+RUN_ORDER = ("peer_default", "peer_flags", "flags_only", "flags_only_cached", "rose", "rose_cached")
 
 
 def _log_path(args, name: str, variant: str) -> str:
@@ -429,7 +436,11 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
     best_peer = max((x for x in peers.values() if x), default=None)
     # the optimized program's rate: the first (searching) run's, else the cached run's (same plan)
     rose_from = "rose" if rate("rose") or "rose_cached" not in runs else "rose_cached"
-    flags_only, rose = rate("flags_only"), rate(rose_from)
+    # flags only: the first run's rate, else its second run's (on the caches the first left, the
+    # option trial's decision cached: every interval after the compile is under the kept set)
+    cached_flags = "flags_only_cached" in runs and not rate("flags_only")
+    flags_from = "flags_only_cached" if cached_flags else "flags_only"
+    flags_only, rose = rate(flags_from), rate(rose_from)
     rose_run = runs.get(rose_from) or {}
     finished = rose_run.get("returncode") == 0
     entries = rose_run.get("plan_cache") or []
@@ -463,6 +474,7 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
         "flags_only_env_steps_per_s": flags_only,
         "rose_env_steps_per_s": rose,
         "rose_run": rose_from if rose_from in runs else None,
+        "flags_only_run": flags_from if flags_from in runs else None,
         "speedup_vs_informed_peer": speedup,
         "speedup_vs_flags_only": round(rose / flags_only, 3) if rose and flags_only else None,
         "target": TARGETS[algo],
@@ -675,7 +687,10 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
         "Every number of a row comes from one device call (its `date`). Peer = Brax's own trainer with "
         "Brax's published keywords, as shipped and with `XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode"
         "=CONCURRENT`; flags only = `rose-jax train` (its option trial: our program with the best options "
-        "alone); rose = `rose-jax train --optimize` on empty caches (the plan `rose_jax.optimize.optimize` "
+        "alone; flags_only_cached: the same command again on the caches it left, its trial's decision "
+        "cached, its rate the column where the first run's trial leaves fewer than 3 intervals); rose = "
+        "`rose-jax train "
+        "--optimize` on empty caches (the plan `rose_jax.optimize.optimize` "
         "finds with default candidate generation; rose_cached: the same command again on the plan cache "
         "that run left, its rate then the rose column, and the first run's wall time from its own call). "
         "Whole runs, each its own process; steady env-steps/s = "
@@ -739,6 +754,11 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
                 f"- {r['workload']} ({r.get('date')}): the rose column is the cached run (plan cache from "
                 f"the first run of {f.get('date')} on {_short_device(f.get('device') or '-')}: "
                 f"{common.fmt(f.get('end_to_end_s'))} s end to end, search {common.fmt(f.get('search_s'))} s)"
+            )
+        if r.get("flags_only_run") == "flags_only_cached" and r.get("flags_only_env_steps_per_s"):
+            lines.append(
+                f"- {r['workload']} ({r.get('date')}): the flags-only column is `rose-jax train`'s second "
+                "run (flags_only_cached: on the caches the first left, its option trial's decision cached)"
             )
         if r.get("note"):
             lines.append(f"- {r['workload']} ({r.get('date')}): {r['note']}")
@@ -898,8 +918,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rose-variants",
         default="flags_only,rose",
-        help="with --acceptance: flags_only (rose-jax train), rose (rose-jax train --optimize) and/or "
-        "rose_cached (the same again on --plan-cache's plan)",
+        help="with --acceptance: flags_only (rose-jax train), flags_only_cached (the same again on the "
+        "caches flags_only left: its option trial's decision cached), rose (rose-jax train --optimize) "
+        "and/or rose_cached (the same again on --plan-cache's plan)",
     )
     p.add_argument(
         "--acceptance-steps", type=float, default=None, help="env steps per run (default: sac 100k, ppo 10M)"
@@ -927,9 +948,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad_peer:
         p.error(f"unknown peer variant(s) {bad_peer}; known: peer_default, peer_flags")
     args.rose_variants = [v.strip() for v in args.rose_variants.split(",") if v.strip()]
-    bad_rose = [v for v in args.rose_variants if v not in ("flags_only", "rose", "rose_cached")]
+    known_rose = ("flags_only", "flags_only_cached", "rose", "rose_cached")
+    bad_rose = [v for v in args.rose_variants if v not in known_rose]
     if bad_rose:
-        p.error(f"unknown rose variant(s) {bad_rose}; known: flags_only, rose, rose_cached")
+        p.error(f"unknown rose variant(s) {bad_rose}; known: {', '.join(known_rose)}")
+    if "flags_only_cached" in args.rose_variants and "flags_only" not in args.rose_variants:
+        p.error("--rose-variants flags_only_cached runs on the caches flags_only leaves: give flags_only too")
     has_plans = bool(args.plan_cache) and (
         os.path.exists(os.path.join(args.plan_cache, "plans.json")) or "rose" in args.rose_variants
     )
