@@ -12,7 +12,7 @@ from algos import bench
 from benchmarks.experiments import informed_peer as ip
 
 
-@pytest.mark.parametrize("name", ["sac-hopper", "sac-ant", "ppo-ant", "ppo-humanoid", "smoke"])
+@pytest.mark.parametrize("name", sorted(ip.workloads()))
 def test_every_brax_keyword_reaches_the_rose_run(name):
     """Each published Brax keyword becomes a --set of a config field (or --steps/--seed/--env-arg),
     and the CLI resolves the whole command to a config holding those values."""

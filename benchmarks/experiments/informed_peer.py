@@ -97,6 +97,14 @@ def workloads() -> dict[str, dict[str, Any]]:
             what="Brax's published PPO humanoid config (2048 envs, batch 1024, 32 minibatches, "
             "unroll 10, 8 updates per batch); published length 50M",
         ),
+        "ppo-halfcheetah": dict(
+            algo="ppo",
+            env="halfcheetah",
+            kwargs=_published("ppo", "halfcheetah"),
+            steps=20_000_000,
+            what="Brax's published PPO halfcheetah config (2048 envs, batch 512, 32 minibatches, "
+            "unroll 20, 8 updates per batch, 20 evaluations); published length 50M",
+        ),
         "smoke": dict(
             algo="ppo",
             env="inverted_pendulum",
