@@ -411,3 +411,51 @@ def test_quota_step_is_skipped_without_mps_with_the_reason():
     )
     assert rec.status == "skipped" and "search budget is spent" in rec.reason
     assert dict(plan[0].params)["quota"] is None
+
+
+_SHARED_CACHE_SCRIPT = r"""
+import json, os, sys
+import jax
+import envs
+from algos import ppo
+from rose_jax import optimize as O, startup
+
+cache = startup.enable_compile_cache(sys.argv[1], min_compile_time_s=0.0)
+env = envs.make("pendulum")
+c = ppo.PPOConfig(num_envs=8, unroll_length=8, num_minibatches=2, num_epochs=1,
+                  policy_hidden_sizes=(16,), value_hidden_sizes=(16,))
+fn, state = ppo.epoch(c, env, 2, num_eval_envs=4, eval_length=30), ppo.init(c, env, jax.random.PRNGKey(1))
+seen = []
+for _ in range(2):  # the second step: a new worker process on the cache the first one filled
+    step = O.offload_component("evaluate").apply(fn)
+    try:
+        _, m = step(state)
+        step.drain()
+        (info,) = step._pool.info.values()
+        seen.append({"worker_cache": info.compile_cache, "entries": len(os.listdir(cache)),
+                     "return": float(m["eval_episode_return"])})
+    finally:
+        step.close()
+print(json.dumps({"cache": cache, "seen": seen}))
+"""
+
+
+def test_offload_worker_shares_the_drivers_compile_cache(tmp_path):
+    """A real driver with JAX's persistent compilation cache on (its own process, so this test's
+    JAX config is untouched) and two offloaded steps in turn: each worker process runs JAX on the
+    driver's cache directory, and the second step, its worker new, adds no entry (driver and worker
+    load what the first compiled) and computes the same evaluation."""
+    import json
+    import subprocess
+
+    from rose_jax.optimize import isolate
+
+    env = isolate.child_environment()
+    out = subprocess.run([sys.executable, "-c", _SHARED_CACHE_SCRIPT, str(tmp_path / "cache")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    first, second = got["seen"]
+    assert first["worker_cache"] == got["cache"] == second["worker_cache"]
+    assert first["entries"] > 0 and second["entries"] == first["entries"]
+    assert second["return"] == first["return"]

@@ -118,6 +118,16 @@ def persistent_cache_dir() -> str | None:
     return getattr(jax.config, "jax_compilation_cache_dir", None) or None
 
 
+def shared_cache_environment() -> dict[str, str]:
+    """The driver's persistent-cache settings as the environment variables JAX reads at start
+    (``JAX_COMPILATION_CACHE_DIR``, ...), for a process of ours to compile into and load from the
+    same cache; {} when the driver has none."""
+    if persistent_cache_dir() is None:
+        return {}
+    values = ((name, getattr(jax.config, name, None)) for name in _CACHE_CONFIG)
+    return {name.upper(): str(value) for name, value in values if value is not None}
+
+
 def compile_exported(outcome: Outcome, args: Sequence[Any], compiler_options: Mapping[str, Any] | None):
     """The driver's executable of a candidate its child compiled: ``jax.jit(exported.call)`` with
     the child's XLA options, compiled for the shapes of ``args``. With the persistent cache on (and
@@ -147,11 +157,8 @@ def child_environment(extra: Mapping[str, str] | None = None, share_cache: bool 
     )
     if jax.default_backend() == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
-    if share_cache and persistent_cache_dir() is not None:
-        for name in _CACHE_CONFIG:
-            value = getattr(jax.config, name, None)
-            if value is not None:
-                env[name.upper()] = str(value)
+    if share_cache:
+        env.update(shared_cache_environment())
     env.update({str(k): str(v) for k, v in (extra or {}).items()})
     return env
 

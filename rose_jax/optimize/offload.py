@@ -50,6 +50,7 @@ from rose_jax import runtime
 from rose_jax.jaxpr import compat
 from rose_jax.jaxpr.cut import Split, split_component
 from rose_jax.mps import plan as mps_plan
+from rose_jax.optimize import isolate
 from rose_jax.optimize.base import EXACT, HostStep, Transform
 from rose_jax.optimize.predict import TIME_SLICED_OVERLAP, Candidate, CandidateContext
 from rose_jax.optimize.process_worker import RUN_EXPORTED
@@ -277,7 +278,10 @@ class OffloadedStep(HostStep):
         if self._managed is None:
             gpu = jax.default_backend() == "gpu"
             use_mps = gpu if self._use_mps is None else self._use_mps
-            env = () if gpu else (("JAX_PLATFORMS", "cpu"),)
+            # the driver's persistent compile cache (when on): a later run's worker (a cached plan,
+            # a restarted pool) loads the component's executable instead of compiling it again
+            env = tuple(isolate.shared_cache_environment().items())
+            env += () if gpu else (("JAX_PLATFORMS", "cpu"),)
             spec = mps_plan.WorkerSpec(WORKER, quota=self.quota if use_mps else None, env=env)
             self._managed = runtime.ManagedPool(
                 [spec],

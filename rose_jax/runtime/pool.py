@@ -90,6 +90,7 @@ class WorkerInfo:
     birth_env: Mapping[str, str | None]
     quota: int | None
     mps: bool
+    compile_cache: str | None = None  # the persistent compilation cache the worker's JAX uses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,6 +342,7 @@ class WorkerPool:
                     d["birth_env"],
                     quota,
                     mps,
+                    d.get("compile_cache"),
                 )
                 waiting.discard(name)
 

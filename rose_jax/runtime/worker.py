@@ -143,6 +143,7 @@ def main(boot: WorkerBoot, conn, pool_barrier) -> None:
             "ipc": cuda_ipc.probe(backend),
             "env": {k: os.environ.get(k) for k in watched},
             "birth_env": {k: born.get(k) for k in watched},
+            "compile_cache": getattr(jax.config, "jax_compilation_cache_dir", None) or None,
         }
     except BaseException:
         conn.send(("fatal", traceback.format_exc()))
