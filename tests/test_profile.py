@@ -363,6 +363,47 @@ def test_profile_builds_are_the_callers_cached_builds():
     assert len(compiles) == before + 1
 
 
+@pytest.mark.parametrize("committed", [False, True])
+def test_profile_compiles_none_of_its_pieces_after_its_pool(monkeypatch, committed):
+    """Every piece the profile runs (segments, loop bodies, whole loops, a while loop's trip
+    counter) is compiled in its up-front pool, so none compiles again while it runs and times them
+    (JAX's compile log), whether the caller's arrays are committed to the device (a training state)
+    or not. Eager indexing of a scan's inputs may still compile its tiny ops."""
+    import logging
+    import re
+
+    seen: list[str] = []
+
+    class Names(logging.Handler):
+        def emit(self, record):
+            m = re.search(r"Finished XLA compilation of jit\((\w+)\)", record.getMessage())
+            if m:
+                seen.append(m.group(1))
+
+    pooled = {}
+    original = rp.SegmentedProgram.precompile
+
+    def precompile(self, *a, **k):
+        out = original(self, *a, **k)
+        pooled["n"] = len(seen)
+        return out
+
+    monkeypatch.setattr(rp.SegmentedProgram, "precompile", precompile)
+    args = (jnp.eye(4) * 0.3, jnp.arange(8.0).reshape(2, 4) + 0.5, jax.random.PRNGKey(7))
+    if committed:
+        args = jax.device_put(args, jax.devices()[0])
+    handler, logger = Names(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            tl = rp.time_phases(nested_program, *args, repeats=1, max_loop_iterations=2)
+    finally:
+        logger.removeHandler(handler)
+    assert tl.metadata["outputs_match"] and tl.metadata["precompile"]["programs"] > 5
+    after = [n for n in seen[pooled["n"] :] if n in ("jaxpr_as_fun", "count")]
+    assert not after, f"pieces compiled again after the pool: {after}"
+
+
 def test_time_phases_bad_input():
     args = small_args()
     with pytest.raises(ValueError, match="levels"):
