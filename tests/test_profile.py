@@ -363,8 +363,19 @@ def test_profile_builds_are_the_callers_cached_builds():
     assert len(compiles) == before + 1
 
 
+def _made_then_used(w, x, key):
+    """``nested_program`` after a component that reads nothing (its jit call's outputs are
+    uncommitted) and one that reads it."""
+    with rose_jax.component("make"):
+        z = jnp.arange(8.0).reshape(2, 4)
+    with rose_jax.component("use"):
+        x = x + z
+    return nested_program(w, x, key)
+
+
+@pytest.mark.parametrize("program", [nested_program, _made_then_used])
 @pytest.mark.parametrize("committed", [False, True])
-def test_profile_compiles_none_of_its_pieces_after_its_pool(monkeypatch, committed):
+def test_profile_compiles_none_of_its_pieces_after_its_pool(monkeypatch, committed, program):
     """Every piece the profile runs (segments, loop bodies, whole loops, a while loop's trip
     counter) is compiled in its up-front pool, so none compiles again while it runs and times them
     (JAX's compile log), whether the caller's arrays are committed to the device (a training state)
@@ -396,7 +407,7 @@ def test_profile_compiles_none_of_its_pieces_after_its_pool(monkeypatch, committ
     logger.addHandler(handler)
     try:
         with jax.log_compiles():
-            tl = rp.time_phases(nested_program, *args, repeats=1, max_loop_iterations=2)
+            tl = rp.time_phases(program, *args, repeats=1, max_loop_iterations=2)
     finally:
         logger.removeHandler(handler)
     assert tl.metadata["outputs_match"] and tl.metadata["precompile"]["programs"] > 5
@@ -847,3 +858,46 @@ def test_components_hidden_in_one_jit_are_found():
     deep = [p.path for p in tl.phases if p.level == 2]
     assert deep[0] == "train/prep"
     assert deep[1:] == ["train/sim", "train/policy"] * 3
+
+
+_PLACEMENT_SCRIPT = r"""
+import json, sys
+import jax, jax.numpy as jnp
+import numpy as np
+sys.path.insert(0, "tests")
+from test_profile import nested_program
+from rose_jax import profile as rp
+from rose_jax.profile import phases
+
+d0, d1 = jax.devices()[:2]
+args = (jnp.eye(4) * 0.3, jnp.arange(8.0).reshape(2, 4) + 0.5, jax.random.PRNGKey(7))
+on_d1 = jax.device_put(args, d1)
+mesh = jax.sharding.Mesh(np.array([d0, d1]), ("x",))
+split = jax.device_put(args[1], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+prog = rp.SegmentedProgram(nested_program, *on_d1)
+out = {
+    "plain": str(phases._target_device(args)),
+    "on_d1": str(phases._target_device(on_d1)),
+    "sharded": str(phases._target_device((args[0], split, args[2]))),
+    "ran_on": sorted({str(d) for leaf in jax.tree.leaves(prog.run(*on_d1)) for d in leaf.devices()}),
+    "d0": str(d0), "d1": str(d1),
+}
+print(json.dumps(out))
+"""
+
+
+def test_profile_commits_to_the_arguments_device_and_leaves_sharded_states_alone():
+    """Two forced CPU devices (own process): arguments committed to the second device are profiled
+    there, uncommitted ones on JAX's default device, and a state sharded over both devices is left
+    as given (nothing committed, no gather onto one device)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", _PLACEMENT_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["plain"] == got["d0"] and got["on_d1"] == got["d1"] and got["sharded"] == "None"
+    assert got["ran_on"] == [got["d1"]]

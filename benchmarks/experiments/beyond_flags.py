@@ -438,7 +438,9 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
     rose_from = "rose" if rate("rose") or "rose_cached" not in runs else "rose_cached"
     # flags only: the first run's rate, else its second run's (on the caches the first left, the
     # option trial's decision cached: every interval after the compile is under the kept set)
-    cached_flags = "flags_only_cached" in runs and not rate("flags_only")
+    # (only after a first run that finished: one cut before its trial decided cached nothing)
+    first_done = (runs.get("flags_only") or {}).get("returncode") == 0
+    cached_flags = "flags_only_cached" in runs and first_done and not rate("flags_only")
     flags_from = "flags_only_cached" if cached_flags else "flags_only"
     flags_only, rose = rate(flags_from), rate(rose_from)
     rose_run = runs.get(rose_from) or {}

@@ -22,7 +22,7 @@ class CandidateRecord:
     window: str
     predicted_gain_s: float | None = None
     prediction: str = ""
-    legal: bool = False
+    legal: bool | None = False  # None: not analysed (the budget or max_candidates came first)
     legal_reason: str = ""
     stage: str = "legality"  # the last stage reached: legality | isolate | local | e2e | combine
     local_baseline_s: float | None = None

@@ -908,10 +908,14 @@ class _Search:
             t = cand.transform
             rec = CandidateRecord(t.label, t.to_json(), cand.window, cand.predicted, cand.model)
             report.candidates.append(rec)
-            # the budget first: each legality analysis walks the whole jaxpr (on PPO humanoid's
-            # epoch, H100 2026-12-06, the ~40 unmeasured candidates' analyses took 56 s after it)
+            # what is not measured anyway first: each legality analysis walks the whole jaxpr (on PPO
+            # humanoid's epoch, H100 2026-12-06, the ~40 candidates left after the budget took 56 s)
+            if measured >= opts.max_candidates:
+                rec.legal, rec.legal_reason = None, "not analysed: max_candidates reached"
+                rec.reason = f"not measured: max_candidates={opts.max_candidates} reached"
+                continue
             if self.spent(rec):
-                rec.legal_reason = "not analysed: the search budget is spent"
+                rec.legal, rec.legal_reason = None, "not analysed: the search budget is spent"
                 continue
             rec.legal, rec.legal_reason = _legal(t, tree, ptree)
             if not rec.legal:
@@ -923,9 +927,6 @@ class _Search:
                     "not measured: kept only with a learning check (its tolerance says so) and none was "
                     "given (OptimizeOptions.learning_check; rose-jax train --learning-check-steps N)"
                 )
-                continue
-            if measured >= opts.max_candidates:
-                rec.reason = f"not measured: max_candidates={opts.max_candidates} reached"
                 continue
             measured += 1
             res = self.trial(rec, [t], always_check=opts.check_slower)

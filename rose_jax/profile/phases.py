@@ -109,8 +109,8 @@ def _wire(segs: list, final_outvars: list) -> None:
         s.in_vars, s.out_vars = reads, outs
 
 
-def _read(env: dict, atom):
-    return env[atom] if compat.is_var(atom) else _committed(atom.val)  # as _sds declares a literal
+def _read(env: dict, atom, device=None):
+    return env[atom] if compat.is_var(atom) else _committed(atom.val, device)  # as _sds declares a literal
 
 
 def _interesting(eqn) -> bool:
@@ -136,6 +136,7 @@ class _Options(NamedTuple):
     levels: int
     max_loop_iterations: int
     glue_max_eqns: int
+    device: Any = None  # where every value the pieces read is committed (None: left as given)
 
 
 # -- level >= 2 ---------------------------------------------------------------------------------
@@ -167,7 +168,14 @@ def _make_steps(eqns: list, context: tuple[str, ...], outs: list, level: int, op
 
 
 def _run_steps(
-    steps: list[_Step], env: dict, level: int, weight: float, record: bool, iteration: int, rec: _Recorder
+    steps: list[_Step],
+    env: dict,
+    level: int,
+    weight: float,
+    record: bool,
+    iteration: int,
+    rec: _Recorder,
+    device=None,
 ) -> None:
     """Run a plan's steps in order on ``env`` (updated with their outputs), timing the timed ones."""
     for st in steps:
@@ -184,41 +192,58 @@ def _run_steps(
         t1 = rec.clock()
         if record:
             rec.phases.append(Phase(seg.label, t0, t1, level, iteration, weight))
-        env.update(zip(seg.out_vars, outs, strict=True))
+        env.update(zip(seg.out_vars, _outputs(seg, outs, device), strict=True))
 
 
-def _device():
-    """The device the pieces run on (JAX's default: the first)."""
-    return jax.devices()[0]
+def _target_device(args) -> Any:
+    """The one device the profile commits its values to: that of the committed arguments, else
+    JAX's default device; None (values left as given) when an argument is sharded over several
+    devices or the committed ones disagree."""
+    leaves = [x for x in jax.tree.leaves(args) if isinstance(x, jax.Array)]
+    if any(len(x.sharding.device_set) > 1 for x in leaves):
+        return None
+    placed = {d for x in leaves if x.committed for d in x.sharding.device_set}
+    if placed:
+        return next(iter(placed)) if len(placed) == 1 else None
+    default = jax.config.jax_default_device
+    return default if default is not None and not isinstance(default, str) else jax.local_devices()[0]
 
 
-def _committed(x):
-    """``x`` as an array committed to :func:`_device`. Every value the pieces read is committed
-    (the arguments and constants here, everything else as an output of committed inputs), and
-    :func:`_sds` declares them so: a jit call keys committed and uncommitted arguments apart, and
-    pieces compiled from plain shapes were compiled again at their first call (6 of 22 programs on
-    a CPU PPO ant epoch, most of the profile's timed seconds on MJX humanoid)."""
+def _committed(x, device):
+    """``x`` as an array committed to ``device`` (None: ``x`` as is). Every value the pieces read
+    is committed (the arguments, constants and literals here, the outputs of a piece with no
+    inputs by :func:`_outputs`, everything else as an output of committed inputs) and :func:`_sds`
+    declares them so: a jit call keys committed and uncommitted arguments apart, and pieces
+    compiled from plain shapes were compiled again at their first call (6 of 22 programs on a
+    CPU PPO ant epoch)."""
+    if device is None:
+        return x
     if isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
-        return jax.device_put(x, _device())
+        return jax.device_put(x, device)
     return x
 
 
-def _sds(atom):
+def _outputs(seg, outs, device):
+    """A piece's outputs; those of a piece with no inputs committed (jit leaves them uncommitted)."""
+    return outs if seg.in_vars else [_committed(o, device) for o in outs]
+
+
+def _sds(atom, device=None):
     aval = atom.aval
     return jax.ShapeDtypeStruct(
         aval.shape,
         aval.dtype,
         weak_type=getattr(aval, "weak_type", False),
-        sharding=jax.sharding.SingleDeviceSharding(_device()),
+        sharding=None if device is None else jax.sharding.SingleDeviceSharding(device),
     )
 
 
-def _segment_job(seg: _Segment):
-    return seg.fn, [_sds(v) for v in seg.in_vars]
+def _segment_job(seg: _Segment, device=None):
+    return seg.fn, [_sds(v, device) for v in seg.in_vars]
 
 
-def _step_jobs(st: _Step):
-    yield _segment_job(st.segment)
+def _step_jobs(st: _Step, device=None):
+    yield _segment_job(st.segment, device)
     if st.inner is not None:
         yield from st.inner.compile_jobs()
 
@@ -227,23 +252,23 @@ class _Detail:
     """Straight-line code of one component split into its sub-components (timed at ``level``)."""
 
     def __init__(self, eqns: list, key: tuple[str, ...], level: int, opts: _Options):
-        self.level = level
+        self.level, self.device = level, opts.device
         eqns, _, consts = J.flatten_calls(eqns, len(key) + 1)
-        self.const_env = {k: _committed(v) for k, v in consts.items()}
+        self.const_env = {k: _committed(v, opts.device) for k, v in consts.items()}
         self.steps = _make_steps(eqns, key, [], level, opts)
         self.warm = False
 
     def compile_jobs(self):
         for st in self.steps:
-            yield from _step_jobs(st)
+            yield from _step_jobs(st, self.device)
 
     def run(self, env: dict, weight: float, record: bool, rec: _Recorder) -> None:
         env = {**self.const_env, **env}
         if not self.warm:  # compile untimed first
-            _run_steps(self.steps, dict(env), self.level, weight, False, 0, rec)
+            _run_steps(self.steps, dict(env), self.level, weight, False, 0, rec, self.device)
             self.warm = True
         if record:
-            _run_steps(self.steps, env, self.level, weight, True, 0, rec)
+            _run_steps(self.steps, env, self.level, weight, True, 0, rec, self.device)
 
 
 class _Block:
@@ -254,6 +279,7 @@ class _Block:
     """
 
     def __init__(self, eqns: list, outs_needed: list, level: int, opts: _Options):
+        self.device = opts.device
         items: list = []
         pos = 0
         for i, e in enumerate(eqns):
@@ -283,7 +309,7 @@ class _Block:
     def compile_jobs(self):
         for it in self.items:
             if isinstance(it, _Segment):
-                yield _segment_job(it)
+                yield _segment_job(it, self.device)
             else:
                 yield from it.compile_jobs()
 
@@ -291,7 +317,7 @@ class _Block:
         for it in self.items:
             if isinstance(it, _Segment):
                 outs = it.fn(*[env[v] for v in it.in_vars])
-                env.update(zip(it.out_vars, outs, strict=True))
+                env.update(zip(it.out_vars, _outputs(it, outs, self.device), strict=True))
             else:
                 it.run(env, weight, record, rec)
 
@@ -324,7 +350,7 @@ class _Loop:
         self.body_outvars = [J.resolve(v, alias) for v in bj.outvars]
         self.const_env = dict(zip(bj.constvars, body_consts, strict=True))
         self.const_env.update(consts)
-        self.const_env = {k: _committed(v) for k, v in self.const_env.items()}
+        self.const_env = {k: _committed(v, opts.device) for k, v in self.const_env.items()}
         self.steps = _make_steps(body_eqns, self.context, self.body_outvars, level, opts)
         # Transparent: nothing at this depth but loops with deeper components (PPO's epoch loop).
         self.transparent = all(st.segment.key == self.context for st in self.steps) and any(
@@ -335,8 +361,8 @@ class _Loop:
     def _iterate(self, body_in: list, weight: float, record: bool, iteration: int, rec: _Recorder) -> list:
         env = dict(self.const_env)
         env.update(zip(self.body_invars, body_in, strict=True))
-        _run_steps(self.steps, env, self.level, weight, record, iteration, rec)
-        return [_read(env, v) for v in self.body_outvars]
+        _run_steps(self.steps, env, self.level, weight, record, iteration, rec, self.opts.device)
+        return [_read(env, v, self.opts.device) for v in self.body_outvars]
 
     def _count_fn(self):
         """jit of (cond consts, body consts, carry) -> trip count of the while loop."""
@@ -358,12 +384,12 @@ class _Loop:
     def compile_jobs(self):
         """(jitted fn, abstract args) of everything this loop will call."""
         for st in self.steps:
-            yield from _step_jobs(st)
+            yield from _step_jobs(st, self.opts.device)
         if self.need_outputs:
             ins, fn = self._full_fn()
-            yield fn, [_sds(v) for v in ins]
+            yield fn, [_sds(v, self.opts.device) for v in ins]
         if self.kind == "while":
-            avals = [_sds(a) for a in self.eqn.invars]
+            avals = [_sds(a, self.opts.device) for a in self.eqn.invars]
             cn, bn = self.cond_n, self.body_n
             yield self._count_fn(), [avals[:cn], avals[cn : cn + bn], avals[cn + bn :]]
 
@@ -375,7 +401,7 @@ class _Loop:
         return self._full
 
     def run(self, env: dict, weight: float, record: bool, rec: _Recorder) -> None:
-        vals = [_read(env, a) for a in self.eqn.invars]
+        vals = [_read(env, a, self.opts.device) for a in self.eqn.invars]
         if self.kind == "scan":
             self._run_scan(vals, weight, record, rec)
         else:
@@ -477,8 +503,8 @@ class SegmentedProgram:
         self.outvars = [J.resolve(v, alias) for v in j.outvars]
         self.const_env = dict(zip(j.constvars, j_consts, strict=True))
         self.const_env.update(consts)
-        self.const_env = {k: _committed(v) for k, v in self.const_env.items()}
-        self.opts = _Options(levels, max_loop_iterations, glue_max_eqns)
+        self.opts = _Options(levels, max_loop_iterations, glue_max_eqns, _target_device(args))
+        self.const_env = {k: _committed(v, self.opts.device) for k, v in self.const_env.items()}
         self.segments = _split(eqns, (), glue_max_eqns)
         _wire(self.segments, self.outvars)
         self._details: dict[int, Any] = {}
@@ -494,7 +520,8 @@ class SegmentedProgram:
                 f"expected {self.in_tree}"
             )
         env = dict(self.const_env)
-        env.update(zip(self.invars, [_committed(x) for x in jax.tree.leaves(args)], strict=True))
+        leaves = [_committed(x, self.opts.device) for x in jax.tree.leaves(args)]
+        env.update(zip(self.invars, leaves, strict=True))
         return env
 
     def run(
@@ -527,8 +554,8 @@ class SegmentedProgram:
             t1 = clock()
             if record is not None and not detail:
                 record.phases.append(Phase(s.label, t0, t1, 1, iteration, weight))
-            env.update(zip(s.out_vars, outs, strict=True))
-        return jax.tree.unflatten(self.out_tree, [_read(env, v) for v in self.outvars])
+            env.update(zip(s.out_vars, _outputs(s, outs, self.opts.device), strict=True))
+        return jax.tree.unflatten(self.out_tree, [_read(env, v, self.opts.device) for v in self.outvars])
 
     def precompile(self, extra: Sequence = (), threads: int | None = None, also: Sequence = ()) -> dict:
         """Compile every segment (and, with levels >= 2, every level >= 2 piece) up front.
@@ -545,7 +572,7 @@ class SegmentedProgram:
         for fn, args in extra:
             fn.lower(*args).compile()
         t1 = time.perf_counter()
-        jobs = [_segment_job(s) for s in self.segments]
+        jobs = [_segment_job(s, self.opts.device) for s in self.segments]
         if self.opts.levels >= 2:
             for i in range(len(self.segments)):
                 plan = self._detail(i)
