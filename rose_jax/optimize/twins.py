@@ -623,12 +623,12 @@ def find_twins(scan: C.ScanParams) -> Twins:
     keep.sort(key=lambda s: min(s[0] | s[1]))
     if not keep:
         return Twins((), unchanged, (), 0, none + " (twin pairs found, but none convex with a kernel)", scan)
-    schedule = _order(eqns, keep)
+    schedule = _order(eqns, keep, prod)
     while schedule is None:  # a cycle between regions: drop the last one
         keep.pop()
         if not keep:
             return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest", scan)
-        schedule = _order(eqns, keep)
+        schedule = _order(eqns, keep, prod)
 
     # regions in the order they run (``_order`` may run a later region first), numbered so
     order = [item[1] for item in schedule if isinstance(item, tuple)]
@@ -645,8 +645,9 @@ def find_twins(scan: C.ScanParams) -> Twins:
     return Twins(tuple(regions), tuple(schedule), tuple(stacked_carry), stacks, "", scan, reverses)
 
 
-def _order(eqns: list, regions: list[tuple[set[int], set[int]]]) -> list | None:
-    """A topological order of the body with each region one item, else None (a cycle).
+def _order(eqns: list, regions: list[tuple[set[int], set[int]]], prod: dict) -> list | None:
+    """A topological order of the body with each region one item, else None (a cycle); ``prod``:
+    each value's producing equation (``find_twins``' map).
 
     Kahn's algorithm over the items' direct dependencies (the producers of their members'
     operands and, for an equation with effects, the previous one with effects), always taking the
@@ -666,7 +667,6 @@ def _order(eqns: list, regions: list[tuple[set[int], set[int]]]) -> list | None:
         if it not in position:
             position[it] = len(items)
             items.append(it)
-    prod = {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
     deps: list[set[int]] = [set() for _ in items]
     users: list[list[int]] = [[] for _ in items]
     last_effect = None  # an equation with effects also follows the previous one (as in _ancestors)

@@ -223,6 +223,11 @@ def _committed(x, device):
     return x
 
 
+def _committed_env(device, *tables: dict) -> dict:
+    """Const tables (var -> value) merged in order, their values committed to ``device``."""
+    return {k: _committed(v, device) for table in tables for k, v in table.items()}
+
+
 def _outputs(seg, outs, device):
     """A piece's outputs; those of a piece with no inputs committed (jit leaves them uncommitted)."""
     return outs if seg.in_vars else [_committed(o, device) for o in outs]
@@ -254,7 +259,7 @@ class _Detail:
     def __init__(self, eqns: list, key: tuple[str, ...], level: int, opts: _Options):
         self.level, self.device = level, opts.device
         eqns, _, consts = J.flatten_calls(eqns, len(key) + 1)
-        self.const_env = {k: _committed(v, opts.device) for k, v in consts.items()}
+        self.const_env = _committed_env(opts.device, consts)
         self.steps = _make_steps(eqns, key, [], level, opts)
         self.warm = False
 
@@ -348,9 +353,8 @@ class _Loop:
         body_eqns, alias, consts = J.flatten_calls(body_eqns, len(self.context) + 1)
         self.body_invars = list(bj.invars)
         self.body_outvars = [J.resolve(v, alias) for v in bj.outvars]
-        self.const_env = dict(zip(bj.constvars, body_consts, strict=True))
-        self.const_env.update(consts)
-        self.const_env = {k: _committed(v, opts.device) for k, v in self.const_env.items()}
+        own = dict(zip(bj.constvars, body_consts, strict=True))
+        self.const_env = _committed_env(opts.device, own, consts)
         self.steps = _make_steps(body_eqns, self.context, self.body_outvars, level, opts)
         # Transparent: nothing at this depth but loops with deeper components (PPO's epoch loop).
         self.transparent = all(st.segment.key == self.context for st in self.steps) and any(
@@ -501,10 +505,9 @@ class SegmentedProgram:
         eqns, alias, consts = J.flatten_calls(j.eqns, 1)
         self.invars = list(j.invars)
         self.outvars = [J.resolve(v, alias) for v in j.outvars]
-        self.const_env = dict(zip(j.constvars, j_consts, strict=True))
-        self.const_env.update(consts)
         self.opts = _Options(levels, max_loop_iterations, glue_max_eqns, _target_device(args))
-        self.const_env = {k: _committed(v, self.opts.device) for k, v in self.const_env.items()}
+        own = dict(zip(j.constvars, j_consts, strict=True))
+        self.const_env = _committed_env(self.opts.device, own, consts)
         self.segments = _split(eqns, (), glue_max_eqns)
         _wire(self.segments, self.outvars)
         self._details: dict[int, Any] = {}
