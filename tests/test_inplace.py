@@ -56,21 +56,24 @@ def _inputs(seed, t=6):
 
 
 def _loop_copies(fn, *args) -> int:
-    """Copies of carried values in the compiled while bodies (those with a dot), CPU HLO."""
+    """Copies of carried arrays (not scalars: a loop counter's copy is no parameter) in the compiled
+    while loops' bodies, CPU HLO. (The bodies are found
+    by the while instructions' ``body=``: jax 0.12.1's XLA:CPU wraps the dots in YNNPACK fusions,
+    so a body no longer shows a plain ``dot(``.)"""
     text = jax.jit(fn).lower(*args).compile().as_text()
-    total, cur = 0, None
-    bodies: dict[str, list[str]] = {}
+    cur = None
+    computations: dict[str, list[str]] = {}
     for line in text.split("\n"):
         m = re.match(r"^(?:ENTRY )?(%[\w.\-]+) ", line)
         if m and line.rstrip().endswith("{"):
             cur = m.group(1)
-            bodies[cur] = []
+            computations[cur] = []
         elif cur:
-            bodies[cur].append(line)
-    for lines in bodies.values():
-        if any(" dot(" in ln for ln in lines) and any("get-tuple-element" in ln for ln in lines):
-            total += sum(1 for ln in lines if re.search(r"= \S+ copy\(%get-tuple-element", ln))
-    return total
+            computations[cur].append(line)
+    bodies = set(re.findall(r" while\(.*?body=(%[\w.\-]+)", text))
+    assert bodies, "no while loop in the compiled program"
+    copy = re.compile(r"= \w+\[[^\]]+\]\S* copy\(%get-tuple-element")
+    return sum(1 for b in bodies for ln in computations[b] if copy.search(ln))
 
 
 @pytest.mark.parametrize("mode", inplace.MODES)
@@ -103,8 +106,9 @@ def test_the_copies_of_the_carried_parameters_are_gone():
     args = _inputs(0)
     before = _loop_copies(two_losses, *args)
     after = _loop_copies(inplace.update_in_place().apply(two_losses), *args)
-    assert before >= 2, "XLA no longer copies the old parameters: the test's premise is gone"
-    assert after < before
+    # jax 0.12.1's XLA:CPU copies one of the two parameter sets (b, read by a's loss)
+    assert before >= 1, "XLA no longer copies the old parameters: the test's premise is gone"
+    assert after == 0
 
 
 def test_the_model_offers_it_only_where_the_copies_outweigh_the_reads_held():

@@ -108,8 +108,9 @@ def test_commit_keeps_placed_arrays_and_places_the_others_on_the_default_device(
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+    from rose_jax.jaxpr import compat
     from rose_jax.optimize import processes
 
     device = jax.devices()[0]
@@ -121,4 +122,4 @@ def test_commit_keeps_placed_arrays_and_places_the_others_on_the_default_device(
     )
     assert out["placed"] is placed and out["n"] == 3
     for k in ("loose", "np", "named"):
-        assert out[k].committed and out[k].sharding == SingleDeviceSharding(device), k
+        assert out[k].committed and out[k].sharding == compat.single_device_sharding(device), k

@@ -20,6 +20,8 @@ Version notes (checked on JAX 0.11.2 and 0.12):
   * ``Primitive.get_bind_params`` returns the params dict (``(subfuns, params)`` in older JAX).
   * name stacks: equations inside a scan/while/cond/jit body carry a name stack relative to the
     equation that holds the body (the enclosing scopes are on that equation).
+  * ``jax.sharding.SingleDeviceSharding`` is deprecated in JAX 0.12.1 for
+    ``jax.sharding.make_single_device_sharding`` (absent in 0.11.2): :func:`single_device_sharding`.
 
 Never imports ``jax._src``.
 """
@@ -34,6 +36,7 @@ import jax.extend.core as jex
 import jax.extend.core.primitives as prims
 import jax.lax
 import jax.lax.linalg
+import jax.sharding
 
 from rose_jax.program import COMPONENT_PREFIX
 
@@ -534,3 +537,10 @@ def conv_window_size(eqn: Any) -> int:
     for d in rhs:
         total *= int(d)
     return total // max(int(rhs[out_dim]), 1) if rhs else 1
+
+
+def single_device_sharding(device: Any):
+    """The sharding that places an array whole on ``device``: JAX 0.12.1's
+    ``make_single_device_sharding``, else (0.11.2) ``SingleDeviceSharding``, equal either way."""
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    return make(device) if make is not None else jax.sharding.SingleDeviceSharding(device)

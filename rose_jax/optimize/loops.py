@@ -17,6 +17,11 @@ the same body to the same values, and once it fails the carry never changes agai
 would have stopped there). A vmapped while keeps a batched predicate, and the ``while``
 primitive itself runs ``select(pred, body(x), x)`` per element while any element holds: the
 rewrite does the same per element. ``unroll`` unrolls the bounded scan (``True``: no loop).
+"Bitwise" holds for the operations; the compiler may still contract ``a*b+c`` into an FMA in one
+fusion and not in another, and the where variant fuses the select into the body: jax 0.12.1's
+XLA:CPU does so and differs in the last bit (1 ulp; none when built without FMA instructions,
+``--xla_cpu_max_isa=AVX``). The search checks every candidate, so such a rewrite is refused as
+unequal there; on the H200 (jax 0.11.2) MJX's solver loops were bitwise equal.
 
 Legality (per loop, with the reason when refused): a static bound exists and is at most
 ``max_bound``; nothing in the loop has effects, calls back to the host or draws from stateful
@@ -229,7 +234,8 @@ def bound_while_loops(
 
     Legal when at least one matching loop can be rewritten (see :func:`plan_loops`); the reason
     lists every matching loop and what happens to it. Tolerance: exact (bitwise equal) for
-    ``unroll=1``; unrolled, XLA may fuse across steps (:data:`FUSION_TOLERANCE`).
+    ``unroll=1``, checked by the search (see the module docstring on FMA contraction); unrolled,
+    XLA may fuse across steps (:data:`FUSION_TOLERANCE`).
     """
     if variant not in VARIANTS:
         raise ValueError(f"bound_while_loops: variant must be one of {VARIANTS}, got {variant!r}")

@@ -61,7 +61,7 @@ import numpy as np
 from flax import struct
 
 from rose_jax import runtime
-from rose_jax.jaxpr import dataflow
+from rose_jax.jaxpr import compat, dataflow
 from rose_jax.mps import plan as mps_plan
 from rose_jax.optimize.base import HostStep
 from rose_jax.optimize import env_groups
@@ -841,7 +841,7 @@ def _commit(tree):
     same way every iteration: the user's first state is typically uncommitted, later states and
     the workers' outputs (CUDA IPC) are committed, and jit compiles once per placement."""
     device = jax.devices()[0]
-    target = jax.sharding.SingleDeviceSharding(device)
+    target = compat.single_device_sharding(device)
 
     def commit(x):
         # an array already committed with exactly this placement (one device, its default memory;

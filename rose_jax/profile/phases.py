@@ -239,7 +239,7 @@ def _sds(atom, device=None):
         aval.shape,
         aval.dtype,
         weak_type=getattr(aval, "weak_type", False),
-        sharding=None if device is None else jax.sharding.SingleDeviceSharding(device),
+        sharding=None if device is None else compat.single_device_sharding(device),
     )
 
 
