@@ -385,3 +385,26 @@ def test_benchmark_smoke_runs_every_phase_on_a_cpu(tmp_path, xla_cache):
     if not res["mps"]["available"]:  # a CPU machine: plain processes, and the reason is said
         assert res["mps"]["reason"].startswith("MPS unavailable") and "MPS unavailable" in r.stdout
     assert "vmapped (one program)" in r.stdout and "kill: " in r.stdout  # the table printed last
+
+
+def test_leftover_check_counts_only_its_own_sweep_children(tmp_path):
+    """The benchmark's kill phase asks which sweep children are still alive after its sweep: a sweep
+    child of another sweep on the machine (under pytest-xdist, a test in the other worker) is not
+    one of its leftovers; one started under its root is, whatever its pid."""
+    from benchmarks.experiments.sweep import _our_leftovers
+
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    sleep = "import time; time.sleep(60)"
+    procs = {
+        name: psutil.Popen([sys.executable, "-c", sleep, "algos.sweep", "--child", str(root / "r/job.json")])
+        for name, root in (("ours", ours), ("theirs", theirs))
+    }
+    try:
+        found = _our_leftovers(set(), set(), (), ours)["sweep_processes"]
+        assert [int(line.split()[0]) for line in found] == [procs["ours"].pid], found
+        everyone = _our_leftovers(set(), set())["sweep_processes"]  # no root: every sweep child
+        assert {procs["ours"].pid, procs["theirs"].pid} <= {int(line.split()[0]) for line in everyone}
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

@@ -224,9 +224,13 @@ def _runspecs(args, tag: str, iterations: int):
             for s in range(args.seeds)]
 
 
-def _our_leftovers(children_before: set[int], shm_before: set[str], pids: Sequence[int] = ()) -> dict:
+def _our_leftovers(
+    children_before: set[int], shm_before: set[str], pids: Sequence[int] = (), root: Any = None
+) -> dict:
     """What of ours is alive: new child processes, sweep children, MPS processes; new /dev/shm
-    entries (all, and those named after one of ``pids``: other programs on the machine make some)."""
+    entries (all, and those named after one of ``pids``: other programs on the machine make some).
+    Sweep children are ours when one of ``pids`` or started under ``root`` (their job file's
+    directory; another sweep on the machine, e.g. a test beside this one, has its own)."""
     import psutil
 
     me = psutil.Process()
@@ -235,7 +239,7 @@ def _our_leftovers(children_before: set[int], shm_before: set[str], pids: Sequen
     sweep_procs, mps_procs = [], []
     for p in psutil.process_iter(["pid", "cmdline", "name"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "algos.sweep --child" in cmd:
+        if "algos.sweep --child" in cmd and (p.pid in set(pids) or root is None or str(root) in cmd):
             sweep_procs.append(f"{p.pid} {cmd[:120]}")
         if (p.info["name"] or "").startswith("nvidia-cuda-mps"):
             mps_procs.append(f"{p.pid} {p.info['name']}")
@@ -290,7 +294,7 @@ def run_kill_phase(args, root: str, daemon, timeout: float) -> dict:
         result = s.wait(max(10.0, deadline - time.monotonic()))
     daemon_alive = daemon.healthy() if daemon is not None else None
     time.sleep(0.5)
-    left = _our_leftovers(children_before, shm_before, processes_at_kill.values())
+    left = _our_leftovers(children_before, shm_before, processes_at_kill.values(), s.root)
     outcomes = {o.name: o for o in result.outcomes}
     survivors_ok = all(o.status == "finished" and o.end_time > kill_time
                        for n, o in outcomes.items() if n != victim)
