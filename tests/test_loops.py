@@ -534,6 +534,9 @@ def unbounded_iteration(state):
     return {"xs": xs, "total": state["total"]}, {}
 
 
+LOOP_SEARCH_OPTS = dict(families=("bound_while_loops",), n_iters=2, repeats=1, combine=False)
+
+
 def check_search_keeps_loop_candidates(exact_bitwise: bool) -> None:
     """The search generates the three loop candidates, finds them legal with the bound, and measures
     them. The unrolled one is kept within its fusion tolerance. ``exact_bitwise`` (XLA without FMA
@@ -543,8 +546,7 @@ def check_search_keeps_loop_candidates(exact_bitwise: bool) -> None:
     from rose_jax import optimize as O
 
     state = {"xs": random_x(0, (5, 6)), "total": jnp.float32(0.0)}
-    opts = dict(families=("bound_while_loops",), n_iters=2, repeats=1, combine=False)
-    _, report = O.optimize(loop_iteration, state, **opts)
+    _, report = O.optimize(loop_iteration, state, **LOOP_SEARCH_OPTS)
     params = [c.transform["params"] for c in report.candidates]
     by = {repr(p["unroll"]) + p["variant"]: c for p, c in zip(params, report.candidates, strict=True)}
     assert set(by) == {"1where", "1cond", "Truewhere"}
@@ -566,9 +568,8 @@ def test_search_generates_loop_candidates_measures_them_and_refuses_unbounded_lo
     from rose_jax import optimize as O
 
     check_search_keeps_loop_candidates(exact_bitwise=False)  # the no-FMA child checks it bitwise
-    opts = dict(families=("bound_while_loops",), n_iters=2, repeats=1, combine=False)
     state = {"xs": random_x(1, (6,)), "total": jnp.float32(0.0)}
-    _, report = O.optimize(unbounded_iteration, state, **opts)
+    _, report = O.optimize(unbounded_iteration, state, **LOOP_SEARCH_OPTS)
     (c,) = [c for c in report.candidates if c.transform["name"] == "bound_while_loops"]
     assert not c.legal and c.reason.startswith("illegal: no while loop can be bounded")
     assert "no integer counter test" in c.reason

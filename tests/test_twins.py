@@ -305,9 +305,7 @@ def test_order_is_the_ancestor_order_on_random_regions(fn, args):
     """The linear-time schedule places the same items in the same order as the ancestor walk, and
     finds the same cycles, for the body's own regions and for random pairs of equation sets."""
     eqns = list(twins.inline_calls(H.first_scan(fn, *args)).body.eqns)
-    from rose_jax.jaxpr import compat as C
-
-    prod = {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
+    prod = twins._producers(eqns)
     rng = np.random.default_rng(0)
     cycles = 0
     for trial in range(60):

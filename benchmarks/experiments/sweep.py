@@ -225,7 +225,10 @@ def _runspecs(args, tag: str, iterations: int):
 
 
 def _our_leftovers(
-    children_before: set[int], shm_before: set[str], pids: Sequence[int] = (), root: Any = None
+    children_before: set[int],
+    shm_before: set[str],
+    pids: Sequence[int] = (),
+    root: str | os.PathLike | None = None,
 ) -> dict:
     """What of ours is alive: new child processes, sweep children, MPS processes; new /dev/shm
     entries (all, and those named after one of ``pids``: other programs on the machine make some).
@@ -237,9 +240,10 @@ def _our_leftovers(
     children = [p for p in me.children(recursive=True) if p.pid not in children_before]
     new_shm = sorted(set(os.listdir("/dev/shm")) - shm_before) if os.path.isdir("/dev/shm") else []
     sweep_procs, mps_procs = [], []
+    pid_set = set(pids)
     for p in psutil.process_iter(["pid", "cmdline", "name"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "algos.sweep --child" in cmd and (p.pid in set(pids) or root is None or str(root) in cmd):
+        if "algos.sweep --child" in cmd and (p.pid in pid_set or root is None or str(root) in cmd):
             sweep_procs.append(f"{p.pid} {cmd[:120]}")
         if (p.info["name"] or "").startswith("nvidia-cuda-mps"):
             mps_procs.append(f"{p.pid} {p.info['name']}")

@@ -339,6 +339,11 @@ def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[An
     return peq, pvar, canon
 
 
+def _producers(eqns: list) -> dict[Any, int]:
+    """Each value's producing equation (its index in ``eqns``)."""
+    return {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
+
+
 def _ancestors(eqns: list) -> list[int]:
     """Per equation, the bit set of the equations it depends on (transitively); an equation with
     effects also depends on the previous one with effects, so the schedule keeps their order."""
@@ -605,7 +610,7 @@ def find_twins(scan: C.ScanParams) -> Twins:
     none = "no two same-shaped, independent matrix products read a common operand: no twins to batch"
     if not peq:
         return Twins((), unchanged, (), 0, none, scan)
-    prod = {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
+    prod = _producers(eqns)
 
     # keep convex regions with a kernel pair or that write a pair of carried values (an optimizer's
     # update of both networks: with it the pair is carried stacked and its reads need no stacking)
@@ -647,7 +652,7 @@ def find_twins(scan: C.ScanParams) -> Twins:
 
 def _order(eqns: list, regions: list[tuple[set[int], set[int]]], prod: dict) -> list | None:
     """A topological order of the body with each region one item, else None (a cycle); ``prod``:
-    each value's producing equation (``find_twins``' map).
+    each value's producing equation (:func:`_producers`).
 
     Kahn's algorithm over the items' direct dependencies (the producers of their members'
     operands and, for an equation with effects, the previous one with effects), always taking the
