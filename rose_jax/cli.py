@@ -864,7 +864,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--optimize-budget", default="auto", metavar="auto|none|SECONDS",
                    help="with --optimize: how long the search may take before it stops early and keeps the "
                         "best plan so far: auto = a tenth of the run at the untransformed speed, none = no "
-                        "limit, or seconds (default: %(default)s)")
+                        "limit, or seconds (default: %(default)s); with auto or seconds a cached search "
+                        "its budget stopped resumes: the candidates it left are measured")
     t.add_argument("--learning-check-steps", type=int, default=0, metavar="N",
                    help="with --optimize: a candidate kept under a tolerance (not bitwise equal) must also "
                         "learn alike: 5 seeds per side trained for N env steps, final returns not different "

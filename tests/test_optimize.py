@@ -822,6 +822,76 @@ def test_plan_cache_round_trip(tmp_path, monkeypatch):
         O.optimize(slow_iteration, EXAMPLE, cache_dir=str(tmp_path), env_name="synthetic", batch_size=32)
 
 
+def _identity_transform():
+    return synthetic("toy_identity", lambda fn: fn)
+
+
+def test_a_search_its_budget_stopped_resumes_on_the_next_cache_hit(tmp_path, monkeypatch):
+    """A cached search whose budget ran out before its candidates (their reason BUDGET_SPENT) goes
+    on where it stopped on the next call with a finite budget (OptimizeOptions.resume): no profile
+    or option trial again, the pending candidates measured, the faster kept, the entry rewritten;
+    then a plain cache hit. Without a finite budget, or with resume=False, the cached plan as is."""
+    O.register_transform("toy_drop_sleep", drop_sleep)
+    O.register_transform("toy_identity", _identity_transform)
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="resume", batch_size=16)
+    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep()], budget_s=0.0, **kw)
+    assert not first.plan and [c.reason for c in first.candidates] == [search.BUDGET_SPENT]
+
+    real = measure.time_repeats
+
+    def no_measuring(*a, **k):
+        raise AssertionError("a plain cache hit must not measure")
+
+    monkeypatch.setattr(measure, "time_repeats", no_measuring)
+    for plain in (dict(), dict(budget_s=60.0, resume=False)):  # no finite budget / resume off
+        _, hit = O.optimize(slow_iteration, EXAMPLE, **plain, **kw)
+        assert hit.cache_hit and not hit.plan and hit.measurements == 0
+    monkeypatch.setattr(measure, "time_repeats", real)
+
+    logged: list[str] = []
+    step, resumed = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, log=logged.append, **kw)
+    assert not resumed.cache_hit and resumed.measurements > 0
+    assert [p["name"] for p in resumed.plan] == ["toy_drop_sleep"] and resumed.equal is True
+    (rec,) = resumed.candidates
+    assert rec.kept and rec.stage == "e2e" and resumed.speedup > 1.5
+    assert any(n.startswith("search resumed on a cache hit: 1 candidate(s)") for n in resumed.notes)
+    assert not any(n == search.STOPPED_EARLY for n in resumed.notes)
+    assert any("resuming the cached search" in m for m in logged)
+    assert not any("profiling" in m or "XLA options of the baseline" in m for m in logged)
+    chex.assert_trees_all_close(step(EXAMPLE)[0], core(EXAMPLE)[0])
+
+    monkeypatch.setattr(measure, "time_repeats", no_measuring)  # nothing left: a plain hit
+    _, done = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
+    assert done.cache_hit and [p["name"] for p in done.plan] == ["toy_drop_sleep"]
+
+
+def test_a_resumed_search_combines_its_new_candidates_with_the_cached_plan(tmp_path):
+    """The cached plan enters the resumed search's combination at its earlier measured speedup: a
+    pending candidate that is not faster is measured and refused, the cached plan stays."""
+    import json
+
+    O.register_transform("toy_drop_sleep", drop_sleep)
+    O.register_transform("toy_identity", _identity_transform)
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="resume2", batch_size=16)
+    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep(), _identity_transform()], **kw)
+    assert [p["name"] for p in first.plan] == ["toy_drop_sleep"]
+    # as if the budget had ended the search after its first candidate
+    path = tmp_path / "plans.json"
+    data = json.loads(path.read_text())
+    (entry,) = data.values()
+    rec = entry["report"]["candidates"][1]
+    assert rec["label"].startswith("toy_identity")
+    rec.update(stage="legality", legal=None, kept=False, speedup=None, equal=None, reason=search.BUDGET_SPENT)
+    path.write_text(json.dumps(data))
+
+    _, resumed = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
+    assert not resumed.cache_hit and [p["name"] for p in resumed.plan] == ["toy_drop_sleep"]
+    old, new = resumed.candidates
+    assert old.kept and old.label.startswith("toy_drop_sleep")  # the earlier record, kept as it was
+    assert new.label.startswith("toy_identity") and new.stage == "e2e" and not new.kept
+    assert resumed.speedup == pytest.approx(first.speedup, rel=1e-6) and resumed.equal is True
+
+
 def test_compare_trees_scales_per_leaf():
     ref = {"big": jnp.array([1000.0, 1.0]), "small": jnp.array([1e-5, 2e-5]), "i": jnp.arange(2)}
     close = {"big": jnp.array([1000.01, 1.0]), "small": jnp.array([1e-5, 2.0000001e-5]), "i": jnp.arange(2)}

@@ -105,6 +105,14 @@ def workloads() -> dict[str, dict[str, Any]]:
             what="Brax's published PPO halfcheetah config (2048 envs, batch 512, 32 minibatches, "
             "unroll 20, 8 updates per batch, 20 evaluations); published length 50M",
         ),
+        "ppo-reacher": dict(
+            algo="ppo",
+            env="reacher",
+            kwargs=_published("ppo", "reacher"),
+            steps=20_000_000,
+            what="Brax's published PPO reacher config (2048 envs, batch 256, 32 minibatches, "
+            "unroll 50, action repeat 4, 8 updates per batch, 20 evaluations); published length 50M",
+        ),
         "smoke": dict(
             algo="ppo",
             env="inverted_pendulum",

@@ -93,6 +93,11 @@ DETERMINISTIC = {"xla_gpu_deterministic_ops": True}
 # Seconds from which one iteration is timed alone (``n_iters`` becomes 1 for the search).
 LONG_ITERATION_S = 0.5
 
+# A candidate's reason when the budget ended the search before it (a resumed search measures
+# these: ``OptimizeOptions.resume``), and the report's note then.
+BUDGET_SPENT = "not measured: the search budget is spent (stopped early)"
+STOPPED_EARLY = "search stopped early: its budget was spent; the best plan measured so far is kept"
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizeOptions:
@@ -163,6 +168,14 @@ class OptimizeOptions:
       :func:`rose_jax.optimize.xla_options.candidate_sets` (on a GPU the sets ``rose-jax train``
       tries without ``--optimize``; none on a CPU); None or ``{}``: XLA's defaults only. A set
       that fails to compile or run is refused with the reason (``report.base_options``).
+    resume: on a cache hit whose search its budget stopped early (candidates recorded as
+      :data:`BUDGET_SPENT`), with a finite budget here (``budget_s``, or ``run_units`` whose share
+      pays for :data:`MIN_SEARCH_UNITS` units), go on with those candidates instead of returning
+      the cached plan as is: the cached option decision and candidate list are reused (no profile,
+      no option trial), the baseline is timed again, each pending candidate is measured as in a
+      first search, the kept ones are combined with the cached plan (its earlier measurement as
+      its time) and the cache entry is rewritten, so repeated runs (seeds) finish a search that no
+      single run could pay for. False, or no finite budget: the cached plan as is.
     learning_check: ``transform -> rose_jax.optimize.learning.LearningCheck`` (e.g.
       ``algos.equivalence.checker(config, env)``: both programs trained on the same >= 5 seeds).
       A faster candidate kept under a tolerance (``level="fn"``, results not bitwise equal) is
@@ -196,6 +209,7 @@ class OptimizeOptions:
     budget_share: float = 0.1
     learning_check: Callable[[Transform], Any] | None = None
     option_sets: dict | str | None = "auto"
+    resume: bool = True
 
     def __post_init__(self):
         if self.n_iters < 1 or self.repeats < 1:
@@ -241,6 +255,8 @@ class OptimizeOptions:
             raise ValueError(
                 f"optimize: option_sets must be 'auto', None or {{name: {{XLA option: value}}}}, got {sets!r}"
             )
+        if not isinstance(self.resume, bool):
+            raise ValueError(f"optimize: resume must be True or False, got {self.resume!r}")
         if isinstance(sets, dict) and "default" in sets:
             raise ValueError(
                 "optimize: option_sets must not name 'default' (XLA's defaults are always timed)"
@@ -550,7 +566,11 @@ class _Search:
     """The state of one search (``optimize`` with no cache hit): baseline timings, the lazily
     built equality reference, the untransformed pieces' local timings, and the report."""
 
-    def __init__(self, target: Any, state: Any, opts: OptimizeOptions, report: PlanReport):
+    def __init__(
+        self, target: Any, state: Any, opts: OptimizeOptions, report: PlanReport, options: dict | None = None
+    ):
+        """``options``: XLA options the baseline is compiled under from the start (a resumed
+        search's cached decision); None: XLA's defaults, the option trial decides later."""
         self.target, self.state, self.opts, self.report = target, state, opts, report
         self.program = target if isinstance(target, Program) else None
         self.say = opts.log or (lambda s: None)
@@ -562,8 +582,8 @@ class _Search:
         # whose equality is checked is refused with it)
         self.reference_error: str | None = None
         # XLA options every candidate is compiled under (None: XLA's defaults); see option_sets
-        self.base_options: dict | None = None
-        self.base_step = compile_step(target)
+        self.base_options: dict | None = dict(options) if options else None
+        self.base_step = compile_step(target, compiler_options=self.base_options)
         jax.block_until_ready(self.base_step(state))  # compile
         _, first_s = measure.run_iterations(self.base_step, state, 1)
         if opts.n_iters > 1 and first_s >= LONG_ITERATION_S:
@@ -578,14 +598,14 @@ class _Search:
             )
         self.first_s = first_s
 
-    def time_baseline(self) -> None:
-        """The option trial (``option_sets``) and the baseline's two timings (``baseline``,
-        ``spread``)."""
+    def time_baseline(self, trial: bool = True) -> None:
+        """The option trial (``option_sets``; ``trial=False``: none, the options chosen at
+        construction stay) and the baseline's two timings (``baseline``, ``spread``)."""
         state, opts, report = self.state, self.opts, self.report
         # the baseline, measured twice (the spread decides what "faster" means); with option
         # sets, the first of the two is the kept build's timing in turns with the others
         n, r = opts.n_iters, opts.repeats
-        sets = opts.resolved_option_sets()
+        sets = opts.resolved_option_sets() if trial else None
         if sets:
             self.ref_state, t1 = self._choose_options(sets)
         else:
@@ -898,12 +918,14 @@ class _Search:
         return plan
 
     # -- the two loops -------------------------------------------------------------------
-    def measure_candidates(self, cands: list[Candidate], tree, ptree) -> list[tuple[Transform, float, Any]]:
-        """Each legal candidate (up to ``max_candidates``) alone; returns the kept ones with their
-        time in baseline units and their comparison."""
+    def measure_candidates(
+        self, cands: list[Candidate], tree, ptree, measured: int = 0
+    ) -> list[tuple[Transform, float, Any]]:
+        """Each legal candidate (up to ``max_candidates``, ``measured`` of them already measured
+        by an earlier search this one resumes) alone; returns the kept ones with their time in
+        baseline units and their comparison."""
         opts, report = self.opts, self.report
         kept: list[tuple[Transform, float, Comparison]] = []
-        measured = 0
         for cand in cands:
             t = cand.transform
             rec = CandidateRecord(t.label, t.to_json(), cand.window, cand.predicted, cand.model)
@@ -972,8 +994,8 @@ class _Search:
         """Whether the search's budget is spent (then ``rec`` is not measured and says why)."""
         if self.deadline is None or time.perf_counter() < self.deadline:
             return False
-        rec.reason = "not measured: the search budget is spent (stopped early)"
-        note = "search stopped early: its budget was spent; the best plan measured so far is kept"
+        rec.reason = BUDGET_SPENT
+        note = STOPPED_EARLY
         if note not in self.report.notes:
             self.report.notes.append(note)
             self.say(f"[optimize] {note}")
@@ -984,11 +1006,15 @@ class _Search:
         if not kept:
             return [], self.baseline, None
         kept = sorted(kept, key=lambda k: k[1])
-        plan, best_time, best_cmp = [kept[0][0]], kept[0][1], kept[0][2]
+
+        def parts(t):  # a kept item is a transform, or a resumed search's cached plan
+            return list(t) if isinstance(t, list) else [t]
+
+        plan, best_time, best_cmp = parts(kept[0][0]), kept[0][1], kept[0][2]
         for t, _, _ in kept[1:] if self.opts.combine else []:
-            if any(_conflict(t, p) for p in plan):
+            if any(_conflict(x, p) for x in parts(t) for p in plan):
                 continue
-            trial = plan + [t]
+            trial = plan + parts(t)
             label = " + ".join(x.label for x in trial)
             rec = CandidateRecord(
                 label,
@@ -1178,6 +1204,8 @@ def optimize(
     report = PlanReport(name, fp, key, device, jax.__version__, opts.n_iters, opts.repeats, opts.equality)
 
     cached = plan_cache.lookup(opts.cache_dir, key)
+    if cached is not None and _resumable(opts, cached):
+        return _resume(target, example_state, opts, report, cached, t_start)
     if cached is not None:
         transforms = [transform_by_name(t["name"], t["params"]) for t in cached["plan"]]
         result = apply_plan(target, transforms)
@@ -1238,13 +1266,96 @@ def optimize(
         )
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
-    plan, best_time, best_cmp = search.combine(search.measure_candidates(cands, tree, ptree))
+    return _finish(search, search.measure_candidates(cands, tree, ptree), key, t_start)
+
+
+def _pending(report: dict) -> list[dict]:
+    """The candidate records (JSON) of a cached report that its search's budget left unmeasured:
+    single transforms, not combinations."""
+    return [
+        c for c in report.get("candidates", [])
+        if c.get("reason") == BUDGET_SPENT and "name" in (c.get("transform") or {})
+    ]
+
+
+def _resumable(opts: OptimizeOptions, cached: dict) -> bool:
+    """Whether a cache hit resumes its search (``OptimizeOptions.resume``): candidates left by the
+    budget, generated candidates, and a finite budget here that pays for a search."""
+    if not opts.resume or opts.candidates is not None:
+        return False
+    if opts.budget_s is None and opts.run_units is None:
+        return False  # no limit asked for: the cached plan as is, never an open-ended search
+    old = cached.get("report") or {}
+    baseline = old.get("baseline_s")
+    return bool(_pending(old)) and baseline is not None and _too_short(opts, baseline) is None
+
+
+def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: PlanReport, cached: dict,
+            t_start: float):
+    """Go on with the search a cache entry's budget stopped (``OptimizeOptions.resume``): its
+    pending candidates measured under its option decision, the kept ones combined with its plan,
+    the entry rewritten; ``(step, report)`` as :func:`optimize` returns."""
+    say = opts.log or (lambda s: None)
+    program = target if isinstance(target, Program) else None
+    base_fn = target.iteration() if program is not None else target
+    old = PlanReport.from_json(cached["report"])
+    pending = {id(c) for c in old.candidates if c.reason == BUDGET_SPENT and "name" in c.transform}
+    earlier = [c for c in old.candidates if id(c) not in pending]
+    cands = []
+    for c in old.candidates:
+        if id(c) not in pending:
+            continue
+        try:
+            cands.append(Candidate(transform_by_name(c.transform["name"], c.transform.get("params", {})),
+                                   c.window, c.predicted_gain_s, c.prediction))
+        except Exception as e:  # noqa: BLE001 - a record this version cannot rebuild stays as it was
+            c.reason = f"{BUDGET_SPENT}; not resumed: {_failure(e)}"
+            earlier.append(c)
+    prior = [transform_by_name(t["name"], t["params"]) for t in cached["plan"]]
+    measured_before = sum(1 for c in earlier if c.stage != "legality")
+    report.base_options, report.windows, report.candidates = old.base_options, dict(old.windows), earlier
+    report.notes = [n for n in old.notes if n != STOPPED_EARLY and not n.startswith("equality not checked")]
+    report.notes.append(
+        f"search resumed on a cache hit: {len(cands)} candidate(s) its earlier budget left unmeasured "
+        f"(after {measured_before} measured in {old.search_time_s:.0f} s then); the windows, candidate "
+        "list and XLA option decision are the earlier search's"
+    )
+    say(f"[optimize] {report.program}: resuming the cached search ({len(cands)} candidate(s) its budget "
+        f"left unmeasured; plan so far {[t.label for t in prior] or 'baseline'})")
+    options = (old.base_options or {}).get("options") or None
+    search = _Search(target, example_state, opts, report, options=options)
+    search.time_baseline(trial=False)
+    say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
+    budget = opts.budget(search.baseline)
+    if budget is not None:
+        search.deadline = t_start + budget
+        say(f"[optimize] search budget {budget:.1f} s")
+    if opts.check_slower:
+        try:
+            search.reference()
+        except EqualityRefused:
+            pass  # noted in the report; each candidate is refused with the reason
+    tree = rtrace.trace(base_fn, example_state, arg_names=["state"])
+    ptree = trace_program(program, example_state) if program is not None else None
+    kept = search.measure_candidates(cands, tree, ptree, measured=measured_before)
+    if prior and old.speedup:  # the cached plan, at its earlier measured speedup over the baseline
+        cmp = Comparison(old.equal is not False, old.max_abs_diff or 0.0, old.max_rel_diff or 0.0, "",
+                         "the cached plan's comparison (its earlier search)")
+        kept.append((prior, search.baseline / old.speedup, cmp))
+    return _finish(search, kept, report.cache_key, t_start)
+
+
+def _finish(search: _Search, kept: list, key: str, t_start: float):
+    """A search's end: ``kept`` combined, the plan's quotas, the report filled in and the plan
+    cached under ``key``; returns ``(step, report)`` as :func:`optimize` does."""
+    target, opts, report, say = search.target, search.opts, search.report, search.say
+    plan, best_time, best_cmp = search.combine(kept)
     plan = search.plan_quotas(plan)
     for q in report.quotas:  # the plan's time with the quotas applied, in baseline units
         if q["status"] == "applied" and q["e2e_without_s"]:
             best_time *= q["e2e_with_s"] / q["e2e_without_s"]
 
-    if not search.reference_built and search.reference_error is None:
+    if not search.reference_built and search.reference_error is None and best_cmp is None:
         report.notes.append(
             "equality not checked: no candidate was faster than the spread (check_slower=False)"
         )
