@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rose_jax import cli
+from rose_jax.optimize import search
 
 
 def test_train_writes_metrics_and_curve(tmp_path, capsys):
@@ -138,6 +139,40 @@ def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys
     rb = json.loads((tmp_path / "b" / "run.json").read_text())["optimize"]
     assert ra["cache_hit"] is False and rb["cache_hit"] is True and ra["plan"] == rb["plan"] == entry["plan"]
     assert ra["base_options"] == base["name"] and ra["defers_metrics"] is False
+
+
+@pytest.mark.slow
+def test_train_optimize_resumes_a_search_its_budget_stopped(tmp_path, capsys, monkeypatch):
+    """`train --optimize --optimize-budget 0` caches a search stopped before its first candidate; the
+    next run with a budget resumes it (no profile or option trial again: the candidates it left are
+    measured, the entry rewritten, run.json says it searched); a run with `none` then hits the
+    cache as is."""
+    monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans"))
+    argv = ["train", "--env", "pendulum", "--algo", "ppo", "--optimize", "--steps", "2048",
+            "--set", "num_envs=16", "--set", "unroll_length=8", "--set", "num_minibatches=2"]
+
+    def entry():
+        data = json.loads((tmp_path / "plans" / "plans.json").read_text())
+        return [e for e in data.values() if "plan" in e]
+
+    assert cli.main([*argv, "--optimize-budget", "0", "--run-dir", str(tmp_path / "a")]) == 0
+    (first,) = entry()
+    pending = [c for c in first["report"]["candidates"] if c["reason"] == search.BUDGET_SPENT]
+    assert pending and len(pending) == len(first["report"]["candidates"])
+    logged = "s] windows='profile' but no SM activity"  # the search's log line (its report repeats it)
+    assert logged in capsys.readouterr().out  # the first search profiled (on a CPU: says why not)
+    assert cli.main([*argv, "--optimize-budget", "600", "--run-dir", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "resuming the cached search" in out and "CACHE HIT" not in out
+    assert logged not in out  # no profile (its windows are the first search's)
+    (second,) = entry()
+    assert second["report"]["notes"][0].startswith("search resumed on a cache hit")
+    # the candidates the first run left were measured, refused or analysed this time
+    assert not [c for c in second["report"]["candidates"] if c["reason"] == search.BUDGET_SPENT]
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["optimize"]["cache_hit"] is False
+    assert cli.main([*argv, "--optimize-budget", "none", "--run-dir", str(tmp_path / "c")]) == 0
+    assert "CACHE HIT" in capsys.readouterr().out
+    assert json.loads((tmp_path / "c" / "run.json").read_text())["optimize"]["plan"] == second["plan"]
 
 
 def test_train_optimize_on_a_run_too_short_for_a_search_trains_as_without(tmp_path, capsys, monkeypatch):

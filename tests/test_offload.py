@@ -411,6 +411,12 @@ def test_quota_step_is_skipped_without_mps_with_the_reason():
     )
     assert rec.status == "skipped" and "search budget is spent" in rec.reason
     assert dict(plan[0].params)["quota"] is None
+    # a transform that comes with its quota (a resumed search's cached plan) keeps it, unprobed
+    plan, (rec,) = quotas.choose_plan_quotas(
+        [O.offload_component("evaluate", quota=40)], epoch, None, mode="search",
+        timed=lambda a, b: pytest.fail("a given quota is not timed again"), noise=0.0,
+    )
+    assert rec.status == "given" and dict(plan[0].params)["quota"] == 40
 
 
 _SHARED_CACHE_SCRIPT = r"""

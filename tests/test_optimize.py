@@ -822,20 +822,47 @@ def test_plan_cache_round_trip(tmp_path, monkeypatch):
         O.optimize(slow_iteration, EXAMPLE, cache_dir=str(tmp_path), env_name="synthetic", batch_size=32)
 
 
-def _identity_transform():
-    return synthetic("toy_identity", lambda fn: fn)
+def _pending_record(t):
+    rec = plan_report.CandidateRecord(t.label, t.to_json(), "given", None, "given", None, "",
+                                      reason=search.BUDGET_SPENT)
+    return dataclasses.asdict(rec)
+
+
+def _edit_entry(tmp_path, edit):
+    """Rewrite the one plan-cache entry under tmp_path with ``edit(entry)``."""
+    import json
+
+    path = tmp_path / "plans.json"
+    data = json.loads(path.read_text())
+    (key,) = [k for k, e in data.items() if "plan" in e]
+    edit(data[key])
+    path.write_text(json.dumps(data))
+
+
+def _register_toys():
+    O.register_transform("toy_drop_sleep", drop_sleep)
+    O.register_transform("toy_drop_sleep_too", lambda: synthetic("toy_drop_sleep_too", lambda fn: core))
+    O.register_transform("toy_slower", lambda: synthetic("toy_slower", _sleepier))
 
 
 def test_a_search_its_budget_stopped_resumes_on_the_next_cache_hit(tmp_path, monkeypatch):
     """A cached search whose budget ran out before its candidates (their reason BUDGET_SPENT) goes
     on where it stopped on the next call with a finite budget (OptimizeOptions.resume): no profile
-    or option trial again, the pending candidates measured, the faster kept, the entry rewritten;
-    then a plain cache hit. Without a finite budget, or with resume=False, the cached plan as is."""
-    O.register_transform("toy_drop_sleep", drop_sleep)
-    O.register_transform("toy_identity", _identity_transform)
+    or option trial again (the baseline compiled under the cached option decision), the pending
+    candidates measured, the faster kept, the entry rewritten; then a plain cache hit. Without a
+    finite budget, with a zero one, or with resume=False, the cached plan as is."""
+    _register_toys()
     kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="resume", batch_size=16)
     _, first = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep()], budget_s=0.0, **kw)
     assert not first.plan and [c.reason for c in first.candidates] == [search.BUDGET_SPENT]
+    o1 = {"xla_backend_optimization_level": 1}  # as if the first search had kept this set
+
+    def with_options(entry):
+        ms = {"default": 2.0, "o1": 1.0}
+        entry["report"]["base_options"] = {"name": "o1", "options": o1, "ms_per_iter": ms,
+                                           "speedup_vs_default": 2.0, "refused": {}, "seconds": 0.0}
+
+    _edit_entry(tmp_path, with_options)
 
     real = measure.time_repeats
 
@@ -843,21 +870,34 @@ def test_a_search_its_budget_stopped_resumes_on_the_next_cache_hit(tmp_path, mon
         raise AssertionError("a plain cache hit must not measure")
 
     monkeypatch.setattr(measure, "time_repeats", no_measuring)
-    for plain in (dict(), dict(budget_s=60.0, resume=False)):  # no finite budget / resume off
+    for plain in (dict(), dict(budget_s=0.0), dict(budget_s=60.0, resume=False)):
         _, hit = O.optimize(slow_iteration, EXAMPLE, **plain, **kw)
         assert hit.cache_hit and not hit.plan and hit.measurements == 0
     monkeypatch.setattr(measure, "time_repeats", real)
 
+    def never(*a, **k):
+        raise AssertionError("a resumed search neither profiles nor runs the option trial again")
+
+    compiled = []
+    real_compile = search.compile_step
+
+    def spy(target, host=False, compiler_options=None):
+        compiled.append(compiler_options)
+        return real_compile(target, host, compiler_options)
+
+    monkeypatch.setattr(search, "resolve_windows", never)
+    monkeypatch.setattr(search._Search, "_choose_options", never)
+    monkeypatch.setattr(search, "compile_step", spy)
     logged: list[str] = []
     step, resumed = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, log=logged.append, **kw)
+    assert compiled[0] == o1 and resumed.base_options["name"] == "o1"
     assert not resumed.cache_hit and resumed.measurements > 0
     assert [p["name"] for p in resumed.plan] == ["toy_drop_sleep"] and resumed.equal is True
     (rec,) = resumed.candidates
     assert rec.kept and rec.stage == "e2e" and resumed.speedup > 1.5
-    assert any(n.startswith("search resumed on a cache hit: 1 candidate(s)") for n in resumed.notes)
-    assert not any(n == search.STOPPED_EARLY for n in resumed.notes)
+    assert resumed.notes[0].startswith("search resumed on a cache hit: 1 candidate(s)")
+    assert search.STOPPED_EARLY not in resumed.notes
     assert any("resuming the cached search" in m for m in logged)
-    assert not any("profiling" in m or "XLA options of the baseline" in m for m in logged)
     chex.assert_trees_all_close(step(EXAMPLE)[0], core(EXAMPLE)[0])
 
     monkeypatch.setattr(measure, "time_repeats", no_measuring)  # nothing left: a plain hit
@@ -867,29 +907,72 @@ def test_a_search_its_budget_stopped_resumes_on_the_next_cache_hit(tmp_path, mon
 
 def test_a_resumed_search_combines_its_new_candidates_with_the_cached_plan(tmp_path):
     """The cached plan enters the resumed search's combination at its earlier measured speedup: a
-    pending candidate that is not faster is measured and refused, the cached plan stays."""
-    import json
-
-    O.register_transform("toy_drop_sleep", drop_sleep)
-    O.register_transform("toy_identity", _identity_transform)
+    pending slower candidate is measured and refused, a pending faster one is kept and tried
+    together with the cached plan (one combination record naming both)."""
+    _register_toys()
     kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="resume2", batch_size=16)
-    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep(), _identity_transform()], **kw)
+    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep()], **kw)
     assert [p["name"] for p in first.plan] == ["toy_drop_sleep"]
-    # as if the budget had ended the search after its first candidate
-    path = tmp_path / "plans.json"
-    data = json.loads(path.read_text())
-    (entry,) = data.values()
-    rec = entry["report"]["candidates"][1]
-    assert rec["label"].startswith("toy_identity")
-    rec.update(stage="legality", legal=None, kept=False, speedup=None, equal=None, reason=search.BUDGET_SPENT)
-    path.write_text(json.dumps(data))
+    slower = synthetic("toy_slower", _sleepier)
+    too = synthetic("toy_drop_sleep_too", lambda fn: core)
+    _edit_entry(tmp_path, lambda e: e["report"]["candidates"].extend([_pending_record(slower),
+                                                                         _pending_record(too)]))
 
     _, resumed = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
-    assert not resumed.cache_hit and [p["name"] for p in resumed.plan] == ["toy_drop_sleep"]
-    old, new = resumed.candidates
-    assert old.kept and old.label.startswith("toy_drop_sleep")  # the earlier record, kept as it was
-    assert new.label.startswith("toy_identity") and new.stage == "e2e" and not new.kept
-    assert resumed.speedup == pytest.approx(first.speedup, rel=1e-6) and resumed.equal is True
+    assert not resumed.cache_hit
+    old, slow, fast, combined = resumed.candidates
+    assert old.kept and old.label.startswith("toy_drop_sleep(")  # the earlier record, as it was
+    assert slow.label.startswith("toy_slower") and slow.stage == "e2e" and not slow.kept
+    assert fast.label.startswith("toy_drop_sleep_too") and fast.kept
+    assert combined.stage == "combine"
+    assert "toy_drop_sleep(" in combined.label and "toy_drop_sleep_too" in combined.label
+    assert {p["name"] for p in resumed.plan} <= {"toy_drop_sleep", "toy_drop_sleep_too"} and resumed.plan
+    assert resumed.speedup > 1.5 and resumed.equal is True
+
+
+def test_a_resumed_search_combines_kept_candidates_its_budget_left_uncombined(tmp_path):
+    """A search stopped in its combination phase (a kept candidate outside the plan that no
+    combination tried) resumes too: that candidate is combined with the cached plan."""
+    _register_toys()
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="resume3", batch_size=16)
+    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep()], **kw)
+    (kept,) = first.candidates
+    too = synthetic("toy_drop_sleep_too", lambda fn: core)
+    record = dict(dataclasses.asdict(kept), label=too.label, transform=too.to_json())
+    _edit_entry(tmp_path, lambda e: e["report"]["candidates"].append(record))
+
+    _, resumed = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
+    note = resumed.notes[0]
+    assert not resumed.cache_hit and "0 candidate(s)" in note and "1 kept one(s)" in note
+    combined = resumed.candidates[-1]
+    assert combined.stage == "combine" and "toy_drop_sleep_too" in combined.label
+    # a combination tried now is not tried again: the next call is a plain hit
+    _, again = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
+    assert again.cache_hit
+
+
+def test_a_resume_measures_one_candidate_whatever_its_budget_and_a_failing_one_keeps_the_plan(
+    tmp_path, monkeypatch
+):
+    """Each resume makes progress: with a budget spent before its first candidate it still measures
+    one (the rest stay pending); a resume that raises leaves the cached plan, with a note."""
+    _register_toys()
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="resume4", batch_size=16)
+    cands = [drop_sleep(), synthetic("toy_slower", _sleepier)]
+    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=cands, budget_s=0.0, **kw)
+    assert [c.reason for c in first.candidates] == [search.BUDGET_SPENT] * 2
+    _, once = O.optimize(slow_iteration, EXAMPLE, budget_s=1e-9, **kw)
+    assert [c.reason == search.BUDGET_SPENT for c in once.candidates] == [False, True]
+    assert once.candidates[0].kept and [p["name"] for p in once.plan] == ["toy_drop_sleep"]
+
+    def broken(self, trial=True):
+        raise RuntimeError("no device")
+
+    monkeypatch.setattr(search._Search, "time_baseline", broken)
+    _, hit = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
+    assert hit.cache_hit and [p["name"] for p in hit.plan] == ["toy_drop_sleep"]
+    failed = "resuming the cached search failed (failed: RuntimeError: no device)"
+    assert any(n.startswith(failed) for n in hit.notes)
 
 
 def test_compare_trees_scales_per_leaf():

@@ -52,7 +52,8 @@ class QuotaRecord:
     """The quota step for one multi-process transform of the plan (JSON-able).
 
     status: ``"applied"`` (the quotas are in the plan), ``"not applied"`` (measured slower end to
-    end), ``"skipped"`` (no MPS, quotas off, nothing to decide) or ``"failed"`` (an error, reason
+    end), ``"skipped"`` (no MPS, quotas off, nothing to decide), ``"given"`` (the transform came
+    with its quotas: given, or a resumed search's cached plan) or ``"failed"`` (an error, reason
     says which); branches: names; quotas: the chosen percent per branch; applied: the transform
     parameter set from them; points: every probe ``{branch, quota, seconds, round}``;
     e2e_without_s / e2e_with_s: seconds per iteration of the plan without / with the quotas, timed
@@ -162,6 +163,11 @@ def choose_plan_quotas(
         t0 = time.perf_counter()
         rec = QuotaRecord(t.label, "skipped", "")
         records.append(rec)
+        params = dict(t.params)
+        if params.get("quota") is not None or params.get("quotas") is not None:
+            rec.status = "given"
+            rec.reason = "the transform already has its quotas (given, or a resumed search's cached plan)"
+            continue
         if mode == "off":
             rec.reason = "quotas='off'"
             continue

@@ -577,6 +577,7 @@ class _Search:
         self.eq_options = opts.resolved_equality_options()
         self.local_base: dict[str, tuple] = {}
         self.deadline: float | None = None  # perf_counter time after which nothing more is measured
+        self.free_trials = 0  # candidates measured whatever the deadline (see spent)
         self._ref: _Reference | None = None
         # why the reference could not be built under the equality options (then every candidate
         # whose equality is checked is refused with it)
@@ -991,7 +992,11 @@ class _Search:
         return ok
 
     def spent(self, rec: CandidateRecord) -> bool:
-        """Whether the search's budget is spent (then ``rec`` is not measured and says why)."""
+        """Whether the search's budget is spent (then ``rec`` is not measured and says why); the
+        first ``free_trials`` asks are never spent (a resumed search's progress)."""
+        if self.free_trials > 0:
+            self.free_trials -= 1
+            return False
         if self.deadline is None or time.perf_counter() < self.deadline:
             return False
         rec.reason = BUDGET_SPENT
@@ -1204,8 +1209,13 @@ def optimize(
     report = PlanReport(name, fp, key, device, jax.__version__, opts.n_iters, opts.repeats, opts.equality)
 
     cached = plan_cache.lookup(opts.cache_dir, key)
+    resume_failed = None
     if cached is not None and _resumable(opts, cached):
-        return _resume(target, example_state, opts, report, cached, t_start)
+        try:
+            return _resume(target, example_state, opts, report, cached, t_start)
+        except Exception as e:  # noqa: BLE001 - a resume that fails leaves the cached plan, never the run
+            resume_failed = f"resuming the cached search failed ({_failure(e)}); the cached plan as is"
+            say(f"[optimize] {resume_failed}")
     if cached is not None:
         transforms = [transform_by_name(t["name"], t["params"]) for t in cached["plan"]]
         result = apply_plan(target, transforms)
@@ -1214,6 +1224,8 @@ def optimize(
         if not old.plan:
             old.equal = None  # (a report cached before empty plans said "not checked")
         old.cache_path = opts.cache_dir
+        if resume_failed:
+            old.notes.append(resume_failed)
         say(f"[optimize] cache hit for {name}: plan {[t.label for t in transforms] or 'baseline'}")
         return plan_step(result, transforms, (old.base_options or {}).get("options")), old
 
@@ -1269,57 +1281,87 @@ def optimize(
     return _finish(search, search.measure_candidates(cands, tree, ptree), key, t_start)
 
 
-def _pending(report: dict) -> list[dict]:
-    """The candidate records (JSON) of a cached report that its search's budget left unmeasured:
-    single transforms, not combinations."""
-    return [
-        c for c in report.get("candidates", [])
-        if c.get("reason") == BUDGET_SPENT and "name" in (c.get("transform") or {})
-    ]
+def _single(c: CandidateRecord) -> bool:
+    return "name" in c.transform  # a combination's record holds {"combination": [...]}
+
+
+def _left(old: PlanReport, plan: list[Transform], combine: bool) -> tuple[list[int], list[int]]:
+    """What a cached search left undone, as indexes into ``old.candidates``: single candidates its
+    budget left unmeasured (:data:`BUDGET_SPENT`), and (with ``combine``) kept ones outside its
+    ``plan`` that no measured combination tried (the budget ended its combination phase)."""
+    pending = [i for i, c in enumerate(old.candidates) if c.reason == BUDGET_SPENT and _single(c)]
+    if not combine:
+        return pending, []
+    tried = {
+        c.transform["combination"][-1].get("label")
+        for c in old.candidates
+        if not _single(c) and c.reason != BUDGET_SPENT and c.transform.get("combination")
+    }
+    retry = []
+    for i, c in enumerate(old.candidates):
+        if c.kept and _single(c) and c.speedup and c.label not in tried:
+            t = transform_by_name(c.transform["name"], c.transform.get("params", {}))
+            if not any(_conflict(t, p) for p in plan):
+                retry.append(i)
+    return pending, retry
 
 
 def _resumable(opts: OptimizeOptions, cached: dict) -> bool:
-    """Whether a cache hit resumes its search (``OptimizeOptions.resume``): candidates left by the
-    budget, generated candidates, and a finite budget here that pays for a search."""
+    """Whether a cache hit resumes its search (``OptimizeOptions.resume``): work its budget left,
+    generated candidates, room under ``max_candidates``, and a budget here that is finite, above
+    zero and pays for a search."""
     if not opts.resume or opts.candidates is not None:
         return False
-    if opts.budget_s is None and opts.run_units is None:
+    old_json = cached.get("report") or {}
+    baseline = old_json.get("baseline_s")
+    if baseline is None or opts.budget_s is None and opts.run_units is None:
         return False  # no limit asked for: the cached plan as is, never an open-ended search
-    old = cached.get("report") or {}
-    baseline = old.get("baseline_s")
-    return bool(_pending(old)) and baseline is not None and _too_short(opts, baseline) is None
+    if not (opts.budget(baseline) or 0.0) > 0 or _too_short(opts, baseline) is not None:
+        return False
+    try:
+        old = PlanReport.from_json(old_json)
+        plan = [transform_by_name(t["name"], t["params"]) for t in cached["plan"]]
+        pending, retry = _left(old, plan, opts.combine)
+    except Exception:  # noqa: BLE001 - an entry this version cannot read is used as it is
+        return False
+    measured = sum(1 for c in old.candidates if _single(c) and c.stage != "legality")
+    return bool(retry) or (bool(pending) and measured < opts.max_candidates)
 
 
 def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: PlanReport, cached: dict,
             t_start: float):
     """Go on with the search a cache entry's budget stopped (``OptimizeOptions.resume``): its
-    pending candidates measured under its option decision, the kept ones combined with its plan,
-    the entry rewritten; ``(step, report)`` as :func:`optimize` returns."""
+    pending candidates measured under its option decision (at least one, whatever the budget, so
+    each resume makes progress), the kept ones combined with its plan and with its kept candidates
+    no combination tried, the entry rewritten; ``(step, report)`` as :func:`optimize` returns."""
     say = opts.log or (lambda s: None)
     program = target if isinstance(target, Program) else None
     base_fn = target.iteration() if program is not None else target
     old = PlanReport.from_json(cached["report"])
-    pending = {id(c) for c in old.candidates if c.reason == BUDGET_SPENT and "name" in c.transform}
-    earlier = [c for c in old.candidates if id(c) not in pending]
-    cands = []
-    for c in old.candidates:
-        if id(c) not in pending:
-            continue
-        try:
-            cands.append(Candidate(transform_by_name(c.transform["name"], c.transform.get("params", {})),
-                                   c.window, c.predicted_gain_s, c.prediction))
-        except Exception as e:  # noqa: BLE001 - a record this version cannot rebuild stays as it was
-            c.reason = f"{BUDGET_SPENT}; not resumed: {_failure(e)}"
-            earlier.append(c)
     prior = [transform_by_name(t["name"], t["params"]) for t in cached["plan"]]
-    measured_before = sum(1 for c in earlier if c.stage != "legality")
+    pending, retry = _left(old, prior, opts.combine)
+    cands, earlier = [], []
+    for i, c in enumerate(old.candidates):
+        if i in pending:
+            try:
+                t = transform_by_name(c.transform["name"], c.transform.get("params", {}))
+                cands.append(Candidate(t, c.window, c.predicted_gain_s, c.prediction))
+                continue
+            except Exception as e:  # noqa: BLE001 - a record this version cannot rebuild stays as it was
+                c.reason = f"{BUDGET_SPENT}; not resumed: {_failure(e)}"
+        if _single(c) or c.reason != BUDGET_SPENT:  # a combination the budget cut is tried again
+            earlier.append(c)
+    measured_before = sum(1 for c in earlier if _single(c) and c.stage != "legality")
     report.base_options, report.windows, report.candidates = old.base_options, dict(old.windows), earlier
-    report.notes = [n for n in old.notes if n != STOPPED_EARLY and not n.startswith("equality not checked")]
-    report.notes.append(
-        f"search resumed on a cache hit: {len(cands)} candidate(s) its earlier budget left unmeasured "
-        f"(after {measured_before} measured in {old.search_time_s:.0f} s then); the windows, candidate "
-        "list and XLA option decision are the earlier search's"
-    )
+    # the earlier baseline's reproducibility stands until this search's reference replaces it
+    for f in ("reproducible", "repro_reason", "max_abs_diff", "max_rel_diff"):
+        setattr(report, f"baseline_{f}", getattr(old, f"baseline_{f}"))
+    report.notes = [
+        f"search resumed on a cache hit: {len(cands)} candidate(s) its earlier budget left unmeasured and "
+        f"{len(retry)} kept one(s) no combination tried (after {measured_before} measured in "
+        f"{old.search_time_s:.0f} s then); the windows, candidate list and XLA option decision are the "
+        "earlier search's"
+    ]
     say(f"[optimize] {report.program}: resuming the cached search ({len(cands)} candidate(s) its budget "
         f"left unmeasured; plan so far {[t.label for t in prior] or 'baseline'})")
     options = (old.base_options or {}).get("options") or None
@@ -1330,6 +1372,7 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
     if budget is not None:
         search.deadline = t_start + budget
         say(f"[optimize] search budget {budget:.1f} s")
+    search.free_trials = 1
     if opts.check_slower:
         try:
             search.reference()
@@ -1338,6 +1381,12 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
     tree = rtrace.trace(base_fn, example_state, arg_names=["state"])
     ptree = trace_program(program, example_state) if program is not None else None
     kept = search.measure_candidates(cands, tree, ptree, measured=measured_before)
+    for i in retry:  # kept earlier, never combined: at their earlier speedup over the baseline
+        c = old.candidates[i]
+        t = transform_by_name(c.transform["name"], c.transform.get("params", {}))
+        cmp = Comparison(c.equal is not False, c.max_abs_diff or 0.0, c.max_rel_diff or 0.0, "",
+                         "its earlier search's comparison")
+        kept.append((t, search.baseline / c.speedup, cmp))
     if prior and old.speedup:  # the cached plan, at its earlier measured speedup over the baseline
         cmp = Comparison(old.equal is not False, old.max_abs_diff or 0.0, old.max_rel_diff or 0.0, "",
                          "the cached plan's comparison (its earlier search)")
