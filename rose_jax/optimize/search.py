@@ -172,10 +172,12 @@ class OptimizeOptions:
       :data:`BUDGET_SPENT`), with a finite budget here (``budget_s``, or ``run_units`` whose share
       pays for :data:`MIN_SEARCH_UNITS` units), go on with those candidates instead of returning
       the cached plan as is: the cached option decision and candidate list are reused (no profile,
-      no option trial), the baseline is timed again, each pending candidate is measured as in a
-      first search, the kept ones are combined with the cached plan (its earlier measurement as
-      its time) and the cache entry is rewritten, so repeated runs (seeds) finish a search that no
-      single run could pay for. False, or no finite budget: the cached plan as is.
+      no option trial), the baseline is timed again, the pending candidates are measured as in a
+      first search (at least one per resume, whatever the budget: each resume makes progress),
+      the kept ones are combined with the cached plan (its earlier measurement as its time) and
+      with kept candidates the budget left uncombined, and the cache entry is rewritten, so
+      repeated runs (seeds) finish a search that no single run could pay for. A resume that fails
+      returns the cached plan with a note. False, a zero budget or none: the cached plan as is.
     learning_check: ``transform -> rose_jax.optimize.learning.LearningCheck`` (e.g.
       ``algos.equivalence.checker(config, env)``: both programs trained on the same >= 5 seeds).
       A faster candidate kept under a tolerance (``level="fn"``, results not bitwise equal) is
