@@ -716,6 +716,26 @@ class _Search:
         self._ref = ref
         return ref
 
+    def start_measuring(self, t_start: float, base_fn: Callable) -> tuple[Any, Any]:
+        """Before the candidates: the budget's deadline (counted from the search's start
+        ``t_start``), the equality reference when every candidate is compared (``check_slower``),
+        and the traces candidates are analysed on: ``(tree, program tree or None)``."""
+        opts = self.opts
+        budget = opts.budget(self.baseline)
+        if budget is not None:
+            self.deadline = t_start + budget
+            self.say(f"[optimize] search budget {budget:.1f} s"
+                     + (f" ({opts.budget_share:.0%} of a {opts.run_units}-unit run at the baseline's speed)"
+                        if opts.run_units is not None and budget < (opts.budget_s or float("inf")) else ""))
+        if opts.check_slower:
+            try:
+                self.reference()
+            except EqualityRefused:
+                pass  # noted in the report; each candidate is refused with the reason
+        tree = rtrace.trace(base_fn, self.state, arg_names=["state"])
+        ptree = trace_program(self.program, self.state) if self.program is not None else None
+        return tree, ptree
+
     # -- one trial -----------------------------------------------------------------------
     def trial(
         self, rec: CandidateRecord, transforms: list[Transform], *, always_check: bool
@@ -1252,20 +1272,7 @@ def optimize(
     n = search.opts.n_iters
     say(f"[optimize] {name}: baseline timed x2 ({opts.repeats} repeats of {n} iteration(s))")
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
-    budget = opts.budget(search.baseline)
-    if budget is not None:
-        search.deadline = t_start + budget
-        say(f"[optimize] search budget {budget:.1f} s"
-            + (f" ({opts.budget_share:.0%} of a {opts.run_units}-unit run at the baseline's speed)"
-               if opts.run_units is not None and budget < (opts.budget_s or float("inf")) else ""))
-    if opts.check_slower:
-        try:
-            search.reference()
-        except EqualityRefused:
-            pass  # noted in the report; each candidate is refused with the reason
-
-    tree = rtrace.trace(base_fn, example_state, arg_names=["state"])
-    ptree = trace_program(program, example_state) if program is not None else None
+    tree, ptree = search.start_measuring(t_start, base_fn)
     if opts.candidates is None:
         cands = generate_candidates(
             tree,
@@ -1337,8 +1344,7 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
     each resume makes progress), the kept ones combined with its plan and with its kept candidates
     no combination tried, the entry rewritten; ``(step, report)`` as :func:`optimize` returns."""
     say = opts.log or (lambda s: None)
-    program = target if isinstance(target, Program) else None
-    base_fn = target.iteration() if program is not None else target
+    base_fn = target.iteration() if isinstance(target, Program) else target
     old = PlanReport.from_json(cached["report"])
     prior = [transform_by_name(t["name"], t["params"]) for t in cached["plan"]]
     pending, retry = _left(old, prior, opts.combine)
@@ -1370,18 +1376,8 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
     search = _Search(target, example_state, opts, report, options=options)
     search.time_baseline(trial=False)
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
-    budget = opts.budget(search.baseline)
-    if budget is not None:
-        search.deadline = t_start + budget
-        say(f"[optimize] search budget {budget:.1f} s")
+    tree, ptree = search.start_measuring(t_start, base_fn)
     search.free_trials = 1
-    if opts.check_slower:
-        try:
-            search.reference()
-        except EqualityRefused:
-            pass  # noted in the report; each candidate is refused with the reason
-    tree = rtrace.trace(base_fn, example_state, arg_names=["state"])
-    ptree = trace_program(program, example_state) if program is not None else None
     kept = search.measure_candidates(cands, tree, ptree, measured=measured_before)
     for i in retry:  # kept earlier, never combined: at their earlier speedup over the baseline
         c = old.candidates[i]
