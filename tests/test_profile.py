@@ -337,6 +337,35 @@ def test_segmented_program_matches_fn_and_times_nested_loops():
     ] == []
 
 
+def test_a_long_fused_call_is_timed_without_a_second_warm_call(monkeypatch):
+    """The fused program gets one more untimed call before its timed ones (the dispatch path)
+    only when its first call is shorter than WARM_CALL_NEGLIGIBLE_S: a long epoch is not run once
+    more for nothing. Calls counted by a host callback in the program (the segmented runs make
+    the same calls either way)."""
+    from jax.experimental import io_callback
+
+    from rose_jax.profile import phases
+
+    calls = []
+
+    def cb(x):
+        calls.append(1)
+        time.sleep(0.05)
+        return x
+
+    def fn(x):
+        y = io_callback(cb, jax.ShapeDtypeStruct(x.shape, x.dtype), x, ordered=True)
+        return y * 2.0
+
+    counts = {}
+    for threshold in (10.0, 0.01):  # the 50 ms call is short, then long
+        monkeypatch.setattr(phases, "WARM_CALL_NEGLIGIBLE_S", threshold)
+        calls.clear()
+        rp.time_phases(fn, jnp.ones(3), levels=1, repeats=1)
+        counts[threshold] = len(calls)
+    assert counts[10.0] == counts[0.01] + 1
+
+
 def test_profile_builds_are_the_callers_cached_builds():
     """The profile compiles ``jax.jit(fn)`` (fn unjitted) and the caller's ``also_compile`` builds
     in its pool: afterwards both run from JAX's cache (no backend compile), counted by JAX's own
