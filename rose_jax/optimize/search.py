@@ -1232,14 +1232,15 @@ def optimize(
 
     cached = plan_cache.lookup(opts.cache_dir, key)
     resume_failed = None
-    if cached is not None and _resumable(opts, cached):
+    left = _resumable(opts, cached) if cached is not None else None
+    if left is not None:
         try:
-            return _resume(target, example_state, opts, report, cached, t_start)
+            return _resume(target, example_state, opts, report, left, t_start)
         except Exception as e:  # noqa: BLE001 - a resume that fails leaves the cached plan, never the run
             resume_failed = f"resuming the cached search failed ({_failure(e)}); the cached plan as is"
             say(f"[optimize] {resume_failed}")
     if cached is not None:
-        transforms = [transform_by_name(t["name"], t["params"]) for t in cached["plan"]]
+        transforms = [_rebuild(t) for t in cached["plan"]]
         result = apply_plan(target, transforms)
         old = PlanReport.from_json(cached["report"])
         old.cache_hit, old.measurements, old.search_time_s = True, 0, time.perf_counter() - t_start
@@ -1294,50 +1295,61 @@ def _single(c: CandidateRecord) -> bool:
     return "name" in c.transform  # a combination's record holds {"combination": [...]}
 
 
-def _left(old: PlanReport, plan: list[Transform], combine: bool) -> tuple[list[int], list[int]]:
-    """What a cached search left undone, as indexes into ``old.candidates``: single candidates its
-    budget left unmeasured (:data:`BUDGET_SPENT`), and (with ``combine``) kept ones outside its
-    ``plan`` that no measured combination tried (the budget ended its combination phase)."""
+def _rebuild(t: dict) -> Transform:
+    """A transform from its JSON (``Transform.to_json``: a cached plan's entry, a record's)."""
+    return transform_by_name(t["name"], t.get("params", {}))
+
+
+class _Left(NamedTuple):
+    """What a cached search left undone (``OptimizeOptions.resume``): its report, its plan, the
+    indexes of single candidates its budget left unmeasured (:data:`BUDGET_SPENT`), and the kept
+    candidates outside its plan that no measured combination tried (record, transform)."""
+
+    old: PlanReport
+    plan: list[Transform]
+    pending: list[int]
+    retry: list[tuple[CandidateRecord, Transform]]
+
+
+def _left(cached: dict, combine: bool) -> _Left:
+    old = PlanReport.from_json(cached["report"])
+    plan = [_rebuild(t) for t in cached["plan"]]
     pending = [i for i, c in enumerate(old.candidates) if c.reason == BUDGET_SPENT and _single(c)]
-    if not combine:
-        return pending, []
-    tried = {
-        c.transform["combination"][-1].get("label")
-        for c in old.candidates
-        if not _single(c) and c.reason != BUDGET_SPENT and c.transform.get("combination")
-    }
     retry = []
-    for i, c in enumerate(old.candidates):
-        if c.kept and _single(c) and c.speedup and c.label not in tried:
-            t = transform_by_name(c.transform["name"], c.transform.get("params", {}))
-            if not any(_conflict(t, p) for p in plan):
-                retry.append(i)
-    return pending, retry
+    if combine:  # kept ones the budget ended the combination phase before
+        tried = {
+            c.transform["combination"][-1].get("label")
+            for c in old.candidates
+            if not _single(c) and c.reason != BUDGET_SPENT and c.transform.get("combination")
+        }
+        for c in old.candidates:
+            if c.kept and _single(c) and c.speedup and c.label not in tried:
+                t = _rebuild(c.transform)
+                if not any(_conflict(t, p) for p in plan):
+                    retry.append((c, t))
+    return _Left(old, plan, pending, retry)
 
 
-def _resumable(opts: OptimizeOptions, cached: dict) -> bool:
-    """Whether a cache hit resumes its search (``OptimizeOptions.resume``): work its budget left,
-    generated candidates, room under ``max_candidates``, and a budget here that is finite, above
-    zero and pays for a search."""
+def _resumable(opts: OptimizeOptions, cached: dict) -> _Left | None:
+    """What a cache hit resumes (``OptimizeOptions.resume``; None: the cached plan as is): work its
+    budget left, generated candidates, room under ``max_candidates``, and a budget here that is
+    finite, above zero and pays for a search."""
     if not opts.resume or opts.candidates is not None:
-        return False
-    old_json = cached.get("report") or {}
-    baseline = old_json.get("baseline_s")
+        return None
+    baseline = (cached.get("report") or {}).get("baseline_s")
     if baseline is None or opts.budget_s is None and opts.run_units is None:
-        return False  # no limit asked for: the cached plan as is, never an open-ended search
+        return None  # no limit asked for: the cached plan as is, never an open-ended search
     if not (opts.budget(baseline) or 0.0) > 0 or _too_short(opts, baseline) is not None:
-        return False
+        return None
     try:
-        old = PlanReport.from_json(old_json)
-        plan = [transform_by_name(t["name"], t["params"]) for t in cached["plan"]]
-        pending, retry = _left(old, plan, opts.combine)
+        left = _left(cached, opts.combine)
     except Exception:  # noqa: BLE001 - an entry this version cannot read is used as it is
-        return False
-    measured = sum(1 for c in old.candidates if _single(c) and c.stage != "legality")
-    return bool(retry) or (bool(pending) and measured < opts.max_candidates)
+        return None
+    measured = sum(1 for c in left.old.candidates if _single(c) and c.stage != "legality")
+    return left if left.retry or (left.pending and measured < opts.max_candidates) else None
 
 
-def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: PlanReport, cached: dict,
+def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: PlanReport, left: _Left,
             t_start: float):
     """Go on with the search a cache entry's budget stopped (``OptimizeOptions.resume``): its
     pending candidates measured under its option decision (at least one, whatever the budget, so
@@ -1345,14 +1357,12 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
     no combination tried, the entry rewritten; ``(step, report)`` as :func:`optimize` returns."""
     say = opts.log or (lambda s: None)
     base_fn = target.iteration() if isinstance(target, Program) else target
-    old = PlanReport.from_json(cached["report"])
-    prior = [transform_by_name(t["name"], t["params"]) for t in cached["plan"]]
-    pending, retry = _left(old, prior, opts.combine)
+    old, prior, pending, retry = left
     cands, earlier = [], []
     for i, c in enumerate(old.candidates):
         if i in pending:
             try:
-                t = transform_by_name(c.transform["name"], c.transform.get("params", {}))
+                t = _rebuild(c.transform)
                 cands.append(Candidate(t, c.window, c.predicted_gain_s, c.prediction))
                 continue
             except Exception as e:  # noqa: BLE001 - a record this version cannot rebuild stays as it was
@@ -1379,9 +1389,7 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
     tree, ptree = search.start_measuring(t_start, base_fn)
     search.free_trials = 1
     kept = search.measure_candidates(cands, tree, ptree, measured=measured_before)
-    for i in retry:  # kept earlier, never combined: at their earlier speedup over the baseline
-        c = old.candidates[i]
-        t = transform_by_name(c.transform["name"], c.transform.get("params", {}))
+    for c, t in retry:  # kept earlier, never combined: at their earlier speedup over the baseline
         cmp = Comparison(c.equal is not False, c.max_abs_diff or 0.0, c.max_rel_diff or 0.0, "",
                          "its earlier search's comparison")
         kept.append((t, search.baseline / c.speedup, cmp))
