@@ -23,6 +23,16 @@ from types import ModuleType
 from typing import Any, Callable, Sequence
 
 
+class SearchUnit(typing.NamedTuple):
+    """A shorter unit the plan search measures in place of a long one (``Algo.search_unit``): ``fn``
+    is the unit's program with ``iterations`` of its ``of`` iterations (the same loops and
+    components, a shorter scan), so a plan found on it applies to the whole unit."""
+
+    fn: Callable[[Any], tuple[Any, Any]]
+    iterations: int
+    of: int
+
+
 @dataclasses.dataclass(frozen=True)
 class Algo:
     """One algorithm: its config class and its pure functions, resolved from its module.
@@ -83,6 +93,13 @@ class Algo:
         if eval_epoch is not None and getattr(config, "num_evals", None) is not None:
             return eval_epoch(config, env)
         return self.iteration(config, self.train_env(config, env))
+
+    def search_unit(self, config: Any, env: Any) -> SearchUnit | None:
+        """The shorter unit ``train --optimize`` searches on (the module's ``search_unit(config,
+        env)``: SAC's epoch with fewer iterations where an epoch is long), or None: the search
+        measures :meth:`unit_program` itself."""
+        own = getattr(self.module, "search_unit", None)
+        return None if own is None else own(config, env)
 
     def train_env(self, config: Any, env: Any) -> Any:
         """The env ``train`` runs on: the algorithm's ``resolve_env(config, env)`` where it has one

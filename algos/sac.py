@@ -837,6 +837,30 @@ def epoch(
     return run_epoch
 
 
+# Gradient steps in the unit the plan search measures (``search_unit``): about 1.6 s of Brax's
+# published hopper high-update learner on an H200 (~200 us per step), so a search's compiles, profile,
+# option trial and timed candidates fit a device call where the published epoch (2,694 iterations of
+# 64 steps, ~36 s) would take tens of minutes. A module constant, not a config field: it shapes only
+# what the search measures, never what train computes.
+SEARCH_UNIT_GRAD_STEPS = 8192
+
+
+def search_unit(config: SACConfig, env: Env):
+    """What ``rose-jax train --optimize`` searches on instead of the whole epoch, or None (the epoch
+    itself): where an epoch has more than :data:`SEARCH_UNIT_GRAD_STEPS` gradient steps, the same
+    epoch program with a shorter scan (``epoch(config, env, iterations=k)``, then the same
+    evaluation), so the plan found on it applies to the epoch by name (transforms address loops and
+    components, not scan lengths). Same state pytree, same cache key inputs apart from the length."""
+    from algos.registry import SearchUnit
+
+    per_iteration = config.grad_updates_per_step * config.steps_per_iteration
+    full = iterations_per_epoch(config)
+    k = max(1, SEARCH_UNIT_GRAD_STEPS // per_iteration)
+    if k >= full:
+        return None
+    return SearchUnit(epoch(config, env, iterations=k), k, full)
+
+
 def _cache_key(config: SACConfig) -> SACConfig:
     return dataclasses.replace(config, seed=0)  # the seed only enters through the init key
 
@@ -982,6 +1006,7 @@ __all__ = [
     "initial_evaluation",
     "iteration",
     "iterations_per_epoch",
+    "search_unit",
     "jitted_epoch",
     "jitted_iteration",
     "make",

@@ -683,15 +683,30 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         from rose_jax import optimize as rj_optimize
 
         program = job.algo.unit_program(job.config, job.env, **job.program_kwargs())
+        # a long unit (SAC's published epoch: ~36 s) is searched on a shorter one with the same loops
+        # and components (Algo.search_unit), its plan then applied to the whole unit
+        shorter = job.algo.search_unit(job.config, job.env)
+        run_units = job.algo.num_units(job.config)
+        if shorter is not None:
+            run_units = run_units * shorter.of // shorter.iterations  # the run, in searched units
+            log(f"rose-jax train: --optimize: searching on {shorter.iterations} of the unit's {shorter.of} "
+                "iterations (the same program, a shorter scan); the plan then runs the whole unit")
         # profile windows first and SM quotas for multi-process plans (each says in the report
         # why it was skipped where there is no GPU / MPS)
         # by default the search may take at most a tenth of the run it serves (stopped early otherwise);
         # the run pays for the search, so only candidates that won on time are compared (each
         # comparison recompiles under deterministic ops: on MJX ant's epoch about as long as a compile)
-        limits = {"run_units": job.algo.num_units(job.config), "check_slower": False, **(budget or {})}
-        step, report = rj_optimize.optimize(program, state, cache_dir=plan_cache_dir(),
+        limits = {"run_units": run_units, "check_slower": False, **(budget or {})}
+        searched = program if shorter is None else shorter.fn
+        step, report = rj_optimize.optimize(searched, state, cache_dir=plan_cache_dir(),
                                             env_name=job.env_name, batch_size=job.config.num_envs,
                                             windows="profile", quotas="auto", log=log, **limits)
+        if shorter is not None:  # the whole unit under the plan (or the baseline) found on the shorter one
+            getattr(step, "close", lambda: None)()  # the searched unit's workers, if its plan has any
+            if not report.skipped:
+                report.notes.append(f"searched on {shorter.iterations} of the unit's {shorter.of} "
+                                    "iterations; equality checked there, the plan applied to the whole unit")
+            step = rj_optimize.plan_of(program, report)
         if report.skipped:
             log(f"rose-jax train: --optimize: {report.skipped}"
                 + ("; training as without --optimize (its XLA option trial)" if fallback else ""))
@@ -720,6 +735,7 @@ def plan_record(report, step) -> dict[str, Any]:
         "equal": report.equal,
         "skipped": report.skipped,
         "defers_metrics": bool(getattr(step, "pipelined", False)),
+        "notes": list(report.notes or []),
     }
 
 

@@ -175,6 +175,36 @@ def test_train_optimize_resumes_a_search_its_budget_stopped(tmp_path, capsys, mo
     assert json.loads((tmp_path / "c" / "run.json").read_text())["optimize"]["plan"] == second["plan"]
 
 
+def test_train_optimize_searches_a_long_sac_epoch_on_a_shorter_one(tmp_path, capsys, monkeypatch):
+    """`train --optimize` on SAC epochs longer than sac.SEARCH_UNIT_GRAD_STEPS gradient steps (made
+    small here: a module knob, not a mock) searches the epoch with fewer iterations, caches that
+    search's plan, trains the whole epochs under it (the run's steps and metrics as without
+    --optimize's search unit), and says so in its log and run.json; a second run hits the cache."""
+    from algos import sac
+
+    monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans"))
+    monkeypatch.setattr(sac, "SEARCH_UNIT_GRAD_STEPS", 16)
+    argv = ["train", "--env", "pendulum", "--algo", "sac", "--optimize", "--optimize-budget", "0",
+            "--steps", "1200", "--set", "num_envs=8", "--set", "grad_updates_per_step=2",
+            "--set", "batch_size=32", "--set", "min_replay_size=64", "--set", "num_evals=4",
+            "--set", "num_eval_envs=2", "--set", "policy_hidden_sizes=16", "--set", "q_hidden_sizes=16"]
+    assert cli.main([*argv, "--run-dir", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "searching on 8 of the unit's 36 iterations" in out
+    data = json.loads((tmp_path / "plans" / "plans.json").read_text())
+    assert len([e for e in data.values() if "plan" in e]) == 1
+    record = json.loads((tmp_path / "a" / "run.json").read_text())["optimize"]
+    assert record["cache_hit"] is False
+    assert any("searched on 8 of the unit's 36" in n for n in record["notes"])
+    a = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert [r["env_steps"] for r in a][-1] >= 1200 and len(a) >= 4  # whole epochs: the run's own length
+    assert cli.main([*argv, "--optimize-budget", "none", "--run-dir", str(tmp_path / "b")]) == 0
+    assert "CACHE HIT" in capsys.readouterr().out
+    b = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert [r["env_steps"] for r in a] == [r["env_steps"] for r in b]
+    assert a[-1]["critic_loss"] == b[-1]["critic_loss"]  # the same plan (baseline here) trains alike
+
+
 def test_train_optimize_on_a_run_too_short_for_a_search_trains_as_without(tmp_path, capsys, monkeypatch):
     """`train --optimize` with the default budget on a run whose tenth is under MIN_SEARCH_UNITS
     units skips the search (one line says why) and runs the option trial of a plain `train` (on a

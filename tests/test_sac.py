@@ -396,3 +396,61 @@ def test_sac_learns_pendulum_on_gpu_with_brax_sized_networks():
         num_eval_envs=128,
     )  # (256, 256) relu networks, as Brax's defaults
     assert history[-1]["eval_episode_return"] >= -400, [m["eval_episode_return"] for m in history]
+
+
+# ----------------------------------------------------------------------------- the search's unit
+
+
+def test_search_unit_is_the_epoch_with_a_shorter_scan(pendulum, monkeypatch):
+    """A long epoch is searched on the same epoch program with fewer iterations (the same state
+    pytree and metrics, the evaluation included); a short one is searched as it is."""
+    import algos
+
+    config = sac.SACConfig(**{**TINY, "num_eval_envs": 2})
+    full = sac.iterations_per_epoch(config)
+    assert full * config.grad_updates_per_step <= sac.SEARCH_UNIT_GRAD_STEPS
+    assert algos.get("sac").search_unit(config, pendulum) is None
+    monkeypatch.setattr(sac, "SEARCH_UNIT_GRAD_STEPS", 16)  # a knob of the module, not a mock
+    unit = algos.get("sac").search_unit(config, pendulum)
+    assert (unit.iterations, unit.of) == (16 // config.grad_updates_per_step, full) and unit.iterations < full
+    state = sac.init(config, pendulum, jax.random.PRNGKey(0))
+    s_short, m_short = jax.jit(unit.fn)(state)
+    s_full, m_full = jax.jit(sac.epoch(config, pendulum))(state)
+    chex.assert_trees_all_equal_shapes_and_dtypes(s_short, s_full)
+    assert set(m_short) == set(m_full) and "eval_episode_return" in m_short
+    assert int(s_short.iteration) - int(state.iteration) == unit.iterations
+    assert int(s_full.iteration) - int(state.iteration) == full
+
+
+def test_a_plan_found_on_the_search_unit_runs_the_whole_epoch(pendulum, monkeypatch):
+    """``optimize.plan_of``: the plan of a search on the shorter unit (its transforms by name, its
+    XLA options) applied to the whole epoch: the transform really applied there (its scans
+    unrolled, compiled under the plan's options) and the epoch's result within its tolerance."""
+    from rose_jax import optimize as O
+    from rose_jax.jaxpr import compat as C
+    from rose_jax.optimize import interpret as I
+    from rose_jax.optimize.report import PlanReport
+
+    config = sac.SACConfig(**{**TINY, "num_eval_envs": 2})
+    monkeypatch.setattr(sac, "SEARCH_UNIT_GRAD_STEPS", 16)
+    unit = sac.search_unit(config, pendulum)
+    whole = sac.epoch(config, pendulum)
+    state = sac.init(config, pendulum, jax.random.PRNGKey(1))
+    t = O.unroll_scans(2)
+    report = PlanReport("epoch", "fp", "key", "cpu", jax.__version__, 1, 1, "stepwise")
+    report.plan = [t.to_json()]
+    report.base_options = {"name": "o1", "options": {"xla_backend_optimization_level": 1}}
+    step = O.plan_of(whole, report)
+    got = step(state)
+    # the transformed epoch under the plan's options, and within the transform's stated tolerance of
+    # the epoch as it was
+    options = report.base_options["options"]
+    chex.assert_trees_all_equal(got, jax.jit(t.apply(whole), compiler_options=options)(state))
+    tol = dict(rtol=t.tolerance.rtol, atol=max(t.tolerance.atol, 1e-6))
+    chex.assert_trees_all_close(got, jax.jit(whole)(state), **tol)
+    unrolls = [C.scan_params(s.eqn.params).unroll
+               for s in I.sites(jax.make_jaxpr(t.apply(whole))(state), kinds=("scan",))]
+    assert unrolls and all(u > 1 for u in unrolls)
+    assert [C.scan_params(s.eqn.params).unroll for s in I.sites(step.trace(state).jaxpr, kinds=("scan",))
+            ] == unrolls  # the step plan_of built is the transformed epoch, not the epoch as it was
+    assert unit.fn is not whole

@@ -38,7 +38,7 @@ from rose_jax.optimize.offload import Deferred, OffloadedStep, offload_component
 from rose_jax.optimize.registry import known_transforms, register_transform, transform_by_name
 from rose_jax.optimize.report import CandidateRecord, PlanReport, format_report
 from rose_jax.optimize.scans import hoist_invariants, invariant_eqns, unroll_scans
-from rose_jax.optimize.search import OptimizeOptions, apply_plan, compile_step, optimize
+from rose_jax.optimize.search import OptimizeOptions, apply_plan, compile_step, optimize, plan_of
 from rose_jax.optimize.twins import batch_twins, find_twins
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "offload_component",
     "optimize",
     "overlap_independent",
+    "plan_of",
     "register_transform",
     "resolve",
     "split_scan",

@@ -382,6 +382,16 @@ def plan_step(transformed: Any, transforms: Sequence[Transform], options: dict |
         return compile_step(transformed, host=host)
 
 
+def plan_of(target: Any, report: PlanReport) -> Callable:
+    """The step of ``report``'s plan (its transforms and base XLA options, as :func:`optimize`
+    returned or cached them) applied to ``target``: e.g. a plan searched on a shorter unit with the
+    same loops and components (``algos.registry.SearchUnit``) applied to the whole unit. Nothing is
+    measured or checked here: the report's equality was checked on the program it searched."""
+    transforms = [_rebuild(t) for t in report.plan or []]
+    options = (report.base_options or {}).get("options")
+    return plan_step(apply_plan(target, transforms), transforms, options)
+
+
 def compile_sets(
     target: Any, state: Any, sets: dict[str, dict]
 ) -> tuple[dict[str, Callable], dict[str, str]]:
