@@ -225,3 +225,27 @@ def test_run_streams_the_log_and_keeps_it_on_timeout(tmp_path):
     rc, out, err, wall = ip._run([sys.executable, "-c", code], {}, 2.0, log)
     assert rc is None and wall < 20 and "started" in open(log).read()
     assert err.strip().splitlines()[-1] == "timed out after 2s"
+
+
+def test_published_epochs_keep_brax_s_epoch_size():
+    """sac-hopper-5ep: five epochs of the published run's size by Brax's own rounding (and our
+    config's, which follows it), evaluation count cut instead of the epoch."""
+    import envs
+    from algos import presets, sac
+
+    kw = presets.published("sac", "hopper")
+
+    def brax_epoch(k):  # brax/training/agents/sac/train.py's num_training_steps_per_epoch
+        prefill = -(-k["min_replay_size"] // k["num_envs"]) * k["num_envs"]
+        return -(-(k["num_timesteps"] - prefill) // (max(k["num_evals"] - 1, 1) * k["num_envs"]))
+
+    short = ip.published_epochs(kw, 5)
+    assert short["num_evals"] == 6 and brax_epoch(short) == brax_epoch(kw) == 2692
+    assert short["num_timesteps"] == 8192 + 5 * 2692 * 128
+    config, _ = presets.brax_run("sac", short)
+    cfg = presets.make_config("sac", "brax", envs.make("pendulum"), **config)  # train's --preset brax
+    assert cfg.num_epochs == 5 and sac.iterations_per_epoch(cfg) == 2692
+    w = ip.workloads()["sac-hopper-5ep"]
+    assert w["kwargs"] == short and w["acceptance_steps"] == short["num_timesteps"]
+    with pytest.raises(ValueError, match="epochs must be a positive int"):
+        ip.published_epochs(kw, 0)

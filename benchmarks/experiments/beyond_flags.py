@@ -360,7 +360,8 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
     from benchmarks.experiments import informed_peer as ip
 
     w = ip.workloads()[name]
-    steps = int(w["steps"] if args.smoke else (args.acceptance_steps or ACCEPTANCE_STEPS[w["algo"]]))
+    default = w.get("acceptance_steps") or ACCEPTANCE_STEPS[w["algo"]]
+    steps = int(w["steps"] if args.smoke else (args.acceptance_steps or default))
     runs: dict[str, dict[str, Any]] = {}
     for v in args.peer_variants:
         common.log(f"{name}: {v} ({steps:,} env steps)")
@@ -924,7 +925,11 @@ def main(argv: list[str] | None = None) -> int:
         "and/or rose_cached (the same again on --plan-cache's plan)",
     )
     p.add_argument(
-        "--acceptance-steps", type=float, default=None, help="env steps per run (default: sac 100k, ppo 10M)"
+        "--acceptance-steps",
+        type=float,
+        default=None,
+        help="env steps per run (default: the workload's own, e.g. sac-hopper-5ep's 5 published "
+        "epochs; else sac 100k, ppo 10M)",
     )
     p.add_argument("--run-timeout-s", type=float, default=420.0, help="with --acceptance: per run")
     p.add_argument(
