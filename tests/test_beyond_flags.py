@@ -311,3 +311,15 @@ def test_flags_only_cached_runs_on_flags_onlys_caches_and_fills_the_column(tmp_p
     with pytest.raises(SystemExit):
         B.main(["--acceptance", "--rose-variants", "flags_only_cached", "--out", str(tmp_path)])
     assert "give flags_only too" in capsys.readouterr().err
+
+
+def test_a_ratio_over_one_peer_says_so():
+    """A call that ran one of Brax's two variants shows its ratio as over that one only: the other,
+    measured elsewhere, may be the informed peer."""
+    both = {"speedup_vs_informed_peer": 1.2, "peer_default_env_steps_per_s": 1.0,
+            "peer_flags_env_steps_per_s": 2.0}
+    assert B.vs_peer_cell(both) == "1.200"
+    assert B.vs_peer_cell({**both, "peer_flags_env_steps_per_s": None}) == "1.200 (vs Brax as shipped only)"
+    flag_only = {**both, "peer_default_env_steps_per_s": None}
+    assert B.vs_peer_cell(flag_only, unit="x") == "1.200x (vs Brax + flag only)"
+    assert B.vs_peer_cell({"speedup_vs_informed_peer": None}) == "-"

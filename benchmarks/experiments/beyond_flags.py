@@ -727,7 +727,7 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
                     common.fmt(r.get("peer_flags_env_steps_per_s"), ",.0f"),
                     common.fmt(r.get("flags_only_env_steps_per_s"), ",.0f"),
                     common.fmt(r.get("rose_env_steps_per_s"), ",.0f"),
-                    common.fmt(r.get("speedup_vs_informed_peer"), ".3f"),
+                    vs_peer_cell(r),
                     common.fmt(r.get("speedup_vs_flags_only"), ".3f"),
                     "-" if r.get("target_met") is None else ("yes" if r["target_met"] else "no (miss)"),
                     ("; ".join(r.get("plan") or []) or r.get("error", "-"))
@@ -765,6 +765,18 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
         if r.get("note"):
             lines.append(f"- {r['workload']} ({r.get('date')}): {r['note']}")
     return lines + ["", "## Variants of one iteration, same options (in-process)", ""]
+
+
+def vs_peer_cell(row: dict[str, Any], fmt: str = ".3f", unit: str = "") -> str:
+    """The ratio over the faster peer of the row's call, ``"1.503 (vs Brax as shipped only)"`` where
+    the call ran one of the two peers (the other, measured elsewhere, may be the faster one: the
+    ratio is then not against the informed peer); ``"-"`` without a ratio."""
+    v = row.get("speedup_vs_informed_peer")
+    if v is None:
+        return "-"
+    shipped, flag = row.get("peer_default_env_steps_per_s"), row.get("peer_flags_env_steps_per_s")
+    only = "" if shipped and flag else (" (vs Brax as shipped only)" if shipped else " (vs Brax + flag only)")
+    return f"{v:{fmt}}{unit}{only}"
 
 
 def end_to_end_cell(row: dict[str, Any]) -> str:
