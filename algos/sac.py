@@ -839,7 +839,7 @@ def epoch(
 
 # Gradient steps in the unit the plan search measures (``search_unit``): about 1.6 s of Brax's
 # published hopper high-update learner on an H200 (~200 us per step), so a search's compiles, profile,
-# option trial and timed candidates fit a device call where the published epoch (2,694 iterations of
+# option trial and timed candidates fit a device call where the published epoch (2,692 iterations of
 # 64 steps, ~36 s) would take tens of minutes. A module constant, not a config field: it shapes only
 # what the search measures, never what train computes.
 SEARCH_UNIT_GRAD_STEPS = 8192

@@ -686,9 +686,12 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         # a long unit (SAC's published epoch: ~36 s) is searched on a shorter one with the same loops
         # and components (Algo.search_unit), its plan then applied to the whole unit
         shorter = job.algo.search_unit(job.config, job.env)
+        # the run's length in searched units, for the default budget (a tenth of the run): one per
+        # unit also for a shorter searched unit, a lower bound (a whole unit takes longer, by a factor
+        # unknown before both are timed: SAC's evaluation runs once per epoch whatever its length), so
+        # the default never lets a search take more than its share
         run_units = job.algo.num_units(job.config)
         if shorter is not None:
-            run_units = run_units * shorter.of // shorter.iterations  # the run, in searched units
             log(f"rose-jax train: --optimize: searching on {shorter.iterations} of the unit's {shorter.of} "
                 "iterations (the same program, a shorter scan); the plan then runs the whole unit")
         # profile windows first and SM quotas for multi-process plans (each says in the report
@@ -707,6 +710,8 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
                 report.notes.append(f"searched on {shorter.iterations} of the unit's {shorter.of} "
                                     "iterations; equality checked there, the plan applied to the whole unit")
             step = rj_optimize.plan_of(program, report)
+            if report.plan and not getattr(step, "pipelined", None) and not hasattr(step, "close"):
+                step = _first_call_falls_back(step, rj_optimize.plan_of(program, _no_plan(report)), log)
         if report.skipped:
             log(f"rose-jax train: --optimize: {report.skipped}"
                 + ("; training as without --optimize (its XLA option trial)" if fallback else ""))
@@ -718,6 +723,35 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         return step
 
     return make_step
+
+
+def _no_plan(report):
+    """``report`` without its transforms: the unit under the same XLA options (``plan_of``)."""
+    return dataclasses.replace(report, plan=[])
+
+
+def _first_call_falls_back(step, baseline, log):
+    """``step`` (a plan found on a shorter unit, applied to the whole one, never run whole before),
+    or ``baseline`` from its first call on where that call raises (e.g. a hoist whose batched work
+    outgrows the memory at the whole unit's length): one line says so and the run goes on. The
+    first call is waited for; the state is not donated, so the baseline starts from the same one."""
+    chosen: list = []
+
+    def run(state):
+        import jax
+
+        if not chosen:
+            try:
+                out = jax.block_until_ready(step(state))
+                chosen.append(step)
+                return out
+            except Exception as e:  # noqa: BLE001 - the run goes on without the plan
+                log(f"rose-jax train: --optimize: the plan failed on the whole unit ({_first_line(e)}); "
+                    "training with the unit under the plan's XLA options alone")
+                chosen.append(baseline)
+        return chosen[0](state)
+
+    return run
 
 
 def plan_record(report, step) -> dict[str, Any]:

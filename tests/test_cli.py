@@ -177,10 +177,15 @@ def test_train_optimize_resumes_a_search_its_budget_stopped(tmp_path, capsys, mo
 
 def test_train_optimize_searches_a_long_sac_epoch_on_a_shorter_one(tmp_path, capsys, monkeypatch):
     """`train --optimize` on SAC epochs longer than sac.SEARCH_UNIT_GRAD_STEPS gradient steps (made
-    small here: a module knob, not a mock) searches the epoch with fewer iterations, caches that
-    search's plan, trains the whole epochs under it (the run's steps and metrics as without
-    --optimize's search unit), and says so in its log and run.json; a second run hits the cache."""
+    small here: a module knob, not a mock) searches the epoch with fewer iterations (the cached
+    entry is that program's), trains whole epochs (the run's own length), and says so in its log
+    and run.json; a second run hits the cache and trains the same; the default budget counts the
+    run as one searched unit per epoch (a lower bound), so this short run's share skips the search."""
+    import jax
+
+    import envs
     from algos import sac
+    from rose_jax.optimize import cache
 
     monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans"))
     monkeypatch.setattr(sac, "SEARCH_UNIT_GRAD_STEPS", 16)
@@ -192,7 +197,15 @@ def test_train_optimize_searches_a_long_sac_epoch_on_a_shorter_one(tmp_path, cap
     out = capsys.readouterr().out
     assert "searching on 8 of the unit's 36 iterations" in out
     data = json.loads((tmp_path / "plans" / "plans.json").read_text())
-    assert len([e for e in data.values() if "plan" in e]) == 1
+    (entry,) = [e for e in data.values() if "plan" in e]
+    config = sac.SACConfig(num_timesteps=1200, num_envs=8, grad_updates_per_step=2, batch_size=32,
+                           min_replay_size=64, num_evals=4, num_eval_envs=2, policy_hidden_sizes=(16,),
+                           q_hidden_sizes=(16,))
+    env = envs.make("pendulum")
+    state = sac.init(config, env, jax.random.PRNGKey(0))
+    unit = sac.search_unit(config, env)
+    assert entry["report"]["fingerprint"] == cache.fingerprint(unit.fn, state)  # the shorter unit's
+    assert entry["report"]["fingerprint"] != cache.fingerprint(sac.epoch(config, env), state)
     record = json.loads((tmp_path / "a" / "run.json").read_text())["optimize"]
     assert record["cache_hit"] is False
     assert any("searched on 8 of the unit's 36" in n for n in record["notes"])
@@ -203,6 +216,32 @@ def test_train_optimize_searches_a_long_sac_epoch_on_a_shorter_one(tmp_path, cap
     b = json.loads((tmp_path / "b" / "metrics.json").read_text())
     assert [r["env_steps"] for r in a] == [r["env_steps"] for r in b]
     assert a[-1]["critic_loss"] == b[-1]["critic_loss"]  # the same plan (baseline here) trains alike
+    auto = [a for a in argv if a not in ("--optimize-budget", "0")]
+    monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans-auto"))  # no cached plan to hit
+    assert cli.main([*auto, "--run-dir", str(tmp_path / "c")]) == 0
+    assert "search skipped: the run's share for it (10% of 4 units" in capsys.readouterr().out
+
+
+def test_a_plan_that_fails_on_the_whole_unit_falls_back_to_the_unit():
+    """cli._first_call_falls_back with stand-in steps (a unit test of the wrapper alone; the real
+    path is the test above): a plan whose first call raises is replaced by the baseline from that
+    call on, with one line; one that runs is kept and the baseline never called."""
+    lines, calls = [], []
+
+    def failing(state):
+        calls.append("plan")
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating 21x the buffer\ndetail")
+
+    def baseline(state):
+        calls.append("base")
+        return state + 1, {}
+
+    step = cli._first_call_falls_back(failing, baseline, lines.append)
+    assert step(1)[0] == 2 and step(2)[0] == 3 and calls == ["plan", "base", "base"]
+    assert len(lines) == 1 and "the plan failed on the whole unit (RESOURCE_EXHAUSTED" in lines[0]
+    calls.clear()
+    kept = cli._first_call_falls_back(lambda s: (s * 10, {}), baseline, lines.append)
+    assert kept(2)[0] == 20 and kept(3)[0] == 30 and calls == [] and len(lines) == 1
 
 
 def test_train_optimize_on_a_run_too_short_for_a_search_trains_as_without(tmp_path, capsys, monkeypatch):
