@@ -1564,3 +1564,24 @@ def test_profile_is_given_the_function_and_the_reference_build(monkeypatch):
     assert search._also_builds(None, fn, state, no_profile) == []  # nothing profiled: nothing to share
     if jax.default_backend() != "gpu":  # "auto" equality options and option sets are none on a CPU
         assert search._also_builds(None, fn, state, search.OptimizeOptions(windows="profile")) == []
+
+
+def test_a_trial_records_where_its_time_goes():
+    """Each measured candidate's record (and the search's log) says how long its steps took:
+    timing in turns and, for one that won on time, the equality check."""
+    lines = []
+    t = O.unroll_scans(2)
+    params, xs = random_inputs(3)
+
+    def step(state):
+        p, x = state
+        out = nested(p, x)
+        return (jax.tree_util.tree_map(lambda a: a * 0.5, p), x), out
+
+    _, report = O.optimize(step, (params, xs), candidates=[t], windows=None, n_iters=2, repeats=2,
+                           check_slower=True, isolate=False, log=lines.append)
+    (rec,) = [c for c in report.candidates if c.label == t.label]
+    assert set(rec.phase_s) >= {"time", "equality"} and all(v >= 0 for v in rec.phase_s.values())
+    assert any(line.endswith(f"{t.label}: " + ", ".join(f"{k} {v:.0f} s" for k, v in rec.phase_s.items()))
+               for line in lines)
+    assert any("traced the unit for the candidates' analyses in" in line for line in lines)

@@ -742,8 +742,11 @@ class _Search:
                 self.reference()
             except EqualityRefused:
                 pass  # noted in the report; each candidate is refused with the reason
+        t0 = time.perf_counter()
         tree = rtrace.trace(base_fn, self.state, arg_names=["state"])
         ptree = trace_program(self.program, self.state) if self.program is not None else None
+        self.say(f"[optimize] traced the unit for the candidates' analyses in "
+                 f"{time.perf_counter() - t0:.0f} s")
         return tree, ptree
 
     # -- one trial -----------------------------------------------------------------------
@@ -765,13 +768,24 @@ class _Search:
             else transforms[0].tolerance
         )
         transformed = None
+        clock = [time.perf_counter()]
+
+        def lap(phase: str) -> None:  # rec.phase_s: where a trial's wall time goes
+            now = time.perf_counter()
+            rec.phase_s[phase] = round(now - clock[0], 2)
+            clock[0] = now
+
         try:
             transformed = apply_plan(self.target, transforms)
-            if opts.isolating and not self.isolated(rec, transformed, host):
-                return None
+            if opts.isolating:
+                isolated = self.isolated(rec, transformed, host)
+                lap("isolate")
+                if not isolated:
+                    return None
             if len(transforms) == 1 and opts.local and isinstance(transformed, Program):
                 rec.stage = "local"
                 ok, why = self._local_check(rec, transforms[0], transformed)
+                lap("local")
                 if not ok:
                     rec.reason = why
                     self.say(f"[optimize] {rec.label}: {why}")
@@ -782,6 +796,7 @@ class _Search:
             (_, tb), (state_c, tc) = measure.time_alternating(
                 [self.base_step, step], self.state, opts.n_iters, opts.repeats
             )
+            lap("time")
             settled = step.measured_params() if isinstance(step, HostStep) and len(transforms) == 1 else {}
             report.measurements += 2 * opts.repeats
             gain = tb.median - tc.median  # against the baseline timed in turns with it
@@ -795,6 +810,7 @@ class _Search:
                 try:
                     ref = self.reference()
                     cmp = _check_equal(ref, step, state_c, tolerance, transformed, host, self.eq_options)
+                    lap("equality")
                 except EqualityRefused as e:  # not checked without the options: refused
                     rec.e2e_time_s, rec.e2e_baseline_s = tc.median, tb.median
                     rec.speedup = tb.median / tc.median if tc.median > 0 else None
@@ -808,6 +824,9 @@ class _Search:
             return None
         finally:
             base.close(transformed)
+            if rec.phase_s:
+                phases = ", ".join(f"{k} {v:.0f} s" for k, v in rec.phase_s.items())
+                self.say(f"[optimize] {rec.label}: {phases}")
         rec.e2e_time_s, rec.e2e_baseline_s = tc.median, tb.median
         rec.speedup = tb.median / tc.median if tc.median > 0 else None
         if cmp is not None:
