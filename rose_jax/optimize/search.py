@@ -793,8 +793,12 @@ class _Search:
             if rec.stage != "combine":
                 rec.stage = "e2e"
             step = self.compile(transformed, transforms)
+            # compiled and warmed here; the baseline ran before the search's first timing (its
+            # construction, or the option trial's build), so it is not run again untimed: one unit
+            # less per candidate (on a long unit, seconds: 6 s on PPO reacher's epoch)
+            jax.block_until_ready(step(self.state))
             (_, tb), (state_c, tc) = measure.time_alternating(
-                [self.base_step, step], self.state, opts.n_iters, opts.repeats
+                [self.base_step, step], self.state, opts.n_iters, opts.repeats, warmup=False
             )
             lap("time")
             settled = step.measured_params() if isinstance(step, HostStep) and len(transforms) == 1 else {}
