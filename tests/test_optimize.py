@@ -1585,3 +1585,34 @@ def test_a_trial_records_where_its_time_goes():
     assert any(line.endswith(f"{t.label}: " + ", ".join(f"{k} {v:.0f} s" for k, v in rec.phase_s.items()))
                for line in lines)
     assert any("traced the unit for the candidates' analyses in" in line for line in lines)
+
+
+def _drop_sleep_where(where=None):
+    return T.Transform("toy_drop_sleep_where", (("where", where),), T.FUSION_TOLERANCE, "fn",
+                       lambda tree: (True, "synthetic"), lambda fn: core)
+
+
+def test_a_candidate_the_plan_already_covers_everywhere_is_not_measured(tmp_path):
+    """A pending candidate that narrows a kept transform (same parameters, ``where`` a part of
+    what the kept one rewrites everywhere) is recorded as subsumed, not measured: on a resume
+    against the cached plan, and within one search against what it kept; others are measured."""
+    _register_toys()
+    O.register_transform("toy_drop_sleep_where", _drop_sleep_where)
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="subsumed", batch_size=16)
+    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=[_drop_sleep_where()], **kw)
+    assert [p["name"] for p in first.plan] == ["toy_drop_sleep_where"]
+    narrow, slower = _drop_sleep_where("evaluate/_fun"), synthetic("toy_slower", _sleepier)
+    _edit_entry(tmp_path, lambda e: e["report"]["candidates"].extend([_pending_record(narrow),
+                                                                         _pending_record(slower)]))
+    _, resumed = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
+    by_label = {c.label: c for c in resumed.candidates}
+    skipped = by_label[narrow.label]
+    assert skipped.reason.startswith("not measured: subsumed by the kept toy_drop_sleep_where(where=None")
+    assert skipped.e2e_time_s is None and skipped.reason != search.BUDGET_SPENT
+    assert by_label[slower.label].stage == "e2e" and by_label[slower.label].e2e_time_s is not None
+    # within one search: the narrower one after the kept one everywhere is not measured either
+    _, one = O.optimize(slow_iteration, EXAMPLE, candidates=[_drop_sleep_where(), narrow],
+                        n_iters=1, repeats=2)
+    assert one.candidates[0].kept and one.candidates[1].reason.startswith("not measured: subsumed")
+    assert search._subsumed(_drop_sleep_where("a"), [_drop_sleep_where("b")]) is None  # not everywhere
+    assert search._subsumed(_drop_sleep_where(None), [_drop_sleep_where(None)]) is None

@@ -546,6 +546,21 @@ def _conflict(a: Transform, b: Transform) -> bool:
     return pa.get("where") == pb.get("where") and pa.get("a") == pb.get("a")
 
 
+def _subsumed(t: Transform, kept: Sequence[Transform]) -> str | None:
+    """Why ``t`` need not be measured: a kept transform is the same rewrite with the same
+    parameters everywhere (``where=None``) and ``t`` narrows it to a part (e.g. exit_idle_loops on
+    the evaluation alone once exit_idle_loops on every matched scan is in the plan: alone it can
+    only do less, and with it, it would rewrite the same loops twice). None: measure it."""
+    p = dict(t.params)
+    if p.get("where") is None:
+        return None
+    for k in kept:
+        q = dict(k.params)
+        if k.name == t.name and "where" in q and q["where"] is None and {**p, "where": None} == q:
+            return f"not measured: subsumed by the kept {k.label} (the same rewrite everywhere)"
+    return None
+
+
 def _jsonable_params(t: Transform) -> bool:
     try:
         json.dumps(t.to_json()["params"])
@@ -590,6 +605,7 @@ class _Search:
         self.local_base: dict[str, tuple] = {}
         self.deadline: float | None = None  # perf_counter time after which nothing more is measured
         self.free_trials = 0  # candidates measured whatever the deadline (see spent)
+        self.kept_before: list[Transform] = []  # a resumed search's cached plan (see _subsumed)
         self._ref: _Reference | None = None
         # why the reference could not be built under the equality options (then every candidate
         # whose equality is checked is refused with it)
@@ -991,6 +1007,11 @@ class _Search:
             if measured >= opts.max_candidates:
                 rec.legal, rec.legal_reason = None, "not analysed: max_candidates reached"
                 rec.reason = f"not measured: max_candidates={opts.max_candidates} reached"
+                continue
+            covered = _subsumed(t, [*self.kept_before, *(k for k, _, _ in kept)])
+            if covered:
+                rec.legal, rec.legal_reason, rec.reason = None, "not analysed: subsumed", covered
+                self.say(f"[optimize] {t.label}: {covered}")
                 continue
             if self.spent(rec):
                 rec.legal, rec.legal_reason = None, "not analysed: the search budget is spent"
@@ -1417,6 +1438,7 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
         f"left unmeasured; plan so far {[t.label for t in prior] or 'baseline'})")
     options = (old.base_options or {}).get("options") or None
     search = _Search(target, example_state, opts, report, options=options)
+    search.kept_before = [*prior, *(t for _, t in retry)]
     search.time_baseline(trial=False)
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
     tree, ptree = search.start_measuring(t_start, base_fn)
