@@ -249,3 +249,17 @@ def test_published_epochs_keep_brax_s_epoch_size():
     assert w["kwargs"] == short and w["acceptance_steps"] == short["num_timesteps"]
     with pytest.raises(ValueError, match="epochs must be a positive int"):
         ip.published_epochs(kw, 0)
+
+
+def test_sac_hopper_5ep_through_rose_jax_train_s_own_arguments():
+    """The row's `rose-jax train` arguments build the published epoch five times over (the user's
+    path: argv -> job -> config), and `--optimize` searches 128 of its 2,692 iterations."""
+    from algos import sac
+    from rose_jax import cli
+
+    w = ip.workloads()["sac-hopper-5ep"]
+    job = cli.train_job(ip.rose_argv(w, w["acceptance_steps"], False))
+    assert (job.config.num_epochs, sac.iterations_per_epoch(job.config)) == (5, 2692)
+    assert job.config.replay_capacity == 1048576 and job.config.initial_eval
+    unit = job.algo.search_unit(job.config, job.env)
+    assert (unit.iterations, unit.of) == (128, 2692) and job.algo.num_units(job.config) == 5
