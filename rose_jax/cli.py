@@ -681,6 +681,7 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
 
     def make_step(state):
         from rose_jax import optimize as rj_optimize
+        from rose_jax.optimize.base import close
 
         program = job.algo.unit_program(job.config, job.env, **job.program_kwargs())
         # a long unit (SAC's published epoch: ~36 s) is searched on a shorter one with the same loops
@@ -705,12 +706,12 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
                                             env_name=job.env_name, batch_size=job.config.num_envs,
                                             windows="profile", quotas="auto", log=log, **limits)
         if shorter is not None:  # the whole unit under the plan (or the baseline) found on the shorter one
-            getattr(step, "close", lambda: None)()  # the searched unit's workers, if its plan has any
+            close(step)  # the searched unit's workers, if its plan has any
             if not report.skipped:
                 report.notes.append(f"searched on {shorter.iterations} of the unit's {shorter.of} "
                                     "iterations; equality checked there, the plan applied to the whole unit")
             step = rj_optimize.plan_of(program, report)
-            if report.plan and not getattr(step, "pipelined", None) and not hasattr(step, "close"):
+            if report.plan and not isinstance(step, rj_optimize.HostStep):
                 step = _first_call_falls_back(step, rj_optimize.plan_of(program, _no_plan(report)), log)
         if report.skipped:
             log(f"rose-jax train: --optimize: {report.skipped}"
@@ -735,11 +736,11 @@ def _first_call_falls_back(step, baseline, log):
     or ``baseline`` from its first call on where that call raises (e.g. a hoist whose batched work
     outgrows the memory at the whole unit's length): one line says so and the run goes on. The
     first call is waited for; the state is not donated, so the baseline starts from the same one."""
+    import jax
+
     chosen: list = []
 
     def run(state):
-        import jax
-
         if not chosen:
             try:
                 out = jax.block_until_ready(step(state))

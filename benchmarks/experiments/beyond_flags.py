@@ -767,13 +767,13 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
     return lines + ["", "## Variants of one iteration, same options (in-process)", ""]
 
 
-def vs_peer_cell(row: dict[str, Any], fmt: str = ".3f", unit: str = "") -> str:
+def vs_peer_cell(row: dict[str, Any], fmt: str = ".3f", unit: str = "", missing: str = "-") -> str:
     """The ratio over the faster peer of the row's call, ``"1.503 (vs Brax as shipped only)"`` where
     the call ran one of the two peers (the other, measured elsewhere, may be the faster one: the
-    ratio is then not against the informed peer); ``"-"`` without a ratio."""
+    ratio is then not against the informed peer); ``missing`` without a ratio."""
     v = row.get("speedup_vs_informed_peer")
     if v is None:
-        return "-"
+        return missing
     shipped, flag = row.get("peer_default_env_steps_per_s"), row.get("peer_flags_env_steps_per_s")
     only = "" if shipped and flag else (" (vs Brax as shipped only)" if shipped else " (vs Brax + flag only)")
     return f"{v:{fmt}}{unit}{only}"

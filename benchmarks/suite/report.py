@@ -803,7 +803,7 @@ def beyond_flags_headline(root: str | None = None) -> str | None:
              f"{r['num_timesteps']:,}" if r.get("num_timesteps") else "—",
              _fmt_rate(r.get("peer_default_env_steps_per_s")), _fmt_rate(r.get("peer_flags_env_steps_per_s")),
              _fmt_rate(r.get("flags_only_env_steps_per_s")), _fmt_rate(r.get("rose_env_steps_per_s")),
-             "—" if r.get("speedup_vs_informed_peer") is None else bf.vs_peer_cell(r, unit="x"),
+             bf.vs_peer_cell(r, unit="x", missing="—"),
              x(r.get("speedup_vs_flags_only")),
              target(r),
              "; ".join(r.get("plan") or []) or "—", common.fmt_equal(r.get("equal")),

@@ -39,8 +39,8 @@ class CandidateRecord:
     isolation: str = ""  # the child process's verdict on the first compile ("" not isolated)
     learning_check: dict | None = None  # tolerance-kept candidates: LearningCheck.to_json()
     # wall seconds of the trial's steps: "isolate" (the child's compile and call), "local" (the
-    # affected piece timed alone), "time" (compile
-    # and warm-up here, then the turns with the baseline), "equality" (reference and comparison)
+    # affected piece timed alone), "time" (compile and warm-up here, then the turns with the
+    # baseline), "equality" (reference and comparison)
     phase_s: dict = dataclasses.field(default_factory=dict)
 
 

@@ -1294,17 +1294,18 @@ def optimize(
             resume_failed = f"resuming the cached search failed ({_failure(e)}); the cached plan as is"
             say(f"[optimize] {resume_failed}")
     if cached is not None:
-        transforms = [_rebuild(t) for t in cached["plan"]]
-        result = apply_plan(target, transforms)
         old = PlanReport.from_json(cached["report"])
+        old.plan = cached["plan"]
+        step = plan_of(target, old)
         old.cache_hit, old.measurements, old.search_time_s = True, 0, time.perf_counter() - t_start
         if not old.plan:
             old.equal = None  # (a report cached before empty plans said "not checked")
         old.cache_path = opts.cache_dir
         if resume_failed:
             old.notes.append(resume_failed)
-        say(f"[optimize] cache hit for {name}: plan {[t.label for t in transforms] or 'baseline'}")
-        return plan_step(result, transforms, (old.base_options or {}).get("options")), old
+        labels = [t.get("label") or t["name"] for t in old.plan]
+        say(f"[optimize] cache hit for {name}: plan {labels or 'baseline'}")
+        return step, old
 
     say(f"[optimize] {name}: compiling the baseline")
     search = _Search(target, example_state, opts, report)
