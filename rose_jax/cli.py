@@ -344,6 +344,11 @@ def _train(args, locked: list[Any]) -> int:
         raise _fail(f"--steps must be > 0, got {args.steps}")
     if args.resume and not args.run_dir:
         raise _fail("--resume needs --run-dir DIR: the directory of the run to continue")
+    if args.plan_only and not args.optimize:
+        raise _fail("--plan-only needs --optimize: it runs the search alone (the plan cache is its result)")
+    if args.plan_only and (args.resume or args.run_dir):
+        raise _fail("--plan-only writes no run directory: leave out --run-dir and --resume "
+                    "(train with the same command without --plan-only)")
 
     # 1. what to run (no file is touched)
     stored = None
@@ -369,6 +374,8 @@ def _train(args, locked: list[Any]) -> int:
         raise _fail(e) from None
     budget = _optimize_budget(args.optimize_budget)
     budget.update(_learning_check_kw(job, args.learning_check_steps))
+    if args.plan_only:
+        return _plan_only(job, trial_sets, budget)
     path = args.run_dir or _default_run_dir(job.env_name, job.algo.name)
     run = rundir.RunDir(path)
     if args.resume and stored is not None and run.finished():
@@ -726,6 +733,47 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
     return make_step
 
 
+class _PlanFound(Exception):
+    """Raised by ``--plan-only``'s step maker once the plan is cached: no training follows."""
+
+
+def _plan_only(job: Job, trial_sets, budget: dict[str, Any]) -> int:
+    """``train --optimize --plan-only``: the search ``train --optimize`` would run (or resume, or
+    its cache hit) on the state training would start from, its plan written to the plan cache, and
+    no training and no run directory. The same command without ``--plan-only`` then trains with
+    the cached plan from its first unit: a search paid once for many runs (seeds, a sweep), or
+    one too long to share a job with the training."""
+    from rose_jax.optimize.base import close
+
+    found: list[dict[str, Any]] = []
+    maker = _optimized_step_maker(job, lambda m: print(m, flush=True),
+                                  {**budget, "option_sets": trial_sets}, record=found.append)
+
+    def make_step(state):
+        close(maker(state))  # the plan's worker processes, if it has any
+        raise _PlanFound
+
+    t0 = time.perf_counter()
+    print(f"rose-jax train --plan-only: searching the plan of {job.title} (no training)", flush=True)
+    try:
+        job.algo.train_with_config(job.config, job.env, make_step=make_step)
+    except _PlanFound:
+        pass
+    except (ValueError, TypeError) as e:
+        raise _fail(e) from None
+    rec = found[0] if found else {}
+    labels = [t.get("label") or t.get("name") for t in rec.get("plan") or []] or ["the unit itself"]
+    if rec.get("skipped"):
+        print(f"rose-jax train --plan-only: no search: {rec['skipped']}; pass --optimize-budget SECONDS "
+              "to search anyway", flush=True)
+        return 0
+    where = "cache hit" if rec.get("cache_hit") else f"searched in {rec.get('search_s') or 0.0:.1f}s"
+    print(f"rose-jax train --plan-only: plan {', '.join(labels)} (XLA options: {rec.get('base_options')}; "
+          f"{where}; {time.perf_counter() - t0:.1f}s in all) cached in {plan_cache_dir()}; the same command "
+          "without --plan-only trains with it, and a search its budget stopped resumes there", flush=True)
+    return 0
+
+
 def _no_plan(report):
     """``report`` without its transforms: the unit under the same XLA options (``plan_of``)."""
     return dataclasses.replace(report, plan=[])
@@ -908,6 +956,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run in --run-dir from its latest checkpoint "
                         "(a finished run is left as is)")
     t.add_argument("--optimize", action="store_true", help="apply (or search for) a rose-jax plan")
+    t.add_argument("--plan-only", action="store_true",
+                   help="with --optimize: run (or resume) the search and cache its plan, then stop: no "
+                        "training, no run directory; the same command without --plan-only trains with the "
+                        "plan")
     t.add_argument("--mps-client", action="store_true",
                    help="run as the client of a new MPS daemon (NVIDIA GPUs), so that a plan's worker "
                         "processes (an offloaded evaluation) run concurrently with the training, not "

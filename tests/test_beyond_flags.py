@@ -255,6 +255,36 @@ def test_cached_run_row_takes_its_rate_and_the_first_runs_wall_time(tmp_path, ca
     assert "needs --plan-cache" in capsys.readouterr().err
 
 
+def test_plan_only_search_gives_the_row_its_plan_and_the_split_first_run(tmp_path, capsys):
+    """``rose_plan`` (`rose-jax train --optimize --plan-only`: the search alone) gives a row its plan
+    and search time but no rate; with ``rose_cached`` after it (this call or a later one) the first
+    run's wall time is the search's plus the cached run's, marked as split; a cut search is not
+    folded, and rose_plan without --plan-cache is refused."""
+    entry = {"plan": [{"name": "offload_component", "label": "offload_component()", "tolerance": {}}],
+             "report": {"equal": True, "search_time_s": 280.0, "candidates": [],
+                        "base_options": {"name": "concurrent_scheduling"}}}
+    plan_only = _run(None, plan_cache=[entry], end_to_end_s=300.0)
+    alone = B.acceptance_row("sac-hopper-5ep", "sac", 1_731_072, {"rose_plan": plan_only})
+    assert alone["rose_run"] == "rose_plan" and alone["rose_env_steps_per_s"] is None
+    assert alone["plan"] == ["offload_component()"] and alone["search_s"] == 280.0 and alone["equal"] is True
+    assert B.fold_first_run(alone, []) is alone  # nothing cached ran: no first run to fold
+    cached = _run(6000.0, plan_cache=[entry], end_to_end_s=420.0)
+    runs = {"rose_plan": plan_only, "rose_cached": cached}
+    both = B.acceptance_row("sac-hopper-5ep", "sac", 1_731_072, runs)
+    assert both["rose_run"] == "rose_cached" and both["rose_env_steps_per_s"] == 6000.0
+    folded = B.fold_first_run(both, [])
+    assert folded["end_to_end_s"]["rose"] == 720.0 and "rose_plan, 300.0 s" in folded["first_run"]["split"]
+    later = B.acceptance_row("sac-hopper-5ep", "sac", 1_731_072, {"rose_cached": cached})
+    assert B.fold_first_run(later, [alone])["end_to_end_s"]["rose"] == 720.0
+    cut = {**alone, "errors": {"rose_plan": "timed out"}}
+    assert B.fold_first_run(later, [cut]) is later
+    B.write(str(tmp_path), [], "cmd", [{k: v for k, v in folded.items() if k != "_plan"}], jax_devices=False)
+    assert "split in two: the search alone" in open(os.path.join(tmp_path, "results.md")).read()
+    with pytest.raises(SystemExit):
+        B.main(["--acceptance", "--rose-variants", "rose_plan", "--out", str(tmp_path)])
+    assert "needs --plan-cache" in capsys.readouterr().err
+
+
 def test_acceptance_plan_cache_is_shared_by_the_rose_runs_and_kept(tmp_path, monkeypatch):
     """Stand-in runs (mock children, as in the tests above): with --plan-cache the rose and
     rose_cached runs are pointed at DIR (flags_only keeps a fresh one), and DIR outlives the call."""
@@ -271,10 +301,13 @@ def test_acceptance_plan_cache_is_shared_by_the_rose_runs_and_kept(tmp_path, mon
 
     monkeypatch.setattr(ip, "rose_run", rose)
     args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=[], plan_cache=plans,
-                              rose_variants=["flags_only", "rose", "rose_cached"], run_timeout_s=10.0,
-                              optimize_argv=[], profile=False, out=str(tmp_path / "out"))
+                              rose_variants=["flags_only", "rose_cached", "rose_plan", "rose"],
+                              run_timeout_s=10.0, optimize_argv=[], profile=False, out=str(tmp_path / "out"))
     B.run_acceptance(args, ["smoke"], [], [], "cmd")
     assert seen["rose_optimize_first"] == plans and seen["rose_optimize_cached"] == plans
+    assert seen["rose_optimize_plan"] == plans  # the search alone writes where the cached run reads
+    # in RUN_ORDER whatever order they were given in: the plan-only search before the cached run
+    assert list(seen) == ["rose_first", "rose_optimize_plan", "rose_optimize_first", "rose_optimize_cached"]
     assert seen["rose_first"] != plans and os.path.isdir(plans)
 
 

@@ -175,6 +175,42 @@ def test_train_optimize_resumes_a_search_its_budget_stopped(tmp_path, capsys, mo
     assert json.loads((tmp_path / "c" / "run.json").read_text())["optimize"]["plan"] == second["plan"]
 
 
+def test_train_plan_only_caches_the_plan_and_trains_nothing(tmp_path, capsys, monkeypatch):
+    """`train --optimize --plan-only` runs the search on the state training starts from, caches its
+    plan and stops: no run directory, no training; the same command without --plan-only then
+    trains with the cached plan (a cache hit, run.json says so)."""
+    monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--env", "pendulum", "--algo", "ppo", "--optimize", "--steps", "2048",
+            "--set", "num_envs=16", "--set", "unroll_length=8", "--set", "num_minibatches=2"]
+    assert cli.main([*argv, "--optimize-budget", "0", "--plan-only"]) == 0
+    out = capsys.readouterr().out
+    assert "--plan-only: plan" in out and "cached in" in out and "rose-jax train: ppo" not in out
+    assert not (tmp_path / "runs").exists()  # no run directory
+    data = json.loads((tmp_path / "plans" / "plans.json").read_text())
+    (entry,) = [e for e in data.values() if "plan" in e]
+    # the budget stopped it before its first candidate: the pending ones are in the cache
+    assert any(c["reason"] == search.BUDGET_SPENT for c in entry["report"]["candidates"])
+    assert cli.main([*argv, "--optimize-budget", "none", "--run-dir", str(tmp_path / "b")]) == 0
+    assert "CACHE HIT" in capsys.readouterr().out
+    record = json.loads((tmp_path / "b" / "run.json").read_text())["optimize"]
+    assert record["cache_hit"] is True and record["plan"] == entry["plan"]
+    assert json.loads((tmp_path / "b" / "metrics.json").read_text())[-1]["env_steps"] == 2048
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [([], "--plan-only needs --optimize"),
+     (["--optimize", "--run-dir", "x"], "--plan-only writes no run directory")],
+)
+def test_train_plan_only_bad_arguments_are_one_line(tmp_path, monkeypatch, extra, says):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--env", "pendulum", "--plan-only", *extra])
+    assert says in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "x").exists()
+
+
 def test_train_optimize_searches_a_long_sac_epoch_on_a_shorter_one(tmp_path, capsys, monkeypatch):
     """`train --optimize` on SAC epochs longer than sac.SEARCH_UNIT_GRAD_STEPS gradient steps (made
     small here: a module knob, not a mock) searches the epoch with fewer iterations (the cached

@@ -209,6 +209,25 @@ def test_equality_child_compares_the_kept_options_with_the_default_build(tmp_pat
     assert data["equal"] is True and data["max_abs_diff"] == 0.0 and data["units"] == 2
 
 
+@pytest.mark.slow
+def test_plan_only_run_caches_the_plan_the_cached_run_then_trains_with(tmp_path):
+    """Real `rose-jax train` children: the ``rose_optimize_plan`` run (`--optimize --plan-only`)
+    searches and caches a plan and trains nothing; the ``rose_optimize_cached`` run on the same
+    plan cache hits it and trains."""
+    caches = {"compile": str(tmp_path / "compile"), "plans": str(tmp_path / "plans")}
+    steps = ip.workloads()["smoke"]["steps"]
+    first = ip.rose_run("smoke", "rose_optimize_plan", steps, True, caches, 600.0, ("--optimize-budget", "0"))
+    assert first["returncode"] == 0, first["error"]
+    assert "--plan-only" in first["command"] and first["rows"] == 0 and first["env_steps"] is None
+    data = json.loads((tmp_path / "plans" / "plans.json").read_text())
+    (entry,) = [e for e in data.values() if "plan" in e]
+    budget = ("--optimize-budget", "none")
+    second = ip.rose_run("smoke", "rose_optimize_cached", steps, True, caches, 600.0, budget)
+    assert second["returncode"] == 0, second["error"]
+    assert second["optimize"]["cache_hit"] is True and second["optimize"]["plan"] == entry["plan"]
+    assert second["finished"] and second["env_steps"] >= steps  # whole epochs (Brax rounds up)
+
+
 def test_run_streams_the_log_and_keeps_it_on_timeout(tmp_path):
     """A real child process: its output lands in the log as written, and a child cut by the
     timeout leaves what it printed, with the timeout as the last line."""

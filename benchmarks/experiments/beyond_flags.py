@@ -380,6 +380,7 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
         for v, variant, extra in (
             ("flags_only", "rose_first", ()),
             ("flags_only_cached", "rose_cached", ()),
+            ("rose_plan", "rose_optimize_plan", tuple(args.optimize_argv)),
             ("rose", "rose_optimize_first", tuple(args.optimize_argv)),
             ("rose_cached", "rose_optimize_cached", tuple(args.optimize_argv)),
         ):
@@ -408,7 +409,12 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
 
 # the acceptance runs in the order they run (and are shown); rose_cached: `rose-jax train --optimize`
 # again on the plan cache an earlier rose run left (--plan-cache): the user's second run
-RUN_ORDER = ("peer_default", "peer_flags", "flags_only", "flags_only_cached", "rose", "rose_cached")
+# rose_plan: `rose-jax train --optimize --plan-only`, the first run's search alone (its plan into
+# --plan-cache, no training): with rose_cached after it, a first run split in two where the search and
+# the training do not fit one call
+RUN_ORDER = (
+    "peer_default", "peer_flags", "flags_only", "flags_only_cached", "rose_plan", "rose", "rose_cached"
+)
 
 
 def _log_path(args, name: str, variant: str) -> str:
@@ -435,8 +441,12 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
 
     peers = {v: rate(v) for v in ("peer_default", "peer_flags") if v in runs}
     best_peer = max((x for x in peers.values() if x), default=None)
-    # the optimized program's rate: the first (searching) run's, else the cached run's (same plan)
-    rose_from = "rose" if rate("rose") or "rose_cached" not in runs else "rose_cached"
+    # the optimized program's rate: the first (searching) run's, else the cached run's (same plan);
+    # a plan-only search (no rate) gives the row its plan where neither ran
+    if rate("rose") or not {"rose_cached", "rose_plan"} & set(runs):
+        rose_from = "rose"
+    else:
+        rose_from = "rose_cached" if "rose_cached" in runs else "rose_plan"
     # flags only: the first run's rate, else its second run's (on the caches the first left, the
     # option trial's decision cached: every interval after the compile is under the kept set)
     # (only after a first run that finished: one cut before its trial decided cached nothing)
@@ -509,23 +519,37 @@ def fold_first_run(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[s
     """A cached run's row (``rose_cached`` and no ``rose`` in this call) with the whole wall time of
     the first, searching run that left its plan: the newest earlier row of the workload whose
     ``rose`` run finished with the same plan, named by its date (``first_run``; where that row is
-    itself a cached run's, the first run it names). Pure; the row is returned unchanged when there
-    is no such run."""
+    itself a cached run's, the first run it names). A first run split in two (``rose_plan``: the
+    search alone, where search and training do not fit one call), in this row or an earlier one,
+    counts as its search's wall time plus this cached run's (``first_run["split"]``). Pure; the row
+    is returned unchanged when there is no such run."""
     e2e = row.get("end_to_end_s") or {}
-    if e2e.get("rose") is not None or e2e.get("rose_cached") is None:
+    cached = e2e.get("rose_cached")
+    if e2e.get("rose") is not None or cached is None:
         return row
-    for r in reversed(earlier):
-        first = (r.get("end_to_end_s") or {}).get("rose")
-        if (
+    for r in [row, *reversed(earlier)]:
+        r_e2e, errors = r.get("end_to_end_s") or {}, r.get("errors") or {}
+        same = (
             r.get("workload") == row.get("workload")
-            and first is not None
-            and "rose" not in (r.get("errors") or {})
             and r.get("plan") == row.get("plan")
             and r.get("num_timesteps") == row.get("num_timesteps")
-        ):
+        )
+        if not same:
+            continue
+        if r is not row and r_e2e.get("rose") is not None and "rose" not in errors:
+            first = r_e2e["rose"]
             origin = r.get("first_run") or {
                 "date": r.get("date"), "device": r.get("device"), "end_to_end_s": first,
                 "search_s": r.get("search_s"), "command": (r.get("command") or {}).get("rose"),
+            }
+            return {**row, "end_to_end_s": {**e2e, "rose": first}, "first_run": origin}
+        if r_e2e.get("rose_plan") is not None and "rose_plan" not in errors:
+            first = round(r_e2e["rose_plan"] + cached, 2)
+            origin = {
+                "date": r.get("date"), "device": r.get("device"), "end_to_end_s": first,
+                "search_s": r.get("search_s"), "command": (r.get("command") or {}).get("rose_plan"),
+                "split": f"the search alone (rose_plan, {r_e2e['rose_plan']:.1f} s) plus this cached run "
+                f"({cached:.1f} s)",
             }
             return {**row, "end_to_end_s": {**e2e, "rose": first}, "first_run": origin}
     return row
@@ -755,7 +779,8 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
             lines.append(
                 f"- {r['workload']} ({r.get('date')}): the rose column is the cached run (plan cache from "
                 f"the first run of {f.get('date')} on {_short_device(f.get('device') or '-')}: "
-                f"{common.fmt(f.get('end_to_end_s'))} s end to end, search {common.fmt(f.get('search_s'))} s)"
+                f"{common.fmt(f.get('end_to_end_s'))} s end to end, search {common.fmt(f.get('search_s'))} s"
+                + (f"; split in two: {f['split']})" if f.get("split") else ")")
             )
         if r.get("flags_only_run") == "flags_only_cached" and r.get("flags_only_env_steps_per_s"):
             lines.append(
@@ -934,6 +959,7 @@ def main(argv: list[str] | None = None) -> int:
         default="flags_only,rose",
         help="with --acceptance: flags_only (rose-jax train), flags_only_cached (the same again on the "
         "caches flags_only left: its option trial's decision cached), rose (rose-jax train --optimize) "
+        "rose_plan (rose-jax train --optimize --plan-only: the search alone, its plan into --plan-cache) "
         "and/or rose_cached (the same again on --plan-cache's plan)",
     )
     p.add_argument(
@@ -966,14 +992,17 @@ def main(argv: list[str] | None = None) -> int:
     if bad_peer:
         p.error(f"unknown peer variant(s) {bad_peer}; known: peer_default, peer_flags")
     args.rose_variants = [v.strip() for v in args.rose_variants.split(",") if v.strip()]
-    known_rose = ("flags_only", "flags_only_cached", "rose", "rose_cached")
+    known_rose = ("flags_only", "flags_only_cached", "rose_plan", "rose", "rose_cached")
     bad_rose = [v for v in args.rose_variants if v not in known_rose]
     if bad_rose:
         p.error(f"unknown rose variant(s) {bad_rose}; known: {', '.join(known_rose)}")
     if "flags_only_cached" in args.rose_variants and "flags_only" not in args.rose_variants:
         p.error("--rose-variants flags_only_cached runs on the caches flags_only leaves: give flags_only too")
+    if "rose_plan" in args.rose_variants and not args.plan_cache:
+        p.error("--rose-variants rose_plan (the search alone) needs --plan-cache DIR: its plan is its result")
     has_plans = bool(args.plan_cache) and (
-        os.path.exists(os.path.join(args.plan_cache, "plans.json")) or "rose" in args.rose_variants
+        os.path.exists(os.path.join(args.plan_cache, "plans.json"))
+        or bool({"rose", "rose_plan"} & set(args.rose_variants))
     )
     if "rose_cached" in args.rose_variants and not has_plans:
         p.error("--rose-variants rose_cached needs --plan-cache DIR with a plans.json (or a rose run first)")

@@ -451,17 +451,20 @@ def rose_run(
     log_path: str | None = None,
 ) -> dict[str, Any]:
     """One ``rose-jax train`` process (``extra_argv``: more of its flags, e.g. ``--optimize-budget``;
-    ``log_path``: its output streamed there)."""
+    ``log_path``: its output streamed there). ``rose_optimize_plan``: ``--optimize --plan-only``, the
+    search alone (its plan cached, no training, no run directory)."""
     from algos import checkpoint
     from rose_jax import rundir
 
     argv = rose_argv(workloads()[name], steps, smoke)
     if variant.startswith("rose_optimize"):
         argv = argv + ["--optimize"]
-    argv = argv + list(extra_argv)
+    plan_only = variant == "rose_optimize_plan"
+    argv = argv + list(extra_argv) + (["--plan-only"] if plan_only else [])
     run_dir = tempfile.mkdtemp(prefix=f"rose-{name}-{variant}-")
     os.rmdir(run_dir)
-    cmd = [sys.executable, "-m", "rose_jax.cli", "train", *argv, "--run-dir", run_dir, "--no-tensorboard"]
+    where = [] if plan_only else ["--run-dir", run_dir]
+    cmd = [sys.executable, "-m", "rose_jax.cli", "train", *argv, *where, "--no-tensorboard"]
     env = {
         **_flags_env(variant),
         "ROSE_JAX_COMPILE_CACHE": caches["compile"],
