@@ -107,6 +107,10 @@ def machine_info(jax_devices: bool = True) -> dict[str, Any]:
     gpu = _stdout(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     if gpu:
         info["gpu"] = gpu
+        # the physical GPU: rows of separate calls on one warm machine can then be shown to share it
+        uuid = _stdout(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"])
+        if uuid:
+            info["gpu_uuid"] = uuid
     commit = _stdout(["git", "-C", REPO_DIR, "rev-parse", "HEAD"])
     if commit:
         info["git_commit"] = commit

@@ -896,3 +896,23 @@ def test_multiprocess_headline_puts_end_to_end_beside_the_timed_window(tmp_path)
         f"{what} {mps}, end to end | 200 | 170 | 0.85x | not measured | this row |",
     ]
     assert "each run 150 iterations (3,072,000 env steps)" in text
+
+
+def test_machine_info_names_the_physical_gpu(tmp_path, monkeypatch):
+    """``machine_info`` records the GPU's UUID beside its name (rows of separate calls on one warm
+    machine then show they shared it). A stand-in `nvidia-smi` script on PATH plays the GPU on this
+    CPU machine; without one (the CPU's own case) neither field is written."""
+    from benchmarks import common
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text('#!/bin/sh\ncase "$1" in\n  --query-gpu=uuid) echo GPU-1234 ;;\n'
+                      '  *) echo "NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB" ;;\nesac\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    info = common.machine_info(jax_devices=False)
+    assert info["gpu"].startswith("NVIDIA H100") and info["gpu_uuid"] == "GPU-1234"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    info = common.machine_info(jax_devices=False)
+    assert "gpu" not in info and "gpu_uuid" not in info

@@ -893,6 +893,7 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
     def stamp(row: dict) -> dict:
         info = common.machine_info(jax_devices=False)
         row.update(date=info.get("date"), device=info.get("gpu") or info.get("platform"))
+        row["gpu_uuid"] = info.get("gpu_uuid")  # which physical GPU (calls on one warm machine share it)
         row["call_command"] = command
         return row
 
