@@ -975,6 +975,26 @@ def test_a_resume_measures_one_candidate_whatever_its_budget_and_a_failing_one_k
     assert any(n.startswith(failed) for n in hit.notes)
 
 
+def test_a_resumes_free_trial_is_used_by_a_measured_candidate_not_an_illegal_one(tmp_path):
+    """The one candidate a resume measures whatever its budget is one that runs: an illegal pending
+    candidate before it (refused by its analysis, no measurement) does not use it up (a reacher
+    resume on the H100, 2026-12-06 17:29, measured nothing that way)."""
+    _register_toys()
+    O.register_transform(
+        "toy_illegal", lambda: T.Transform("toy_illegal", (), T.FUSION_TOLERANCE, "fn",
+                                           lambda tree: (False, "toy: never legal"), lambda fn: core))
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="resume5", batch_size=16)
+    illegal = O.transform_by_name("toy_illegal", {})
+    cands = [illegal, drop_sleep(), synthetic("toy_slower", _sleepier)]
+    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=cands, budget_s=0.0, **kw)
+    assert [c.reason for c in first.candidates] == [search.BUDGET_SPENT] * 3
+    _, once = O.optimize(slow_iteration, EXAMPLE, budget_s=1e-9, **kw)
+    refused, measured, left = once.candidates
+    assert refused.reason == "illegal: toy: never legal" and refused.stage == "legality"
+    assert measured.stage == "e2e" and measured.kept and left.reason == search.BUDGET_SPENT
+    assert [p["name"] for p in once.plan] == ["toy_drop_sleep"]
+
+
 def test_compare_trees_scales_per_leaf():
     ref = {"big": jnp.array([1000.0, 1.0]), "small": jnp.array([1e-5, 2e-5]), "i": jnp.arange(2)}
     close = {"big": jnp.array([1000.01, 1.0]), "small": jnp.array([1e-5, 2.0000001e-5]), "i": jnp.arange(2)}

@@ -1028,6 +1028,7 @@ class _Search:
                 )
                 continue
             measured += 1
+            self.use_free_trial()
             res = self.trial(rec, [t], always_check=opts.check_slower)
             if res is not None and self.verdict(
                 rec, res, res.base.median - res.cand.median, versus_plan=False
@@ -1068,10 +1069,12 @@ class _Search:
         return ok
 
     def spent(self, rec: CandidateRecord) -> bool:
-        """Whether the search's budget is spent (then ``rec`` is not measured and says why); the
-        first ``free_trials`` asks are never spent (a resumed search's progress)."""
+        """Whether the search's budget is spent (then ``rec`` is not measured and says why); never
+        while ``free_trials`` are left (a resumed search's progress: one is used by a trial that
+        runs, see :meth:`use_free_trial`, not by a candidate refused as illegal or subsumed, which
+        costs no measurement: a resume on PPO reacher, H100 2026-12-06 17:29, spent its one free
+        trial on an illegal bound_while_loops and measured nothing)."""
         if self.free_trials > 0:
-            self.free_trials -= 1
             return False
         if self.deadline is None or time.perf_counter() < self.deadline:
             return False
@@ -1081,6 +1084,10 @@ class _Search:
             self.report.notes.append(note)
             self.say(f"[optimize] {note}")
         return True
+
+    def use_free_trial(self) -> None:
+        """A trial is about to run: one of the ``free_trials`` (if any) is used."""
+        self.free_trials = max(0, self.free_trials - 1)
 
     def combine(self, kept: list) -> tuple[list[Transform], float, Any]:
         """Greedy combination of the kept candidates, fastest first (each trial re-validated)."""
@@ -1110,6 +1117,7 @@ class _Search:
             self.report.candidates.append(rec)
             if self.spent(rec):
                 break
+            self.use_free_trial()
             res = self.trial(rec, trial, always_check=True)
             if res is not None and self.verdict(rec, res, best_time - res.scaled_s, versus_plan=True):
                 plan, best_time, best_cmp = trial, res.scaled_s, res.cmp
