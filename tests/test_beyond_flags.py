@@ -295,15 +295,21 @@ def test_acceptance_plan_cache_is_shared_by_the_rose_runs_and_kept(tmp_path, mon
     plans = str(tmp_path / "plans")
     seen = {}
 
+    argvs = {}
+
     def rose(name, variant, steps, smoke, caches, timeout, extra, log_path):
-        seen[variant] = caches["plans"]
+        seen[variant], argvs[variant] = caches["plans"], list(extra)
         return {"returncode": 0}
 
     monkeypatch.setattr(ip, "rose_run", rose)
     args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=[], plan_cache=plans,
                               rose_variants=["flags_only", "rose_cached", "rose_plan", "rose"],
-                              run_timeout_s=10.0, optimize_argv=[], profile=False, out=str(tmp_path / "out"))
+                              run_timeout_s=10.0, optimize_argv=["--optimize-budget", "1"], profile=False,
+                              cached_argv=["--optimize-budget", "none"], out=str(tmp_path / "out"))
     B.run_acceptance(args, ["smoke"], [], [], "cmd")
+    # --cached-argv: the cached run's own flags (a plain hit after a search with a budget)
+    assert argvs["rose_optimize_plan"] == argvs["rose_optimize_first"] == ["--optimize-budget", "1"]
+    assert argvs["rose_optimize_cached"] == ["--optimize-budget", "none"] and argvs["rose_first"] == []
     assert seen["rose_optimize_first"] == plans and seen["rose_optimize_cached"] == plans
     assert seen["rose_optimize_plan"] == plans  # the search alone writes where the cached run reads
     # in RUN_ORDER whatever order they were given in: the plan-only search before the cached run

@@ -377,12 +377,13 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
             return temporary.enter_context(made)
 
         first_caches: dict[str, str] = {}  # flags_only's, which flags_only_cached runs on again
+        cached_argv = getattr(args, "cached_argv", None) or args.optimize_argv
         for v, variant, extra in (
             ("flags_only", "rose_first", ()),
             ("flags_only_cached", "rose_cached", ()),
             ("rose_plan", "rose_optimize_plan", tuple(args.optimize_argv)),
             ("rose", "rose_optimize_first", tuple(args.optimize_argv)),
-            ("rose_cached", "rose_optimize_cached", tuple(args.optimize_argv)),
+            ("rose_cached", "rose_optimize_cached", tuple(cached_argv)),
         ):
             if v not in args.rose_variants:
                 continue
@@ -977,6 +978,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --acceptance: more rose-jax train flags for the --optimize run",
     )
     p.add_argument(
+        "--cached-argv",
+        default=None,
+        help="with --acceptance: the rose_cached run's flags in place of --optimize-argv (e.g. "
+        "'--optimize-budget none' after a rose_plan search with a budget in the same call)",
+    )
+    p.add_argument(
         "--plan-cache",
         default=None,
         metavar="DIR",
@@ -989,6 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.peer_variants = [v.strip() for v in args.peer_variants.split(",") if v.strip()]
     args.optimize_argv = args.optimize_argv.split()
+    args.cached_argv = args.cached_argv.split() if args.cached_argv is not None else None
     bad_peer = [v for v in args.peer_variants if v not in ("peer_default", "peer_flags")]
     if bad_peer:
         p.error(f"unknown peer variant(s) {bad_peer}; known: peer_default, peer_flags")
