@@ -285,6 +285,30 @@ def test_plan_only_search_gives_the_row_its_plan_and_the_split_first_run(tmp_pat
     assert "needs --plan-cache" in capsys.readouterr().err
 
 
+def test_a_split_first_run_in_one_call_names_that_calls_date(tmp_path, monkeypatch):
+    """Stand-in runs (mock children, as in the tests above): rose_plan then rose_cached in one call
+    fold into a first run named by the call's own date and device (the row is stamped before the
+    fold; it once read "the first run of None on -")."""
+    import argparse
+
+    from benchmarks.experiments import informed_peer as ip
+
+    entry = {"plan": [{"name": "offload_component", "label": "offload_component()", "tolerance": {}}],
+             "report": {"equal": True, "search_time_s": 280.0, "candidates": [],
+                        "base_options": {"name": "concurrent_scheduling"}}}
+    runs = {"rose_optimize_plan": _run(None, plan_cache=[entry], end_to_end_s=300.0),
+            "rose_optimize_cached": _run(6000.0, plan_cache=[entry], end_to_end_s=100.0)}
+    monkeypatch.setattr(ip, "rose_run", lambda name, variant, *a, **k: runs[variant])
+    args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=[], plan_cache=str(tmp_path / "p"),
+                              rose_variants=["rose_plan", "rose_cached"], run_timeout_s=10.0,
+                              optimize_argv=[], profile=False, out=str(tmp_path / "out"))
+    B.run_acceptance(args, ["smoke"], [], [], "cmd")
+    row = json.load(open(tmp_path / "out" / "results.json"))["acceptance"][-1]
+    assert row["end_to_end_s"]["rose"] == 400.0
+    assert row["first_run"]["date"] == row["date"] and row["date"] and row["first_run"]["device"]
+    assert "first run of None" not in open(tmp_path / "out" / "results.md").read()
+
+
 def test_acceptance_plan_cache_is_shared_by_the_rose_runs_and_kept(tmp_path, monkeypatch):
     """Stand-in runs (mock children, as in the tests above): with --plan-cache the rose and
     rose_cached runs are pointed at DIR (flags_only keeps a fresh one), and DIR outlives the call."""

@@ -908,7 +908,7 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
         except Exception as e:  # noqa: BLE001 - a workload's failure is a row, the rest go on
             common.log(f"{n}: acceptance failed: {type(e).__name__}: {e}")
             row = {**last.get(n, {"workload": n}), "error": f"{type(e).__name__}: {e}"[:300]}
-        new.append(stamp(fold_first_run(row, accepted)))
+        new.append(fold_first_run(stamp(row), accepted))  # stamped first: a split in this call names its date
         write(args.out, rows, command, accepted + _public(new), jax_devices=False)
     if args.profile:
         import jax
