@@ -300,8 +300,8 @@ def test_a_split_first_run_in_one_call_names_that_calls_date(tmp_path, monkeypat
             "rose_optimize_cached": _run(6000.0, plan_cache=[entry], end_to_end_s=100.0)}
     monkeypatch.setattr(ip, "rose_run", lambda name, variant, *a, **k: runs[variant])
     args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=[],
-                              plan_cache=str(tmp_path / "p"), rose_variants=["rose_plan", "rose_cached"], run_timeout_s=10.0,
-                              optimize_argv=[], profile=False, out=str(tmp_path / "out"))
+                              plan_cache=str(tmp_path / "p"), rose_variants=["rose_plan", "rose_cached"],
+                              run_timeout_s=10.0, optimize_argv=[], profile=False, out=str(tmp_path / "out"))
     B.run_acceptance(args, ["smoke"], [], [], "cmd")
     row = json.load(open(tmp_path / "out" / "results.json"))["acceptance"][-1]
     assert row["end_to_end_s"]["rose"] == 400.0
