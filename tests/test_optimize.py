@@ -995,6 +995,90 @@ def test_a_resumes_free_trial_is_used_by_a_measured_candidate_not_an_illegal_one
     assert [p["name"] for p in once.plan] == ["toy_drop_sleep"]
 
 
+def test_the_budget_starts_no_trial_it_cannot_fit_and_keeps_room_for_the_combination(tmp_path, monkeypatch):
+    """A trial starts only where the longest one so far would still end before the budget's end
+    (``expected_trial_s``; stood in here by a fixed 100 s, a mock of the estimate only: the trials
+    themselves run for real); with one candidate kept, twice that (its combination). A resume's free
+    trial runs whatever the estimate; the rest stay pending."""
+    _register_toys()
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="fit", batch_size=16)
+    cands = [drop_sleep(), synthetic("toy_drop_sleep_too", lambda fn: core)]
+    real = search._Search.expected_trial_s
+    monkeypatch.setattr(search._Search, "expected_trial_s", lambda self: 100.0)
+    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=cands, budget_s=60.0, **kw)
+    assert [c.reason for c in first.candidates] == [search.BUDGET_SPENT] * 2 and not first.plan
+    _, resumed = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)  # free trial, then none fits
+    one, left = resumed.candidates
+    assert one.kept and one.stage == "e2e" and left.reason == search.BUDGET_SPENT
+    # one kept: 150 s fit a 100 s trial but not a candidate and its combination (200 s); 250 s do
+    for budget, measured in ((150.0, False), (250.0, True)):
+        kw["env_name"] = f"fit-{budget}"
+        O.optimize(slow_iteration, EXAMPLE, candidates=cands, budget_s=0.0, **kw)  # both pending
+        _, rep = O.optimize(slow_iteration, EXAMPLE, budget_s=budget, **kw)
+        free, second = rep.candidates[:2]
+        assert free.kept and (second.reason != search.BUDGET_SPENT) == measured, (budget, second.reason)
+        assert any(c.stage == "combine" for c in rep.candidates) == measured
+    # the estimate itself: the longest trial so far, 0 before the first
+    fake = object.__new__(search._Search)  # only the attribute the estimate reads
+    fake.trial_walls = []
+    assert real(fake) == 0.0
+    fake.trial_walls = [3.0, 7.5, 2.0]
+    assert real(fake) == 7.5
+
+
+def test_an_isolated_compile_stops_at_the_budgets_end_and_stays_pending(tmp_path, monkeypatch):
+    """With a budget, a candidate's isolated compile may run only until the budget's end (at least
+    MIN_ISOLATE_S); one cut there is left pending (BUDGET_SPENT) for a later search, not refused.
+    The child process is stood in by a stub of ``isolate.check`` that times out (a mock: the real
+    child is tested in test_isolate_*)."""
+    from rose_jax.optimize import isolate
+
+    seen = []
+
+    def timed_out(fn, args, *, timeout, **kw):
+        seen.append(timeout)
+        return isolate.Outcome(False, f"timed out: the isolated compile ran past {timeout:.0f} s", timeout)
+
+    monkeypatch.setattr(isolate, "check", timed_out)
+    _register_toys()
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="cap", batch_size=16, isolate=True)
+    _, rep = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep()], budget_s=40.0, **kw)
+    (rec,) = rep.candidates
+    assert search.MIN_ISOLATE_S <= seen[0] <= 40.0
+    assert rec.reason == search.BUDGET_SPENT and "budget's end" in rec.isolation and not rep.plan
+    seen.clear()  # without a budget: isolate_timeout, and a timeout is a refusal
+    _, rep = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep()], **{**kw, "env_name": "cap2"})
+    assert seen == [900.0] and rep.candidates[0].reason.startswith("refused: timed out")
+
+
+def test_a_search_cut_after_a_kept_candidate_leaves_it_in_the_cache(tmp_path, monkeypatch):
+    """Each kept candidate is checkpointed into the plan cache: a run cut later in the search (here a
+    ^C inside the next candidate's trial) leaves the kept one as the cached plan and the candidates
+    after it pending, so the next run uses it (no budget: a plain hit, nothing measured) and a
+    later one with a budget resumes the rest."""
+    _register_toys()
+
+    def interrupted(fn):
+        raise KeyboardInterrupt  # the run's limit arriving during this candidate
+
+    O.register_transform("toy_cut", lambda: synthetic("toy_cut", interrupted))
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="cut", batch_size=16, combine=False)
+    cands = [drop_sleep(), O.transform_by_name("toy_cut", {}), synthetic("toy_slower", _sleepier)]
+    with pytest.raises(KeyboardInterrupt):
+        O.optimize(slow_iteration, EXAMPLE, candidates=cands, **kw)
+    monkeypatch.setattr(measure, "time_repeats", lambda *a, **k: pytest.fail("a plain hit must not measure"))
+    _, hit = O.optimize(slow_iteration, EXAMPLE, candidates=None, **kw)
+    assert hit.cache_hit and [p["name"] for p in hit.plan] == ["toy_drop_sleep"] and hit.equal is True
+    assert hit.speedup > 1.5 and any(n.startswith("checkpoint: written while the search ran") for n in hit.notes)
+    kept, cut, slower = hit.candidates
+    assert kept.kept and cut.reason == slower.reason == search.BUDGET_SPENT
+    monkeypatch.undo()
+    O.register_transform("toy_cut", lambda: synthetic("toy_cut", lambda fn: core))  # the limit is gone
+    _, resumed = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
+    assert not resumed.cache_hit and all(c.reason != search.BUDGET_SPENT for c in resumed.candidates)
+    assert resumed.candidates[1].stage == "e2e" and not any("checkpoint" in n for n in resumed.notes)
+
+
 def test_compare_trees_scales_per_leaf():
     ref = {"big": jnp.array([1000.0, 1.0]), "small": jnp.array([1e-5, 2e-5]), "i": jnp.arange(2)}
     close = {"big": jnp.array([1000.01, 1.0]), "small": jnp.array([1e-5, 2.0000001e-5]), "i": jnp.arange(2)}

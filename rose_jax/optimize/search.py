@@ -92,6 +92,9 @@ DETERMINISTIC = {"xla_gpu_deterministic_ops": True}
 
 # Seconds from which one iteration is timed alone (``n_iters`` becomes 1 for the search).
 LONG_ITERATION_S = 0.5
+# The shortest isolated compile a search with a budget allows a candidate when little of the budget
+# is left (see _Search.isolated): a compile cut sooner would say nothing.
+MIN_ISOLATE_S = 30.0
 
 # A candidate's reason when the budget ended the search before it (a resumed search measures
 # these: ``OptimizeOptions.resume``), and the report's note then.
@@ -147,9 +150,11 @@ class OptimizeOptions:
       backend, off on a CPU. Host-level candidates (several programs or processes) are not
       isolated as a whole (split_compile isolates each stage itself on a GPU).
     isolate_timeout: seconds an isolated compile may take before the candidate is refused.
-    budget_s: stop early: once the search has run this long (from its start, baseline included),
-      no further candidate or combination is measured and the best plan so far is kept (the
-      report says which were not measured and why). None: no limit.
+    budget_s: stop early: the search (from its start, baseline included) starts no candidate or
+      combination that a trial as long as its longest so far would carry past this many seconds,
+      cuts an isolated compile at the budget's end, and keeps the best plan so far (the report says
+      which were not measured and why; each kept candidate is cached as it is kept, so a run cut
+      later keeps it). None: no limit.
     run_units: the units (iterations, epochs) of the run the plan serves; with it the budget is
       also at most ``budget_share`` of that run at the baseline's speed (a search that costs more
       than a small share of its run cannot pay for itself; ``rose-jax train --optimize`` passes it).
@@ -605,6 +610,13 @@ class _Search:
         self.local_base: dict[str, tuple] = {}
         self.deadline: float | None = None  # perf_counter time after which nothing more is measured
         self.free_trials = 0  # candidates measured whatever the deadline (see spent)
+        self.free_trial = False  # whether the trial running now is one of them (see isolated)
+        self.trial_walls: list[float] = []  # each trial's wall seconds (see expected_trial_s)
+        # a resumed search's cached plan and kept candidates, (transform(s), time, comparison) as
+        # measure_candidates returns them, which the combination tries with the new ones
+        self.carried: list[tuple[Any, float, Any]] = []
+        self.key: str | None = None  # the plan cache key (see checkpoint)
+        self.t_start = time.perf_counter()  # the search's start (optimize's), for search_time_s
         self.kept_before: list[Transform] = []  # a resumed search's cached plan (see _subsumed)
         self._ref: _Reference | None = None
         # why the reference could not be built under the equality options (then every candidate
@@ -785,6 +797,7 @@ class _Search:
         )
         transformed = None
         clock = [time.perf_counter()]
+        started = clock[0]
 
         def lap(phase: str) -> None:  # rec.phase_s: where a trial's wall time goes
             now = time.perf_counter()
@@ -844,6 +857,7 @@ class _Search:
             return None
         finally:
             base.close(transformed)
+            self.trial_walls.append(time.perf_counter() - started)
             if rec.phase_s:
                 phases = ", ".join(f"{k} {v:.0f} s" for k, v in rec.phase_s.items())
                 self.say(f"[optimize] {rec.label}: {phases}")
@@ -867,6 +881,13 @@ class _Search:
             return True
         fn = transformed.iteration() if isinstance(transformed, Program) else transformed
         rec.stage = "isolate"
+        # a compile may not run past the budget (PPO reacher, H100 2026-12-06 17:25: a candidate
+        # started 46 s before a 300 s budget's end ran 320 s more, and the run's limit cut the
+        # search before it cached its kept candidate); a free trial is not capped
+        timeout, capped = self.opts.isolate_timeout, False
+        if self.deadline is not None and not self.free_trial:
+            left = max(self.deadline - time.perf_counter(), MIN_ISOLATE_S)
+            timeout, capped = min(timeout, left), left < timeout
         out = isolate.check(
             fn,
             (self.state,),
@@ -874,11 +895,17 @@ class _Search:
             label=rec.label,
             cache_dir=self.opts.cache_dir,
             fingerprint=self.report.fingerprint,
-            timeout=self.opts.isolate_timeout,
+            timeout=timeout,
         )
         rec.isolation = out.reason + (" (remembered in the plan cache)" if out.cached else "")
         if out.ok:
             return True
+        if capped and not out.cached and out.reason.startswith("timed out"):
+            # the budget's end, not isolate_timeout, stopped it: pending for a later resume
+            rec.reason = BUDGET_SPENT
+            rec.isolation += " (the search budget's end)"
+            self.say(f"[optimize] {rec.label}: {rec.isolation}; left for a later search")
+            return False
         rec.reason = f"refused: {rec.isolation}"
         self.say(f"[optimize] {rec.label}: {rec.reason}")
         return False
@@ -998,7 +1025,7 @@ class _Search:
         baseline units and their comparison."""
         opts, report = self.opts, self.report
         kept: list[tuple[Transform, float, Comparison]] = []
-        for cand in cands:
+        for i, cand in enumerate(cands):
             t = cand.transform
             rec = CandidateRecord(t.label, t.to_json(), cand.window, cand.predicted, cand.model)
             report.candidates.append(rec)
@@ -1013,7 +1040,10 @@ class _Search:
                 rec.legal, rec.legal_reason, rec.reason = None, "not analysed: subsumed", covered
                 self.say(f"[optimize] {t.label}: {covered}")
                 continue
-            if self.spent(rec):
+            # with one kept already (a resumed search's plan counts), a candidate kept now pays only
+            # in its combination with it: room is kept for that trial too
+            combining = opts.combine and len(kept) + len(self.carried) >= 1
+            if self.spent(rec, reserve_combination=combining):
                 rec.legal, rec.legal_reason = None, "not analysed: the search budget is spent"
                 continue
             rec.legal, rec.legal_reason = _legal(t, tree, ptree)
@@ -1041,7 +1071,40 @@ class _Search:
                         f"[optimize] {rec.label}: measured {res.settled} recorded in the plan as {t.label}"
                     )
                 kept.append((t, res.scaled_s, res.cmp))
+                self.checkpoint(kept, cands[i + 1:])
         return kept
+
+    def checkpoint(self, kept: list, rest: list[Candidate]) -> None:
+        """The search so far into the plan cache, as if its budget ended here: the fastest kept
+        (uncombined; a later resume combines them), the candidates not reached yet pending
+        (:data:`BUDGET_SPENT`). A run cut later (a device call's limit, ^C, a crash) keeps what was
+        measured: on PPO reacher (H100, 2026-12-06 17:25) a kept 1.73x candidate was lost when the
+        run's limit cut the search before its end wrote the cache. ``_finish`` overwrites it."""
+        opts = self.opts
+        if not opts.cache_dir or self.key is None:
+            return
+        try:
+            best, best_s, cmp = min([*kept, *self.carried], key=lambda k: k[1])
+            plan = list(best) if isinstance(best, list) else [best]
+            if not all(_jsonable_params(t) for t in plan):
+                return
+            snap = PlanReport.from_json(self.report.to_json())
+            for cand in rest:
+                t = cand.transform
+                rec = CandidateRecord(t.label, t.to_json(), cand.window, cand.predicted, cand.model)
+                rec.reason = BUDGET_SPENT
+                snap.candidates.append(rec)
+            snap.plan = [t.to_json() for t in plan]
+            snap.optimized_s, snap.speedup = best_s, self.baseline / best_s if best_s else None
+            snap.equal, snap.max_abs_diff, snap.max_rel_diff = cmp.equal, cmp.max_abs, cmp.max_rel
+            snap.search_time_s = time.perf_counter() - self.t_start
+            snap.notes.append(
+                f"checkpoint: written while the search ran ({len(self.report.candidates)} candidate(s) "
+                "reached); the ones after are pending and a later search with a budget resumes them"
+            )
+            plan_cache.store(opts.cache_dir, self.key, {"plan": snap.plan, "report": snap.to_json()})
+        except Exception as e:  # noqa: BLE001 - a checkpoint that fails costs the search nothing
+            self.say(f"[optimize] checkpoint not written: {_failure(e)}")
 
     def learns_alike(self, rec: CandidateRecord, t: Transform, res: _Trial) -> bool:
         """For a candidate kept under a tolerance with results not bitwise equal: the learning
@@ -1068,15 +1131,25 @@ class _Search:
         self.say(f"[optimize] {rec.label}: learning check: {why}")
         return ok
 
-    def spent(self, rec: CandidateRecord) -> bool:
-        """Whether the search's budget is spent (then ``rec`` is not measured and says why); never
+    def expected_trial_s(self) -> float:
+        """What the next trial is expected to take: the longest trial of this search so far (0 before
+        the first; the first one that checks equality also builds the reference)."""
+        return max(self.trial_walls, default=0.0)
+
+    def spent(self, rec: CandidateRecord, reserve_combination: bool = False) -> bool:
+        """Whether the search's budget is spent: a trial expected to take
+        :meth:`expected_trial_s` (twice that with ``reserve_combination``: room left for the
+        combination of what is kept) would not end before the deadline. Then ``rec`` is not
+        measured and says why (a start gate alone let a reacher candidate begin 46 s before the
+        budget's end and run 320 s past it, H100 2026-12-06 17:25). Never
         while ``free_trials`` are left (a resumed search's progress: one is used by a trial that
         runs, see :meth:`use_free_trial`, not by a candidate refused as illegal or subsumed, which
         costs no measurement: a resume on PPO reacher, H100 2026-12-06 17:29, spent its one free
         trial on an illegal bound_while_loops and measured nothing)."""
         if self.free_trials > 0:
             return False
-        if self.deadline is None or time.perf_counter() < self.deadline:
+        need = self.expected_trial_s() * (2 if reserve_combination else 1)
+        if self.deadline is None or time.perf_counter() + need < self.deadline:
             return False
         rec.reason = BUDGET_SPENT
         note = STOPPED_EARLY
@@ -1087,6 +1160,7 @@ class _Search:
 
     def use_free_trial(self) -> None:
         """A trial is about to run: one of the ``free_trials`` (if any) is used."""
+        self.free_trial = self.free_trials > 0
         self.free_trials = max(0, self.free_trials - 1)
 
     def combine(self, kept: list) -> tuple[list[Transform], float, Any]:
@@ -1317,6 +1391,7 @@ def optimize(
 
     say(f"[optimize] {name}: compiling the baseline")
     search = _Search(target, example_state, opts, report)
+    search.key, search.t_start = key, t_start
     skip = _too_short(opts, search.first_s)
     if skip:  # the run cannot pay for a search: the untransformed step, nothing measured or cached
         report.skipped = skip
@@ -1448,20 +1523,21 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
     options = (old.base_options or {}).get("options") or None
     search = _Search(target, example_state, opts, report, options=options)
     search.kept_before = [*prior, *(t for _, t in retry)]
+    search.key, search.t_start = report.cache_key, t_start
     search.time_baseline(trial=False)
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
-    tree, ptree = search.start_measuring(t_start, base_fn)
-    search.free_trials = 1
-    kept = search.measure_candidates(cands, tree, ptree, measured=measured_before)
     for c, t in retry:  # kept earlier, never combined: at their earlier speedup over the baseline
         cmp = Comparison(c.equal is not False, c.max_abs_diff or 0.0, c.max_rel_diff or 0.0, "",
                          "its earlier search's comparison")
-        kept.append((t, search.baseline / c.speedup, cmp))
+        search.carried.append((t, search.baseline / c.speedup, cmp))
     if prior and old.speedup:  # the cached plan, at its earlier measured speedup over the baseline
         cmp = Comparison(old.equal is not False, old.max_abs_diff or 0.0, old.max_rel_diff or 0.0, "",
                          "the cached plan's comparison (its earlier search)")
-        kept.append((prior, search.baseline / old.speedup, cmp))
-    return _finish(search, kept, report.cache_key, t_start)
+        search.carried.append((prior, search.baseline / old.speedup, cmp))
+    tree, ptree = search.start_measuring(t_start, base_fn)
+    search.free_trials = 1
+    kept = search.measure_candidates(cands, tree, ptree, measured=measured_before)
+    return _finish(search, [*kept, *search.carried], report.cache_key, t_start)
 
 
 def _finish(search: _Search, kept: list, key: str, t_start: float):
