@@ -346,6 +346,10 @@ def test_search_offers_masked_scans_only_for_small_bounds():
     (big,) = C.bounded_loop_candidates(tree, 1.0, {}, "gpu")
     ok, why = big.transform.legal(tree)
     assert not ok and f"exceeds max_bound={C.SEARCH_MAX_BOUND}" in why and "bound 100" in why
+    # the refused one predicts nothing (ranked last; it was ranked second on PPO reacher for loops of
+    # bound 100); the bound-4 loop's variants predict its 4 round trips
+    assert big.predicted == 0.0 and "nothing to rewrite" in big.model
+    assert all(c.predicted == pytest.approx(4 * 10e-6) for c in small)
 
 
 def test_max_bound_and_argument_errors():
