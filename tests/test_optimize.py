@@ -25,6 +25,7 @@ from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import base as T
 from rose_jax.optimize import candidates, measure, predict, process_worker, processes, search
 from rose_jax.optimize import report as plan_report
+from rose_jax.optimize.candidates import Candidate
 from rose_jax.optimize import interpret as I
 
 # ------------------------------------------------------------------------ synthetic programs
@@ -1069,7 +1070,8 @@ def test_a_search_cut_after_a_kept_candidate_leaves_it_in_the_cache(tmp_path, mo
     monkeypatch.setattr(measure, "time_repeats", lambda *a, **k: pytest.fail("a plain hit must not measure"))
     _, hit = O.optimize(slow_iteration, EXAMPLE, candidates=None, **kw)
     assert hit.cache_hit and [p["name"] for p in hit.plan] == ["toy_drop_sleep"] and hit.equal is True
-    assert hit.speedup > 1.5 and any(n.startswith("checkpoint: written while the search ran") for n in hit.notes)
+    assert hit.speedup > 1.5
+    assert any(n.startswith("checkpoint: written while the search ran") for n in hit.notes)
     kept, cut, slower = hit.candidates
     assert kept.kept and cut.reason == slower.reason == search.BUDGET_SPENT
     monkeypatch.undo()
@@ -1077,6 +1079,58 @@ def test_a_search_cut_after_a_kept_candidate_leaves_it_in_the_cache(tmp_path, mo
     _, resumed = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
     assert not resumed.cache_hit and all(c.reason != search.BUDGET_SPENT for c in resumed.candidates)
     assert resumed.candidates[1].stage == "e2e" and not any("checkpoint" in n for n in resumed.notes)
+
+
+def test_plan_cache_siblings_are_the_same_program_on_other_devices(tmp_path):
+    """cache.siblings: entries whose key differs from this one in the device name only."""
+    from rose_jax.optimize import cache as plan_cache
+
+    mine = "fp|env|16|cpu|0.11.2|options=ab"
+    entry = {"plan": [], "report": {"candidates": []}}
+    for key in (mine, "fp|env|16|NVIDIA H100|0.11.2|options=ab", "fp|env|16|NVIDIA H200|0.11.2|options=ab",
+                "fp|env|16|NVIDIA H100|0.12.0|options=ab", "fp|env|16|NVIDIA H100|0.11.2|options=cd",
+                "fp|env|32|NVIDIA H100|0.11.2|options=ab", "other|env|16|NVIDIA H100|0.11.2|options=ab"):
+        plan_cache.store(str(tmp_path), key, entry)
+    plan_cache.store(str(tmp_path), "fp|env|16|NVIDIA B200|0.11.2|options=ab", {"options": {}})  # no plan
+    assert sorted(plan_cache.siblings(str(tmp_path), mine)) == [
+        "fp|env|16|NVIDIA H100|0.11.2|options=ab", "fp|env|16|NVIDIA H200|0.11.2|options=ab"]
+    assert plan_cache.siblings(None, mine) == {} and plan_cache.siblings(str(tmp_path / "none"), mine) == {}
+
+
+def test_a_search_on_a_new_device_measures_first_what_another_device_kept(tmp_path, monkeypatch):
+    """Generated candidates (the generator stood in by a fixed list: only their order is under test;
+    the trials are real) are measured in their predicted order, except that those a search of the
+    same program kept on another device (a plan-cache entry whose key differs in the device name)
+    come first, fastest there first; the report and the log say so. Each is still measured here."""
+    _register_toys()
+    gen = [Candidate(synthetic("toy_slower", _sleepier), "w", 2.0, "toy"),
+           Candidate(drop_sleep(), "w", 1.0, "toy")]
+    monkeypatch.setattr(search, "generate_candidates", lambda *a, **k: list(gen))
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="sib", batch_size=16, combine=False)
+    _, alone = O.optimize(slow_iteration, EXAMPLE, **kw)
+    assert [c.label.split("(")[0] for c in alone.candidates] == ["toy_slower", "toy_drop_sleep"]
+    assert not any("another device" in n for n in alone.notes)
+
+    def elsewhere(entry_key: str) -> None:  # the entry as if measured on an H100: another device
+        import json
+
+        path = tmp_path / "plans.json"
+        data = json.loads(path.read_text())
+        parts = entry_key.split("|")
+        parts[3] = "NVIDIA H100 80GB HBM3"
+        data["|".join(parts)] = data.pop(entry_key)
+        path.write_text(json.dumps(data))
+
+    elsewhere(alone.cache_key)
+    logged: list[str] = []
+    _, ordered = O.optimize(slow_iteration, EXAMPLE, log=logged.append, **kw)
+    assert not ordered.cache_hit and ordered.cache_key == alone.cache_key
+    first, second = ordered.candidates
+    assert first.label.startswith("toy_drop_sleep") and first.kept and first.stage == "e2e"
+    assert second.label.startswith("toy_slower") and second.stage == "e2e"  # still measured
+    note = next(n for n in ordered.notes if "another device" in n)
+    assert "toy_drop_sleep" in note and "on NVIDIA H100 80GB HBM3" in note and "toy_slower" not in note
+    assert any("another device" in line for line in logged)
 
 
 def test_compare_trees_scales_per_leaf():

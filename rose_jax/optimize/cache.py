@@ -71,6 +71,23 @@ def load(cache_dir: str) -> dict[str, Any]:
     return data
 
 
+def siblings(cache_dir: str | None, key: str) -> dict[str, dict]:
+    """The entries of ``key``'s program on other devices: every part of the key the same (program
+    fingerprint, env, batch size, jax version, option sets) but the device name. A search on a new
+    kind of GPU measures first what was kept on another (``search._sibling_first``); their plans
+    are never used as they are."""
+    if not cache_dir:
+        return {}
+    mine = key.split("|")
+    out = {}
+    for k, entry in load(cache_dir).items():
+        theirs = k.split("|")
+        same_rest = len(theirs) == len(mine) >= 5 and theirs[:3] == mine[:3] and theirs[4:] == mine[4:]
+        if same_rest and theirs[3] != mine[3] and isinstance(entry, dict) and "report" in entry:
+            out[k] = entry
+    return out
+
+
 def lookup(cache_dir: str | None, key: str) -> dict | None:
     if not cache_dir:
         return None

@@ -1424,9 +1424,50 @@ def optimize(
             concurrent_processes=concurrent_processes(),
             **_options_context(report.base_options),
         )
+        cands = _order_by_siblings(cands, opts, key, report, say)
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
     return _finish(search, search.measure_candidates(cands, tree, ptree), key, t_start)
+
+
+def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, report: PlanReport,
+                       say: Callable[[str], None]) -> list[Candidate]:
+    """:func:`_sibling_first` on the plan cache's entries of this program on other devices, with
+    its note in the report and the log; ``cands`` as they are when there are none (or the cache
+    cannot be read: the order is a preference, never a reason to fail)."""
+    try:
+        ordered, note = _sibling_first(cands, plan_cache.siblings(opts.cache_dir, key))
+    except Exception as e:  # noqa: BLE001
+        say(f"[optimize] sibling devices' plans not read: {_failure(e)}")
+        return cands
+    if note:
+        report.notes.append(note)
+        say(f"[optimize] {note}")
+    return ordered
+
+
+def _sibling_first(cands: list[Candidate], siblings: dict[str, dict]) -> tuple[list[Candidate], str | None]:
+    """``cands`` with those kept by a search of the same program on another device
+    (:func:`rose_jax.optimize.cache.siblings`) first, fastest there first, the rest in their order;
+    and a note naming them (None: no such candidate). Measured gains on a sibling GPU rank above
+    this device's predictions: on PPO reacher (H100) the evaluation's offload, kept at 1.63-1.73x,
+    was ranked third by its prediction, behind a 1.22x rewrite and a refused one. Each is still
+    measured and checked here."""
+    best: dict[str, tuple[float, str]] = {}
+    for key, entry in siblings.items():
+        device = key.split("|")[3]
+        for c in (entry.get("report") or {}).get("candidates") or []:
+            single = isinstance(c.get("transform"), dict) and "name" in c["transform"]
+            faster = (c.get("speedup") or 0.0) > best.get(c.get("label"), (0.0,))[0]
+            if c.get("kept") and single and faster:
+                best[c["label"]] = (float(c["speedup"]), device)
+    first = sorted((c for c in cands if c.transform.label in best), key=lambda c: -best[c.transform.label][0])
+    if not first:
+        return cands, None
+    rest = [c for c in cands if c.transform.label not in best]
+    named = ", ".join(f"{label} ({best[label][0]:.3f}x on {best[label][1]})"
+                      for label in (c.transform.label for c in first))
+    return first + rest, f"measured first, as kept by this program's search on another device: {named}"
 
 
 def _single(c: CandidateRecord) -> bool:
@@ -1536,6 +1577,7 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
         search.carried.append((prior, search.baseline / old.speedup, cmp))
     tree, ptree = search.start_measuring(t_start, base_fn)
     search.free_trials = 1
+    cands = _order_by_siblings(cands, opts, report.cache_key, report, say)
     kept = search.measure_candidates(cands, tree, ptree, measured=measured_before)
     return _finish(search, [*kept, *search.carried], report.cache_key, t_start)
 
