@@ -334,6 +334,9 @@ def test_acceptance_plan_cache_is_shared_by_the_rose_runs_and_kept(tmp_path, mon
     # --cached-argv: the cached run's own flags (a plain hit after a search with a budget)
     assert argvs["rose_optimize_plan"] == argvs["rose_optimize_first"] == ["--optimize-budget", "1"]
     assert argvs["rose_optimize_cached"] == ["--optimize-budget", "none"] and argvs["rose_first"] == []
+    args.cached_argv = []  # --cached-argv '': no extra flags for the cached run, not --optimize-argv's
+    B.run_acceptance(args, ["smoke"], [], [], "cmd")
+    assert argvs["rose_optimize_cached"] == []
     assert seen["rose_optimize_first"] == plans and seen["rose_optimize_cached"] == plans
     assert seen["rose_optimize_plan"] == plans  # the search alone writes where the cached run reads
     # in RUN_ORDER whatever order they were given in: the plan-only search before the cached run

@@ -1081,6 +1081,89 @@ def test_a_search_cut_after_a_kept_candidate_leaves_it_in_the_cache(tmp_path, mo
     assert resumed.candidates[1].stage == "e2e" and not any("checkpoint" in n for n in resumed.notes)
 
 
+def _two_sleeps(state):
+    new, metrics = core(state)
+    return {"w": new["w"] + _sleep(0.03) + _sleep(0.03), "n": new["n"]}, metrics
+
+
+def _one_sleep(state):
+    new, metrics = core(state)
+    return {"w": new["w"] + _sleep(0.03), "n": new["n"]}, metrics
+
+
+def test_a_checkpoint_never_stands_for_a_plan_that_could_not_be_cached(tmp_path):
+    """A kept (cacheable, checkpointed), then B kept and faster but with a callable parameter: the
+    plan [B] is not cached, and the checkpoint of [A] is removed with it, so the next call searches
+    again instead of hitting a part of the plan (found in review)."""
+    O.register_transform("toy_half", lambda: synthetic("toy_half", lambda fn: _one_sleep))
+    a = O.transform_by_name("toy_half", {})
+    b = T.Transform("toy_fn", (("f", core),), T.FUSION_TOLERANCE, "fn", lambda tree: (True, "ok"),
+                    lambda fn: core)
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="uncached", batch_size=16)
+    _, rep = O.optimize(_two_sleeps, EXAMPLE, candidates=[a, b], **kw)
+    assert [p["name"] for p in rep.plan] == ["toy_fn"] and any("plan not cached" in n for n in rep.notes)
+    _, again = O.optimize(_two_sleeps, EXAMPLE, candidates=[a, b], **kw)
+    assert not again.cache_hit
+
+
+def test_a_resumes_checkpoint_keeps_every_part_of_the_cached_plan_for_later(tmp_path):
+    """A resume of a cached combined plan [A, B] keeps a faster new candidate C and is cut in the
+    next one: the checkpoint's plan is [C], and A and B both come back to be combined with it (the
+    earlier A + B combination left pending), not only A (found in review)."""
+    _register_toys()
+    O.register_transform("toy_a", lambda: synthetic("toy_a", lambda fn: _one_sleep))
+    O.register_transform("toy_b", lambda: synthetic("toy_b", lambda fn: _one_sleep))
+
+    def interrupted(fn):
+        raise KeyboardInterrupt
+
+    O.register_transform("toy_cut", lambda: synthetic("toy_cut", interrupted))
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="parts", batch_size=16)
+    ts = [O.transform_by_name(n, {}) for n in ("toy_a", "toy_b", "toy_drop_sleep", "toy_cut")]
+    O.optimize(_two_sleeps, EXAMPLE, candidates=ts, budget_s=0.0, **kw)  # all four pending
+
+    def as_combined(entry):  # as if an earlier search had kept A, B and their combination
+        rep = entry["report"]
+        ca, cb = rep["candidates"][0], rep["candidates"][1]
+        for c, speedup in ((ca, 1.3), (cb, 1.2)):
+            c.update(kept=True, speedup=speedup, reason="faster", stage="e2e", equal=True, legal=True)
+        rep["candidates"].append(dict(ca, label=f"{ca['label']} + {cb['label']}", stage="combine",
+                                      transform={"combination": [ca["transform"], cb["transform"]]},
+                                      speedup=1.5, reason="faster than the current plan"))
+        rep["speedup"], rep["equal"] = 1.5, True
+        entry["plan"] = rep["plan"] = [ca["transform"], cb["transform"]]
+
+    _edit_entry(tmp_path, as_combined)
+    with pytest.raises(KeyboardInterrupt):
+        O.optimize(_two_sleeps, EXAMPLE, budget_s=600.0, **kw)
+    import json
+
+    (entry,) = [e for e in json.loads((tmp_path / "plans.json").read_text()).values() if "plan" in e]
+    left = search._left(entry, True)
+    assert [t.name for t in left.plan] == ["toy_drop_sleep"]
+    assert sorted(t.name for _, t in left.retry) == ["toy_a", "toy_b"]
+
+
+def test_a_compile_cut_at_the_budgets_end_is_resumed_at_the_candidate_limit(tmp_path, monkeypatch):
+    """A candidate whose isolated compile the budget's end cut is pending, not measured: with
+    max_candidates=1 the next call with a budget still resumes it (found in review; the child is
+    stood in by a stub that times out, a mock)."""
+    from rose_jax.optimize import isolate
+
+    def timed_out(fn, args, *, timeout, **kw):
+        return isolate.Outcome(False, f"timed out: the isolated compile ran past {timeout:.0f} s", timeout)
+
+    monkeypatch.setattr(isolate, "check", timed_out)
+    _register_toys()
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="cap3", batch_size=16, isolate=True,
+              max_candidates=1)
+    _, first = O.optimize(slow_iteration, EXAMPLE, candidates=[drop_sleep()], budget_s=40.0, **kw)
+    assert first.candidates[0].reason == search.BUDGET_SPENT
+    monkeypatch.undo()
+    _, again = O.optimize(slow_iteration, EXAMPLE, budget_s=60.0, **kw)
+    assert not again.cache_hit and again.candidates[0].kept
+
+
 def test_plan_cache_siblings_are_the_same_program_on_other_devices(tmp_path):
     """cache.siblings: entries whose key differs from this one in the device name only."""
     from rose_jax.optimize import cache as plan_cache

@@ -377,7 +377,8 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
             return temporary.enter_context(made)
 
         first_caches: dict[str, str] = {}  # flags_only's, which flags_only_cached runs on again
-        cached_argv = getattr(args, "cached_argv", None) or args.optimize_argv
+        cached_argv = getattr(args, "cached_argv", None)
+        cached_argv = args.optimize_argv if cached_argv is None else cached_argv  # "" = no flags
         for v, variant, extra in (
             ("flags_only", "rose_first", ()),
             ("flags_only_cached", "rose_cached", ()),

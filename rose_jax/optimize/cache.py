@@ -88,6 +88,20 @@ def siblings(cache_dir: str | None, key: str) -> dict[str, dict]:
     return out
 
 
+def remove(cache_dir: str, key: str) -> None:
+    """Drop the entry under ``key`` (if any) and rewrite the file atomically."""
+    import fcntl
+
+    path = os.path.join(cache_dir, CACHE_FILE)
+    if not os.path.exists(path):
+        return
+    with open(os.path.join(cache_dir, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load(cache_dir)
+        if data.pop(key, None) is not None:
+            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
+
+
 def lookup(cache_dir: str | None, key: str) -> dict | None:
     if not cache_dir:
         return None

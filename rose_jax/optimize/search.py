@@ -616,6 +616,7 @@ class _Search:
         # measure_candidates returns them, which the combination tries with the new ones
         self.carried: list[tuple[Any, float, Any]] = []
         self.key: str | None = None  # the plan cache key (see checkpoint)
+        self.checkpointed = False  # whether checkpoint wrote an entry under key
         self.t_start = time.perf_counter()  # the search's start (optimize's), for search_time_s
         self.kept_before: list[Transform] = []  # a resumed search's cached plan (see _subsumed)
         self._ref: _Reference | None = None
@@ -1102,7 +1103,14 @@ class _Search:
                 f"checkpoint: written while the search ran ({len(self.report.candidates)} candidate(s) "
                 "reached); the ones after are pending and a later search with a budget resumes them"
             )
+            if not any(best is t for t, _, _ in self.carried):
+                # a new plan replaces the cached one: the earlier combinations are tried again with
+                # it (left pending), so every part of the cached plan comes back (_left's retry)
+                for rec in snap.candidates:
+                    if not _single(rec) and rec.reason != BUDGET_SPENT:
+                        rec.reason, rec.kept = BUDGET_SPENT, False
             plan_cache.store(opts.cache_dir, self.key, {"plan": snap.plan, "report": snap.to_json()})
+            self.checkpointed = True
         except Exception as e:  # noqa: BLE001 - a checkpoint that fails costs the search nothing
             self.say(f"[optimize] checkpoint not written: {_failure(e)}")
 
@@ -1524,7 +1532,9 @@ def _resumable(opts: OptimizeOptions, cached: dict) -> _Left | None:
         left = _left(cached, opts.combine)
     except Exception:  # noqa: BLE001 - an entry this version cannot read is used as it is
         return None
-    measured = sum(1 for c in left.old.candidates if _single(c) and c.stage != "legality")
+    # (a candidate whose isolated compile the budget's end cut is pending, not measured)
+    measured = sum(1 for c in left.old.candidates
+                   if _single(c) and c.stage != "legality" and c.reason != BUDGET_SPENT)
     return left if left.retry or (left.pending and measured < opts.max_candidates) else None
 
 
@@ -1611,6 +1621,8 @@ def _finish(search: _Search, kept: list, key: str, t_start: float):
             )
         else:
             report.notes.append("plan not cached: a transform has a callable parameter")
+            if search.checkpointed:  # a checkpoint of a part of it is not the plan: gone
+                plan_cache.remove(opts.cache_dir, key)
     say(
         f"[optimize] plan: {[t.label for t in plan] or 'baseline'}; speedup {report.speedup:.3f}x; "
         f"search {report.search_time_s:.1f}s"
