@@ -90,16 +90,8 @@ def siblings(cache_dir: str | None, key: str) -> dict[str, dict]:
 
 def remove(cache_dir: str, key: str) -> None:
     """Drop the entry under ``key`` (if any) and rewrite the file atomically."""
-    import fcntl
-
-    path = os.path.join(cache_dir, CACHE_FILE)
-    if not os.path.exists(path):
-        return
-    with open(os.path.join(cache_dir, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        data = load(cache_dir)
-        if data.pop(key, None) is not None:
-            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
+    if os.path.exists(os.path.join(cache_dir, CACHE_FILE)):
+        _rewrite(cache_dir, lambda data: data.pop(key, None) is not None)
 
 
 def lookup(cache_dir: str | None, key: str) -> dict | None:
@@ -108,15 +100,25 @@ def lookup(cache_dir: str | None, key: str) -> dict | None:
     return load(cache_dir).get(key)
 
 
-def store(cache_dir: str, key: str, entry: dict) -> str:
-    """Add ``entry`` under ``key`` and rewrite the file atomically; returns its path."""
+def _rewrite(cache_dir: str, edit: Callable[[dict[str, Any]], bool]) -> str:
+    """``edit`` the cache's entries under its lock (processes writing at once lose nothing) and
+    rewrite the file atomically where ``edit`` returns True; returns the file's path."""
     import fcntl
 
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, CACHE_FILE)
-    with open(os.path.join(cache_dir, ".lock"), "w") as lock:  # processes storing at once lose nothing
+    with open(os.path.join(cache_dir, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = load(cache_dir)
-        data[key] = entry
-        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
+        if edit(data):
+            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
     return path
+
+
+def store(cache_dir: str, key: str, entry: dict) -> str:
+    """Add ``entry`` under ``key`` and rewrite the file atomically; returns its path."""
+    def put(data: dict[str, Any]) -> bool:
+        data[key] = entry
+        return True
+
+    return _rewrite(cache_dir, put)

@@ -599,10 +599,13 @@ class _Search:
     built equality reference, the untransformed pieces' local timings, and the report."""
 
     def __init__(
-        self, target: Any, state: Any, opts: OptimizeOptions, report: PlanReport, options: dict | None = None
+        self, target: Any, state: Any, opts: OptimizeOptions, report: PlanReport, options: dict | None = None,
+        *, key: str, t_start: float,
     ):
         """``options``: XLA options the baseline is compiled under from the start (a resumed
-        search's cached decision); None: XLA's defaults, the option trial decides later."""
+        search's cached decision); None: XLA's defaults, the option trial decides later. ``key``:
+        the plan cache key (its checkpoints and end are stored there); ``t_start``: ``optimize``'s
+        start (the budget and ``search_time_s`` count from it)."""
         self.target, self.state, self.opts, self.report = target, state, opts, report
         self.program = target if isinstance(target, Program) else None
         self.say = opts.log or (lambda s: None)
@@ -615,9 +618,8 @@ class _Search:
         # a resumed search's cached plan and kept candidates, (transform(s), time, comparison) as
         # measure_candidates returns them, which the combination tries with the new ones
         self.carried: list[tuple[Any, float, Any]] = []
-        self.key: str | None = None  # the plan cache key (see checkpoint)
+        self.key, self.t_start = key, t_start
         self.checkpointed = False  # whether checkpoint wrote an entry under key
-        self.t_start = time.perf_counter()  # the search's start (optimize's), for search_time_s
         self.kept_before: list[Transform] = []  # a resumed search's cached plan (see _subsumed)
         self._ref: _Reference | None = None
         # why the reference could not be built under the equality options (then every candidate
@@ -755,14 +757,14 @@ class _Search:
         self._ref = ref
         return ref
 
-    def start_measuring(self, t_start: float, base_fn: Callable) -> tuple[Any, Any]:
+    def start_measuring(self, base_fn: Callable) -> tuple[Any, Any]:
         """Before the candidates: the budget's deadline (counted from the search's start
         ``t_start``), the equality reference when every candidate is compared (``check_slower``),
         and the traces candidates are analysed on: ``(tree, program tree or None)``."""
         opts = self.opts
         budget = opts.budget(self.baseline)
         if budget is not None:
-            self.deadline = t_start + budget
+            self.deadline = self.t_start + budget
             self.say(f"[optimize] search budget {budget:.1f} s"
                      + (f" ({opts.budget_share:.0%} of a {opts.run_units}-unit run at the baseline's speed)"
                         if opts.run_units is not None and budget < (opts.budget_s or float("inf")) else ""))
@@ -1082,7 +1084,7 @@ class _Search:
         measured: on PPO reacher (H100, 2026-12-06 17:25) a kept 1.73x candidate was lost when the
         run's limit cut the search before its end wrote the cache. ``_finish`` overwrites it."""
         opts = self.opts
-        if not opts.cache_dir or self.key is None:
+        if not opts.cache_dir:
             return
         try:
             best, best_s, cmp = min([*kept, *self.carried], key=lambda k: k[1])
@@ -1095,9 +1097,7 @@ class _Search:
                 rec = CandidateRecord(t.label, t.to_json(), cand.window, cand.predicted, cand.model)
                 rec.reason = BUDGET_SPENT
                 snap.candidates.append(rec)
-            snap.plan = [t.to_json() for t in plan]
-            snap.optimized_s, snap.speedup = best_s, self.baseline / best_s if best_s else None
-            snap.equal, snap.max_abs_diff, snap.max_rel_diff = cmp.equal, cmp.max_abs, cmp.max_rel
+            self.record_plan(snap, plan, best_s, cmp)
             snap.search_time_s = time.perf_counter() - self.t_start
             snap.notes.append(
                 f"checkpoint: written while the search ran ({len(self.report.candidates)} candidate(s) "
@@ -1138,6 +1138,16 @@ class _Search:
             rec.reason += f"; learning check: {why}"
         self.say(f"[optimize] {rec.label}: learning check: {why}")
         return ok
+
+    def record_plan(self, report: PlanReport, plan: list[Transform], best_s: float, cmp: Any) -> None:
+        """``plan`` into ``report``: its transforms, time in baseline units, speedup over the
+        baseline and comparison (``cmp`` None: nothing compared)."""
+        report.plan = [t.to_json() for t in plan]
+        report.optimized_s = best_s
+        report.speedup = self.baseline / best_s if best_s else None
+        report.equal = None if not plan else cmp.equal  # None: nothing kept, nothing compared
+        if cmp is not None:
+            report.max_abs_diff, report.max_rel_diff = cmp.max_abs, cmp.max_rel
 
     def expected_trial_s(self) -> float:
         """What the next trial is expected to take: the longest trial of this search so far (0 before
@@ -1398,8 +1408,7 @@ def optimize(
         return step, old
 
     say(f"[optimize] {name}: compiling the baseline")
-    search = _Search(target, example_state, opts, report)
-    search.key, search.t_start = key, t_start
+    search = _Search(target, example_state, opts, report, key=key, t_start=t_start)
     skip = _too_short(opts, search.first_s)
     if skip:  # the run cannot pay for a search: the untransformed step, nothing measured or cached
         report.skipped = skip
@@ -1419,7 +1428,7 @@ def optimize(
     n = search.opts.n_iters
     say(f"[optimize] {name}: baseline timed x2 ({opts.repeats} repeats of {n} iteration(s))")
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
-    tree, ptree = search.start_measuring(t_start, base_fn)
+    tree, ptree = search.start_measuring(base_fn)
     if opts.candidates is None:
         cands = generate_candidates(
             tree,
@@ -1435,7 +1444,7 @@ def optimize(
         cands = _order_by_siblings(cands, opts, key, report, say)
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
-    return _finish(search, search.measure_candidates(cands, tree, ptree), key, t_start)
+    return _finish(search, search.measure_candidates(cands, tree, ptree))
 
 
 def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, report: PlanReport,
@@ -1572,9 +1581,9 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
     say(f"[optimize] {report.program}: resuming the cached search ({len(cands)} candidate(s) its budget "
         f"left unmeasured; plan so far {[t.label for t in prior] or 'baseline'})")
     options = (old.base_options or {}).get("options") or None
-    search = _Search(target, example_state, opts, report, options=options)
+    search = _Search(target, example_state, opts, report, options=options, key=report.cache_key,
+                     t_start=t_start)
     search.kept_before = [*prior, *(t for _, t in retry)]
-    search.key, search.t_start = report.cache_key, t_start
     search.time_baseline(trial=False)
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
     for c, t in retry:  # kept earlier, never combined: at their earlier speedup over the baseline
@@ -1585,17 +1594,17 @@ def _resume(target: Any, example_state: Any, opts: OptimizeOptions, report: Plan
         cmp = Comparison(old.equal is not False, old.max_abs_diff or 0.0, old.max_rel_diff or 0.0, "",
                          "the cached plan's comparison (its earlier search)")
         search.carried.append((prior, search.baseline / old.speedup, cmp))
-    tree, ptree = search.start_measuring(t_start, base_fn)
+    tree, ptree = search.start_measuring(base_fn)
     search.free_trials = 1
     cands = _order_by_siblings(cands, opts, report.cache_key, report, say)
     kept = search.measure_candidates(cands, tree, ptree, measured=measured_before)
-    return _finish(search, [*kept, *search.carried], report.cache_key, t_start)
+    return _finish(search, [*kept, *search.carried])
 
 
-def _finish(search: _Search, kept: list, key: str, t_start: float):
+def _finish(search: _Search, kept: list):
     """A search's end: ``kept`` combined, the plan's quotas, the report filled in and the plan
-    cached under ``key``; returns ``(step, report)`` as :func:`optimize` does."""
-    target, opts, report, say = search.target, search.opts, search.report, search.say
+    cached under the search's key; returns ``(step, report)`` as :func:`optimize` does."""
+    target, opts, report, say, key = search.target, search.opts, search.report, search.say, search.key
     plan, best_time, best_cmp = search.combine(kept)
     plan = search.plan_quotas(plan)
     for q in report.quotas:  # the plan's time with the quotas applied, in baseline units
@@ -1606,14 +1615,9 @@ def _finish(search: _Search, kept: list, key: str, t_start: float):
         report.notes.append(
             "equality not checked: no candidate was faster than the spread (check_slower=False)"
         )
-    report.plan = [t.to_json() for t in plan]
-    report.optimized_s = best_time
-    report.speedup = search.baseline / best_time if best_time else None
-    report.equal = None if not plan else best_cmp.equal  # None: nothing kept, nothing compared
-    if best_cmp is not None:
-        report.max_abs_diff, report.max_rel_diff = best_cmp.max_abs, best_cmp.max_rel
+    search.record_plan(report, plan, best_time, best_cmp)
     result = apply_plan(target, plan)
-    report.search_time_s = time.perf_counter() - t_start
+    report.search_time_s = time.perf_counter() - search.t_start
     if opts.cache_dir:
         if all(_jsonable_params(t) for t in plan):
             report.cache_path = plan_cache.store(
