@@ -4,6 +4,7 @@ experiment's whole path runs with ``--smoke``, ~5 min on a 2-core CPU, and on th
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -268,6 +269,34 @@ def test_published_epochs_keep_brax_s_epoch_size():
     assert w["kwargs"] == short and w["acceptance_steps"] == short["num_timesteps"]
     with pytest.raises(ValueError, match="epochs must be a positive int"):
         ip.published_epochs(kw, 0)
+
+
+@pytest.mark.parametrize("env,per_epoch", [("ant", 17), ("reacher", 2)])
+def test_ppo_published_epochs_keep_brax_s_epoch_size(env, per_epoch):
+    """ppo-{ant,reacher}-5ep: five epochs of the published run's size by Brax's PPO rounding (and
+    our config's, which follows it, through `rose-jax train`'s own arguments), where the 20M rows'
+    shorter epochs (ant 7 training steps, reacher 1) make the evaluation's share larger."""
+    from algos import presets
+    from rose_jax import cli
+
+    kw = presets.published("ppo", env)
+
+    def brax_epoch(k):  # brax/training/agents/ppo/train.py's num_training_steps_per_epoch
+        step = k["batch_size"] * k["unroll_length"] * k["num_minibatches"] * k["action_repeat"]
+        return math.ceil(k["num_timesteps"] / (max(k["num_evals"] - 1, 1) * step))
+
+    short = ip.published_epochs(kw, 5, "ppo")
+    assert short["num_evals"] == 6 and brax_epoch(short) == brax_epoch(kw) == per_epoch
+    assert brax_epoch(dict(kw, num_timesteps=20_000_000)) < per_epoch  # the 20M rows' shorter epochs
+    assert {k: v for k, v in short.items() if k not in ("num_evals", "num_timesteps")} == {
+        k: v for k, v in kw.items() if k not in ("num_evals", "num_timesteps")}
+    w = ip.workloads()[f"ppo-{env}-5ep"]
+    assert w["kwargs"] == short and w["acceptance_steps"] == w["steps"] == short["num_timesteps"]
+    job = cli.train_job(ip.rose_argv(w, w["acceptance_steps"], False))
+    assert job.config.num_evals == 6 and job.config.iterations_per_eval == per_epoch
+    assert job.config.num_iterations == 5 * per_epoch
+    with pytest.raises(ValueError, match="algo must be 'sac' or 'ppo'"):
+        ip.published_epochs(kw, 5, "ddpg")
 
 
 def test_sac_hopper_5ep_through_rose_jax_train_s_own_arguments():

@@ -1216,6 +1216,75 @@ def test_a_search_on_a_new_device_measures_first_what_another_device_kept(tmp_pa
     assert any("another device" in line for line in logged)
 
 
+def test_plan_cache_relatives_are_other_programs_on_the_same_env_and_batch(tmp_path):
+    """cache.relatives: entries of another program fingerprint on this env, batch size, jax version
+    and option sets, on any device; not this program's own entries (siblings) or other envs."""
+    from rose_jax.optimize import cache as plan_cache
+
+    mine = "fp|env|16|cpu|0.11.2|options=ab"
+    entry = {"plan": [], "report": {"candidates": []}}
+    for key in (mine, "fp|env|16|NVIDIA H100|0.11.2|options=ab", "fp2|env|16|cpu|0.11.2|options=ab",
+                "fp3|env|16|NVIDIA H100|0.11.2|options=ab", "fp4|env|32|cpu|0.11.2|options=ab",
+                "fp5|other|16|cpu|0.11.2|options=ab", "fp6|env|16|cpu|0.12.0|options=ab",
+                "fp7|env|16|cpu|0.11.2|options=cd"):
+        plan_cache.store(str(tmp_path), key, entry)
+    plan_cache.store(str(tmp_path), "fp8|env|16|cpu|0.11.2|options=ab", {"options": {}})  # no plan
+    assert sorted(plan_cache.relatives(str(tmp_path), mine)) == [
+        "fp2|env|16|cpu|0.11.2|options=ab", "fp3|env|16|NVIDIA H100|0.11.2|options=ab"]
+    assert plan_cache.relatives(None, mine) == {}
+
+
+def test_sibling_first_orders_siblings_then_relatives_each_candidate_once():
+    """_sibling_first's tiers: kept on this program's other devices first, then kept by a like
+    program (relatives), each tier fastest first; a label both kept moves once (with the first tier);
+    never-kept, combined or absent labels leave the rest in their order."""
+    cands = [Candidate(synthetic(f"toy_{n}", _sleepier), "w", 1.0, "toy") for n in "abcde"]
+    label = {n: c.transform.label for n, c in zip("abcde", cands, strict=True)}
+
+    def entry(*kept, rejected=()):
+        rows = [{"label": label[n], "transform": {"name": "x"}, "kept": True, "speedup": s} for n, s in kept]
+        rows += [{"label": label[n], "transform": {"name": "x"}, "kept": False, "speedup": 3.0}
+                 for n in rejected]
+        rows.append({"label": "combined", "transform": {"combination": []}, "kept": True, "speedup": 9.0})
+        return {"report": {"candidates": rows}}
+
+    siblings = {"fp|e|1|H100|v|o": entry(("d", 1.2))}
+    relatives = {"fq|e|1|H200|v|o": entry(("b", 1.1), ("c", 1.5), ("d", 2.0), rejected=("a",))}
+    ordered, note = search._sibling_first(cands, siblings, relatives)
+    assert [c.transform.label for c in ordered] == [label[n] for n in "dcbae"]
+    assert note.index("another device") < note.index("another program") and "1.200x on H100" in note
+    assert "1.500x on H200" in note and label["a"] not in note
+    assert search._sibling_first(cands, {}, {}) == (cands, None)
+    assert search._sibling_first(cands, {}, relatives)[0][0] is cands[3]  # d: 2.0x there, first
+
+
+def test_a_search_measures_first_what_a_like_program_kept(tmp_path, monkeypatch):
+    """A search of another program on the same env and batch size (its plan-cache entry's key differs
+    in the program fingerprint: e.g. PPO at another run length) kept drop_sleep: this search
+    measures it first (the generator stood in by a fixed list, the trials real), and says why."""
+    _register_toys()
+    gen = [Candidate(synthetic("toy_slower", _sleepier), "w", 2.0, "toy"),
+           Candidate(drop_sleep(), "w", 1.0, "toy")]
+    monkeypatch.setattr(search, "generate_candidates", lambda *a, **k: list(gen))
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="rel", batch_size=16, combine=False)
+    _, alone = O.optimize(slow_iteration, EXAMPLE, **kw)
+    assert [c.label.split("(")[0] for c in alone.candidates] == ["toy_slower", "toy_drop_sleep"]
+    import json
+
+    path = tmp_path / "plans.json"
+    data = json.loads(path.read_text())
+    parts = alone.cache_key.split("|")
+    parts[0] = "another-length"
+    data["|".join(parts)] = data.pop(alone.cache_key)
+    path.write_text(json.dumps(data))
+    _, ordered = O.optimize(slow_iteration, EXAMPLE, **kw)
+    assert not ordered.cache_hit and ordered.cache_key == alone.cache_key
+    first, second = ordered.candidates
+    assert first.label.startswith("toy_drop_sleep") and first.kept
+    assert second.label.startswith("toy_slower") and second.stage == "e2e"  # still measured
+    assert any("another program on this env" in n and "toy_drop_sleep" in n for n in ordered.notes)
+
+
 def test_compare_trees_scales_per_leaf():
     ref = {"big": jnp.array([1000.0, 1.0]), "small": jnp.array([1e-5, 2e-5]), "i": jnp.arange(2)}
     close = {"big": jnp.array([1000.01, 1.0]), "small": jnp.array([1e-5, 2.0000001e-5]), "i": jnp.arange(2)}

@@ -61,20 +61,32 @@ def _published(algo: str, env: str) -> dict[str, Any]:
     return presets.published(algo, env)
 
 
-def published_epochs(kw: dict[str, Any], epochs: int) -> dict[str, Any]:
-    """SAC keywords ``kw`` (Brax's) cut to ``epochs`` epochs of the size the published run has:
-    ``num_evals = epochs + 1`` (Brax evaluates once before training) and ``num_timesteps`` the
-    prefill plus ``epochs`` x the published epoch, so Brax's rounding
-    (``num_training_steps_per_epoch``, brax/training/agents/sac/train.py) gives the published
-    training steps per epoch. The run keeps the published shape (each epoch's training, then its
-    128 x 1000-step evaluation) at a fraction of its length: the evaluation's share of an epoch
-    is the published run's, where a shorter ``num_timesteps`` at 20 evaluations would make it most
-    of the run (notes.md, "Why SAC rows from whole runs measure the evaluation")."""
+def published_epochs(kw: dict[str, Any], epochs: int, algo: str = "sac") -> dict[str, Any]:
+    """Brax keywords ``kw`` of ``algo`` (``'sac'`` or ``'ppo'``) cut to ``epochs`` epochs of the size
+    the published run has: ``num_evals = epochs + 1`` (Brax evaluates once before training) and
+    ``num_timesteps`` so that Brax's rounding gives the published training steps per epoch
+    (``num_training_steps_per_epoch`` in brax/training/agents/{sac,ppo}/train.py; SAC: the prefill
+    plus ``epochs`` x the published epoch; PPO: ``epochs`` x the published epoch of
+    ``batch_size * unroll_length * num_minibatches * action_repeat`` env steps per training step).
+    The run keeps the published shape (each epoch's training, then its evaluation of
+    ``num_eval_envs`` x ``episode_length`` steps) at a fraction of its length: the evaluation's share
+    of an epoch is the published run's, where a shorter ``num_timesteps`` at the published
+    ``num_evals`` makes it larger (notes.md, "Why SAC rows from whole runs measure the evaluation",
+    and "Eval share": PPO ant at 20M has 7 training steps per epoch, the published run 17)."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"published_epochs: epochs must be a positive int, got {epochs!r}")
+    after_init = max(int(kw["num_evals"]) - 1, 1)
+    if algo == "ppo":
+        if int(kw.get("num_resets_per_eval", 0) or 0) > 1:
+            raise ValueError("published_epochs: ppo with num_resets_per_eval > 1 is not supported")
+        per_step = (int(kw["batch_size"]) * int(kw["unroll_length"]) * int(kw["num_minibatches"])
+                    * int(kw.get("action_repeat", 1)))
+        per_epoch = -(-int(kw["num_timesteps"]) // (after_init * per_step))
+        return dict(kw, num_evals=epochs + 1, num_timesteps=epochs * per_epoch * per_step)
+    if algo != "sac":
+        raise ValueError(f"published_epochs: algo must be 'sac' or 'ppo', got {algo!r}")
     per_actor_step = int(kw.get("action_repeat", 1)) * int(kw["num_envs"])
     prefill = -(-int(kw.get("min_replay_size", 0)) // int(kw["num_envs"])) * per_actor_step
-    after_init = max(int(kw["num_evals"]) - 1, 1)
     per_epoch = -(-(int(kw["num_timesteps"]) - prefill) // (after_init * per_actor_step))
     return dict(kw, num_evals=epochs + 1, num_timesteps=prefill + epochs * per_epoch * per_actor_step)
 
@@ -82,6 +94,27 @@ def published_epochs(kw: dict[str, Any], epochs: int) -> dict[str, Any]:
 # Epochs of the published size in a SAC row's runs: Brax compiles in its first two, so five leave
 # three steady intervals (the method's minimum); about 4-5 minutes per run on an H100/H200.
 SAC_EPOCHS = 5
+# The same for the PPO rows at the published epoch shape (ppo-ant-5ep: 5 x 17 training steps, about
+# 2 minutes per Brax run on an H100; ppo-reacher-5ep: 5 x 2).
+PPO_EPOCHS = 5
+
+
+def _ppo_epochs(env: str, what: str) -> dict[str, Any]:
+    """A PPO workload of :data:`PPO_EPOCHS` epochs of the published run's size (published_epochs)."""
+    kw = _published("ppo", env)
+    short = published_epochs(kw, PPO_EPOCHS, "ppo")
+    per_step = kw["batch_size"] * kw["unroll_length"] * kw["num_minibatches"] * kw.get("action_repeat", 1)
+    per_epoch = short["num_timesteps"] // (PPO_EPOCHS * per_step)
+    return dict(
+        algo="ppo",
+        env=env,
+        kwargs=short,
+        steps=short["num_timesteps"],
+        acceptance_steps=short["num_timesteps"],
+        what=f"{what}, {PPO_EPOCHS} of its {max(kw['num_evals'] - 1, 1)} epochs (each {per_epoch} training "
+        f"steps of {per_step:,} env steps, then the evaluation; num_evals {PPO_EPOCHS + 1}); published "
+        f"length {kw['num_timesteps'] / 1e6:g}M",
+    )
 
 
 # name -> (algo, env, Brax keywords (published), default num_timesteps here, what it is;
@@ -89,7 +122,7 @@ SAC_EPOCHS = 5
 # num_timesteps: the published length where one device call allows, else shorter and said so.
 def workloads() -> dict[str, dict[str, Any]]:
     sac = _published("sac", "hopper")
-    sac_epochs = published_epochs(sac, SAC_EPOCHS)
+    sac_epochs = published_epochs(sac, SAC_EPOCHS, "sac")
     return {
         "sac-hopper-5ep": dict(
             algo="sac",
@@ -157,6 +190,10 @@ def workloads() -> dict[str, dict[str, Any]]:
             what="Brax's published PPO reacher config (2048 envs, batch 256, 32 minibatches, "
             "unroll 50, action repeat 4, 8 updates per batch, 20 evaluations); published length 50M",
         ),
+        # the PPO rows at the published epoch shape (the evaluation's share of an epoch the published
+        # run's, where 20M at the published num_evals gives it 2.4x (ant) and 2x (reacher) more)
+        "ppo-ant-5ep": _ppo_epochs("ant", "Brax's published PPO ant config"),
+        "ppo-reacher-5ep": _ppo_epochs("reacher", "Brax's published PPO reacher config"),
         "smoke": dict(
             algo="ppo",
             env="inverted_pendulum",

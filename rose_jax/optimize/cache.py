@@ -88,6 +88,24 @@ def siblings(cache_dir: str | None, key: str) -> dict[str, dict]:
     return out
 
 
+def relatives(cache_dir: str | None, key: str) -> dict[str, dict]:
+    """The entries of other programs on ``key``'s env and batch size (the same jax version and option
+    sets, any device): the same algorithm at another run length (PPO's epoch of 7 or 17 training
+    steps), or another algorithm on the env. A search measures first, after :func:`siblings`, the
+    candidates of its own list that these kept (``search._sibling_first``): a kept measurement on a
+    program like this one ranks above a prediction. Their plans are never used as they are."""
+    if not cache_dir:
+        return {}
+    mine = key.split("|")
+    out = {}
+    for k, entry in load(cache_dir).items():
+        theirs = k.split("|")
+        alike = len(theirs) == len(mine) >= 5 and theirs[1:3] == mine[1:3] and theirs[4:] == mine[4:]
+        if alike and theirs[0] != mine[0] and isinstance(entry, dict) and "report" in entry:
+            out[k] = entry
+    return out
+
+
 def remove(cache_dir: str, key: str) -> None:
     """Drop the entry under ``key`` (if any) and rewrite the file atomically."""
     if os.path.exists(os.path.join(cache_dir, CACHE_FILE)):

@@ -1449,11 +1449,13 @@ def optimize(
 
 def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, report: PlanReport,
                        say: Callable[[str], None]) -> list[Candidate]:
-    """:func:`_sibling_first` on the plan cache's entries of this program on other devices, with
-    its note in the report and the log; ``cands`` as they are when there are none (or the cache
-    cannot be read: the order is a preference, never a reason to fail)."""
+    """:func:`_sibling_first` on the plan cache's entries of this program on other devices and of
+    other programs on this env and batch, with its note in the report and the log; ``cands`` as they
+    are when there are none (or the cache cannot be read: the order is a preference, never a reason
+    to fail)."""
     try:
-        ordered, note = _sibling_first(cands, plan_cache.siblings(opts.cache_dir, key))
+        ordered, note = _sibling_first(cands, plan_cache.siblings(opts.cache_dir, key),
+                                       plan_cache.relatives(opts.cache_dir, key))
     except Exception as e:  # noqa: BLE001
         say(f"[optimize] sibling devices' plans not read: {_failure(e)}")
         return cands
@@ -1463,28 +1465,48 @@ def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, 
     return ordered
 
 
-def _sibling_first(cands: list[Candidate], siblings: dict[str, dict]) -> tuple[list[Candidate], str | None]:
-    """``cands`` with those kept by a search of the same program on another device
-    (:func:`rose_jax.optimize.cache.siblings`) first, fastest there first, the rest in their order;
-    and a note naming them (None: no such candidate). Measured gains on a sibling GPU rank above
-    this device's predictions: on PPO reacher (H100) the evaluation's offload, kept at 1.63-1.73x,
-    was ranked third by its prediction, behind a 1.22x rewrite and a refused one. Each is still
-    measured and checked here."""
+def _kept_single(entries: dict[str, dict]) -> dict[str, tuple[float, str]]:
+    """label -> (the best speedup, its device) of the single candidates ``entries`` (plan-cache
+    entries) kept."""
     best: dict[str, tuple[float, str]] = {}
-    for key, entry in siblings.items():
+    for key, entry in entries.items():
         device = key.split("|")[3]
         for c in (entry.get("report") or {}).get("candidates") or []:
             single = isinstance(c.get("transform"), dict) and "name" in c["transform"]
             faster = (c.get("speedup") or 0.0) > best.get(c.get("label"), (0.0,))[0]
             if c.get("kept") and single and faster:
                 best[c["label"]] = (float(c["speedup"]), device)
-    first = sorted((c for c in cands if c.transform.label in best), key=lambda c: -best[c.transform.label][0])
+    return best
+
+
+def _sibling_first(cands: list[Candidate], siblings: dict[str, dict],
+                   relatives: dict[str, dict] | None = None) -> tuple[list[Candidate], str | None]:
+    """``cands`` with those kept by a search of the same program on another device
+    (:func:`rose_jax.optimize.cache.siblings`) first, then those kept by a search of another program
+    on the same env and batch (:func:`~rose_jax.optimize.cache.relatives`: e.g. the same PPO at
+    another run length, whose epochs hold more or fewer training steps), each group fastest there
+    first, the rest in their order; and a note naming them (None: no such candidate). Measured gains
+    on a sibling GPU or a like program rank above this device's predictions: on PPO reacher (H100)
+    the evaluation's offload, kept at 1.63-1.73x, was ranked third by its prediction, behind a 1.22x
+    rewrite and a refused one. Each is still measured and checked here."""
+    tiers = [(_kept_single(siblings), "as kept by this program's search on another device"),
+             (_kept_single(relatives or {}), "as kept by a search of another program on this env and "
+              "batch size (another run length or algorithm)")]
+    first: list[Candidate] = []
+    taken: set[int] = set()  # ids: a candidate moves once, with the first tier that kept it
+    said: list[str] = []
+    for best, why in tiers:
+        mine = sorted((c for c in cands if c.transform.label in best and id(c) not in taken),
+                      key=lambda c: -best[c.transform.label][0])
+        if mine:
+            first += mine
+            taken.update(id(c) for c in mine)
+            said.append(f"{why}: " + ", ".join(f"{c.transform.label} ({best[c.transform.label][0]:.3f}x "
+                                                f"on {best[c.transform.label][1]})" for c in mine))
     if not first:
         return cands, None
-    rest = [c for c in cands if c.transform.label not in best]
-    named = ", ".join(f"{label} ({best[label][0]:.3f}x on {best[label][1]})"
-                      for label in (c.transform.label for c in first))
-    return first + rest, f"measured first, as kept by this program's search on another device: {named}"
+    rest = [c for c in cands if id(c) not in taken]
+    return first + rest, "measured first, " + "; then, ".join(said)
 
 
 def _single(c: CandidateRecord) -> bool:
