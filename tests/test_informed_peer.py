@@ -285,16 +285,16 @@ def test_ppo_published_epochs_keep_brax_s_epoch_size(env, per_epoch):
         step = k["batch_size"] * k["unroll_length"] * k["num_minibatches"] * k["action_repeat"]
         return math.ceil(k["num_timesteps"] / (max(k["num_evals"] - 1, 1) * step))
 
-    short = ip.published_epochs(kw, 5, "ppo")
-    assert short["num_evals"] == 6 and brax_epoch(short) == brax_epoch(kw) == per_epoch
+    short = ip.published_epochs(kw, 6, "ppo")
+    assert short["num_evals"] == 7 and brax_epoch(short) == brax_epoch(kw) == per_epoch
     assert brax_epoch(dict(kw, num_timesteps=20_000_000)) < per_epoch  # the 20M rows' shorter epochs
     assert {k: v for k, v in short.items() if k not in ("num_evals", "num_timesteps")} == {
         k: v for k, v in kw.items() if k not in ("num_evals", "num_timesteps")}
-    w = ip.workloads()[f"ppo-{env}-5ep"]
+    w = ip.workloads()[f"ppo-{env}-6ep"]
     assert w["kwargs"] == short and w["acceptance_steps"] == w["steps"] == short["num_timesteps"]
     job = cli.train_job(ip.rose_argv(w, w["acceptance_steps"], False))
-    assert job.config.num_evals == 6 and job.config.iterations_per_eval == per_epoch
-    assert job.config.num_iterations == 5 * per_epoch
+    assert job.config.num_evals == 7 and job.config.iterations_per_eval == per_epoch
+    assert job.config.num_iterations == 6 * per_epoch
     with pytest.raises(ValueError, match="algo must be 'sac' or 'ppo'"):
         ip.published_epochs(kw, 5, "ddpg")
 
