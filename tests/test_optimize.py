@@ -1180,11 +1180,18 @@ def test_plan_cache_siblings_are_the_same_program_on_other_devices(tmp_path):
     assert plan_cache.siblings(None, mine) == {} and plan_cache.siblings(str(tmp_path / "none"), mine) == {}
 
 
-def test_a_search_on_a_new_device_measures_first_what_another_device_kept(tmp_path, monkeypatch):
+@pytest.mark.parametrize("part,value,why", [
+    (3, "NVIDIA H100 80GB HBM3", "another device"),  # a sibling: the same program on another device
+    (0, "another-length", "another program on this env"),  # a relative: e.g. PPO at another length
+])
+def test_a_search_measures_first_what_another_device_or_a_like_program_kept(tmp_path, monkeypatch,
+                                                                            part, value, why):
     """Generated candidates (the generator stood in by a fixed list: only their order is under test;
     the trials are real) are measured in their predicted order, except that those a search of the
-    same program kept on another device (a plan-cache entry whose key differs in the device name)
-    come first, fastest there first; the report and the log say so. Each is still measured here."""
+    same program kept on another device (a plan-cache entry whose key differs in the device name),
+    or a search of another program on the same env and batch size (the key differs in the program
+    fingerprint), come first, fastest there first; the report and the log say so. Each is still
+    measured here."""
     _register_toys()
     gen = [Candidate(synthetic("toy_slower", _sleepier), "w", 2.0, "toy"),
            Candidate(drop_sleep(), "w", 1.0, "toy")]
@@ -1192,28 +1199,25 @@ def test_a_search_on_a_new_device_measures_first_what_another_device_kept(tmp_pa
     kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="sib", batch_size=16, combine=False)
     _, alone = O.optimize(slow_iteration, EXAMPLE, **kw)
     assert [c.label.split("(")[0] for c in alone.candidates] == ["toy_slower", "toy_drop_sleep"]
-    assert not any("another device" in n for n in alone.notes)
+    assert not any("measured first" in n for n in alone.notes)
+    import json
 
-    def elsewhere(entry_key: str) -> None:  # the entry as if measured on an H100: another device
-        import json
-
-        path = tmp_path / "plans.json"
-        data = json.loads(path.read_text())
-        parts = entry_key.split("|")
-        parts[3] = "NVIDIA H100 80GB HBM3"
-        data["|".join(parts)] = data.pop(entry_key)
-        path.write_text(json.dumps(data))
-
-    elsewhere(alone.cache_key)
+    path = tmp_path / "plans.json"  # the entry moved to another device's or program's key
+    data = json.loads(path.read_text())
+    parts = alone.cache_key.split("|")
+    parts[part] = value
+    data["|".join(parts)] = data.pop(alone.cache_key)
+    path.write_text(json.dumps(data))
     logged: list[str] = []
     _, ordered = O.optimize(slow_iteration, EXAMPLE, log=logged.append, **kw)
     assert not ordered.cache_hit and ordered.cache_key == alone.cache_key
     first, second = ordered.candidates
     assert first.label.startswith("toy_drop_sleep") and first.kept and first.stage == "e2e"
     assert second.label.startswith("toy_slower") and second.stage == "e2e"  # still measured
-    note = next(n for n in ordered.notes if "another device" in n)
-    assert "toy_drop_sleep" in note and "on NVIDIA H100 80GB HBM3" in note and "toy_slower" not in note
-    assert any("another device" in line for line in logged)
+    note = next(n for n in ordered.notes if why in n)
+    assert "toy_drop_sleep" in note and "toy_slower" not in note
+    assert f"on {parts[3]})" in note
+    assert any(why in line for line in logged)
 
 
 def test_plan_cache_relatives_are_other_programs_on_the_same_env_and_batch(tmp_path):
@@ -1256,33 +1260,6 @@ def test_sibling_first_orders_siblings_then_relatives_each_candidate_once():
     assert "1.500x on H200" in note and label["a"] not in note
     assert search._sibling_first(cands, {}, {}) == (cands, None)
     assert search._sibling_first(cands, {}, relatives)[0][0] is cands[3]  # d: 2.0x there, first
-
-
-def test_a_search_measures_first_what_a_like_program_kept(tmp_path, monkeypatch):
-    """A search of another program on the same env and batch size (its plan-cache entry's key differs
-    in the program fingerprint: e.g. PPO at another run length) kept drop_sleep: this search
-    measures it first (the generator stood in by a fixed list, the trials real), and says why."""
-    _register_toys()
-    gen = [Candidate(synthetic("toy_slower", _sleepier), "w", 2.0, "toy"),
-           Candidate(drop_sleep(), "w", 1.0, "toy")]
-    monkeypatch.setattr(search, "generate_candidates", lambda *a, **k: list(gen))
-    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="rel", batch_size=16, combine=False)
-    _, alone = O.optimize(slow_iteration, EXAMPLE, **kw)
-    assert [c.label.split("(")[0] for c in alone.candidates] == ["toy_slower", "toy_drop_sleep"]
-    import json
-
-    path = tmp_path / "plans.json"
-    data = json.loads(path.read_text())
-    parts = alone.cache_key.split("|")
-    parts[0] = "another-length"
-    data["|".join(parts)] = data.pop(alone.cache_key)
-    path.write_text(json.dumps(data))
-    _, ordered = O.optimize(slow_iteration, EXAMPLE, **kw)
-    assert not ordered.cache_hit and ordered.cache_key == alone.cache_key
-    first, second = ordered.candidates
-    assert first.label.startswith("toy_drop_sleep") and first.kept
-    assert second.label.startswith("toy_slower") and second.stage == "e2e"  # still measured
-    assert any("another program on this env" in n and "toy_drop_sleep" in n for n in ordered.notes)
 
 
 def test_compare_trees_scales_per_leaf():

@@ -71,21 +71,31 @@ def load(cache_dir: str) -> dict[str, Any]:
     return data
 
 
+def _alike(cache_dir: str | None, key: str, differ: int) -> dict[str, dict]:
+    """The entries (with a report) whose key differs from ``key`` in part ``differ`` (0: the program
+    fingerprint, 3: the device name) and agrees in the others (env, batch size, jax version, option
+    sets; and the fingerprint), the device name excepted, which may differ too."""
+    if not cache_dir:
+        return {}
+    mine = key.split("|")
+    free = {differ, 3}
+    out = {}
+    for k, entry in load(cache_dir).items():
+        theirs = k.split("|")
+        if len(theirs) != len(mine) or len(mine) < 5 or theirs[differ] == mine[differ]:
+            continue
+        same = all(a == b for i, (a, b) in enumerate(zip(theirs, mine, strict=True)) if i not in free)
+        if same and isinstance(entry, dict) and "report" in entry:
+            out[k] = entry
+    return out
+
+
 def siblings(cache_dir: str | None, key: str) -> dict[str, dict]:
     """The entries of ``key``'s program on other devices: every part of the key the same (program
     fingerprint, env, batch size, jax version, option sets) but the device name. A search on a new
     kind of GPU measures first what was kept on another (``search._sibling_first``); their plans
     are never used as they are."""
-    if not cache_dir:
-        return {}
-    mine = key.split("|")
-    out = {}
-    for k, entry in load(cache_dir).items():
-        theirs = k.split("|")
-        same_rest = len(theirs) == len(mine) >= 5 and theirs[:3] == mine[:3] and theirs[4:] == mine[4:]
-        if same_rest and theirs[3] != mine[3] and isinstance(entry, dict) and "report" in entry:
-            out[k] = entry
-    return out
+    return _alike(cache_dir, key, differ=3)
 
 
 def relatives(cache_dir: str | None, key: str) -> dict[str, dict]:
@@ -94,16 +104,7 @@ def relatives(cache_dir: str | None, key: str) -> dict[str, dict]:
     steps), or another algorithm on the env. A search measures first, after :func:`siblings`, the
     candidates of its own list that these kept (``search._sibling_first``): a kept measurement on a
     program like this one ranks above a prediction. Their plans are never used as they are."""
-    if not cache_dir:
-        return {}
-    mine = key.split("|")
-    out = {}
-    for k, entry in load(cache_dir).items():
-        theirs = k.split("|")
-        alike = len(theirs) == len(mine) >= 5 and theirs[1:3] == mine[1:3] and theirs[4:] == mine[4:]
-        if alike and theirs[0] != mine[0] and isinstance(entry, dict) and "report" in entry:
-            out[k] = entry
-    return out
+    return _alike(cache_dir, key, differ=0)
 
 
 def remove(cache_dir: str, key: str) -> None:
