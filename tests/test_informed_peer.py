@@ -273,7 +273,7 @@ def test_published_epochs_keep_brax_s_epoch_size():
 
 @pytest.mark.parametrize("env,per_epoch", [("ant", 17), ("reacher", 2)])
 def test_ppo_published_epochs_keep_brax_s_epoch_size(env, per_epoch):
-    """ppo-{ant,reacher}-5ep: five epochs of the published run's size by Brax's PPO rounding (and
+    """ppo-{ant,reacher}-6ep: six epochs of the published run's size by Brax's PPO rounding (and
     our config's, which follows it, through `rose-jax train`'s own arguments), where the 20M rows'
     shorter epochs (ant 7 training steps, reacher 1) make the evaluation's share larger."""
     from algos import presets

@@ -1238,6 +1238,39 @@ def test_plan_cache_relatives_are_other_programs_on_the_same_env_and_batch(tmp_p
     assert plan_cache.relatives(None, mine) == {}
 
 
+def test_relatives_need_a_named_env_and_batch(tmp_path):
+    """optimize(fn) without env_name / batch_size keys its entry 'fp|-|-|dev|jax': other such programs
+    in a shared plan cache are not relatives (nothing says they run the same env)."""
+    from rose_jax.optimize import cache as plan_cache
+
+    plan_cache.store(str(tmp_path), "unrelated|-|-|cpu|0.4", {"plan": [], "report": {"candidates": []}})
+    plan_cache.store(str(tmp_path), "unrelated|env|-|cpu|0.4", {"plan": [], "report": {"candidates": []}})
+    assert plan_cache.relatives(str(tmp_path), "mine|-|-|cpu|0.4") == {}
+    assert plan_cache.relatives(str(tmp_path), "mine|env|-|cpu|0.4") == {}
+
+
+def test_a_malformed_cache_record_never_drops_the_search_order(tmp_path):
+    """A relative's malformed records (None, a string speedup, a report that is a list) are skipped
+    one by one: the sibling device's kept candidate still goes first, and nothing raises."""
+    from rose_jax.optimize import cache as plan_cache
+
+    cands = [Candidate(synthetic(f"mal_{n}", _sleepier), "w", 1.0, "toy") for n in "ab"]
+    lab = [c.transform.label for c in cands]
+    kept = {"label": lab[1], "transform": {"name": "x"}, "kept": True, "speedup": 1.5}
+    plan_cache.store(str(tmp_path), "fp|e|16|H100|v", {"report": {"candidates": [kept]}})  # a sibling
+    plan_cache.store(str(tmp_path), "other|e|16|cpu|v", {"report": {"candidates": [
+        None, dict(kept, label=lab[0], speedup="9"), dict(kept, label=None)]}})
+    plan_cache.store(str(tmp_path), "third|e|16|cpu|v", {"report": ["not", "a", "dict"]})
+    import types
+
+    report = types.SimpleNamespace(notes=[])  # only its notes are written here
+    logged: list[str] = []
+    out = search._order_by_siblings(cands, search.OptimizeOptions(cache_dir=str(tmp_path)),
+                                    "fp|e|16|cpu|v", report, logged.append)
+    assert out[0] is cands[1] and out[1] is cands[0], logged
+    assert not any("not read" in line for line in logged) and "1.500x on H100" in report.notes[-1]
+
+
 def test_sibling_first_orders_siblings_then_relatives_each_candidate_once():
     """_sibling_first's tiers: kept on this program's other devices first, then kept by a like
     program (relatives), each tier fastest first; a label both kept moves once (with the first tier);

@@ -101,9 +101,12 @@ def siblings(cache_dir: str | None, key: str) -> dict[str, dict]:
 def relatives(cache_dir: str | None, key: str) -> dict[str, dict]:
     """The entries of other programs on ``key``'s env and batch size (the same jax version and option
     sets, any device): the same algorithm at another run length (PPO's epoch of 7 or 17 training
-    steps), or another algorithm on the env. A search measures first, after :func:`siblings`, the
+    steps), or another algorithm on the env; none where the key names no env or batch size (``-``).
+    A search measures first, after :func:`siblings`, the
     candidates of its own list that these kept (``search._sibling_first``): a kept measurement on a
     program like this one ranks above a prediction. Their plans are never used as they are."""
+    if "-" in key.split("|")[1:3]:  # no env or batch size named (optimize(fn) alone): none alike
+        return {}
     return _alike(cache_dir, key, differ=0)
 
 

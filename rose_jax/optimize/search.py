@@ -1453,12 +1453,14 @@ def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, 
     other programs on this env and batch, with its note in the report and the log; ``cands`` as they
     are when there are none (or the cache cannot be read: the order is a preference, never a reason
     to fail)."""
-    try:
-        ordered, note = _sibling_first(cands, plan_cache.siblings(opts.cache_dir, key),
-                                       plan_cache.relatives(opts.cache_dir, key))
-    except Exception as e:  # noqa: BLE001
-        say(f"[optimize] sibling devices' plans not read: {_failure(e)}")
-        return cands
+    tiers = {}
+    for name, read in (("sibling devices'", plan_cache.siblings), ("like programs'", plan_cache.relatives)):
+        try:
+            tiers[name] = read(opts.cache_dir, key)
+        except Exception as e:  # noqa: BLE001 - one unreadable tier leaves the other
+            say(f"[optimize] {name} plans not read: {_failure(e)}")
+            tiers[name] = {}
+    ordered, note = _sibling_first(cands, tiers["sibling devices'"], tiers["like programs'"])
     if note:
         report.notes.append(note)
         say(f"[optimize] {note}")
@@ -1471,11 +1473,18 @@ def _kept_single(entries: dict[str, dict]) -> dict[str, tuple[float, str]]:
     best: dict[str, tuple[float, str]] = {}
     for key, entry in entries.items():
         device = key.split("|")[3]
-        for c in (entry.get("report") or {}).get("candidates") or []:
+        report = entry.get("report") if isinstance(entry, dict) else None
+        records = report.get("candidates") if isinstance(report, dict) else None
+        for c in records if isinstance(records, list) else []:
+            # a record not of this shape (hand-edited, another version's) is skipped, never fatal
+            if not isinstance(c, dict) or not isinstance(c.get("label"), str):
+                continue
+            speedup = c.get("speedup")
             single = isinstance(c.get("transform"), dict) and "name" in c["transform"]
-            faster = (c.get("speedup") or 0.0) > best.get(c.get("label"), (0.0,))[0]
-            if c.get("kept") and single and faster:
-                best[c["label"]] = (float(c["speedup"]), device)
+            if not isinstance(speedup, (int, float)) or isinstance(speedup, bool):
+                continue
+            if c.get("kept") and single and speedup > best.get(c["label"], (0.0,))[0]:
+                best[c["label"]] = (float(speedup), device)
     return best
 
 
