@@ -26,11 +26,23 @@ from typing import Any, Callable, Sequence
 class SearchUnit(typing.NamedTuple):
     """A shorter unit the plan search measures in place of a long one (``Algo.search_unit``): ``fn``
     is the unit's program with ``iterations`` of its ``of`` iterations (the same loops and
-    components, a shorter scan), so a plan found on it applies to the whole unit."""
+    components, a shorter scan), and its evaluation, where it has one, ``eval_steps`` of its
+    ``eval_of`` steps (scaled alike, so each part keeps its share of the unit), so a plan found on
+    it applies to the whole unit."""
 
     fn: Callable[[Any], tuple[Any, Any]]
     iterations: int
     of: int
+    eval_steps: int | None = None
+    eval_of: int | None = None
+
+    def describe(self) -> str:
+        """``'128 of the unit's 2692 iterations'`` (and ``' and 48 of its evaluation's 1000
+        steps'``)."""
+        said = f"{self.iterations} of the unit's {self.of} iterations"
+        if self.eval_steps is not None and self.eval_of is not None and self.eval_steps < self.eval_of:
+            said += f" and {self.eval_steps} of its evaluation's {self.eval_of} steps"
+        return said
 
 
 @dataclasses.dataclass(frozen=True)

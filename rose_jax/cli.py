@@ -700,8 +700,8 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         # the default never lets a search take more than its share
         run_units = job.algo.num_units(job.config)
         if shorter is not None:
-            log(f"rose-jax train: --optimize: searching on {shorter.iterations} of the unit's {shorter.of} "
-                "iterations (the same program, a shorter scan); the plan then runs the whole unit")
+            log(f"rose-jax train: --optimize: searching on {shorter.describe()} (the same program, "
+                "scaled down); the plan then runs the whole unit")
         # profile windows first and SM quotas for multi-process plans (each says in the report
         # why it was skipped where there is no GPU / MPS)
         # by default the search may take at most a tenth of the run it serves (stopped early otherwise);
@@ -715,8 +715,8 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         if shorter is not None:  # the whole unit under the plan (or the baseline) found on the shorter one
             close(step)  # the searched unit's workers, if its plan has any
             if not report.skipped:
-                report.notes.append(f"searched on {shorter.iterations} of the unit's {shorter.of} "
-                                    "iterations; equality checked there, the plan applied to the whole unit")
+                report.notes.append(f"searched on {shorter.describe()}; equality checked there, "
+                                    "the plan applied to the whole unit")
             step = rj_optimize.plan_of(program, report)
             if report.plan and not isinstance(step, rj_optimize.HostStep):
                 step = _first_call_falls_back(step, rj_optimize.plan_of(program, _no_plan(report)), log)

@@ -245,6 +245,9 @@ def test_train_optimize_searches_a_long_sac_epoch_on_a_shorter_one(tmp_path, cap
     record = json.loads((tmp_path / "a" / "run.json").read_text())["optimize"]
     assert record["cache_hit"] is False
     assert any("searched on 8 of the unit's 36" in n for n in record["notes"])
+    assert unit.eval_steps < unit.eval_of
+    assert any(f"searched on {unit.describe()};" in n for n in record["notes"])
+    assert f"searching on {unit.describe()} (the same program, scaled down)" in out
     a = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert [r["env_steps"] for r in a][-1] >= 1200 and len(a) >= 4  # whole epochs: the run's own length
     assert cli.main([*argv, "--optimize-budget", "none", "--run-dir", str(tmp_path / "b")]) == 0

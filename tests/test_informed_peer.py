@@ -301,7 +301,8 @@ def test_ppo_published_epochs_keep_brax_s_epoch_size(env, per_epoch):
 
 def test_sac_hopper_5ep_through_rose_jax_train_s_own_arguments():
     """The row's `rose-jax train` arguments build the published epoch five times over (the user's
-    path: argv -> job -> config), and `--optimize` searches 128 of its 2,692 iterations."""
+    path: argv -> job -> config), and `--optimize` searches 128 of its 2,692 iterations and 48 of its
+    evaluation's 1,000 steps."""
     from algos import sac
     from rose_jax import cli
 
@@ -311,3 +312,4 @@ def test_sac_hopper_5ep_through_rose_jax_train_s_own_arguments():
     assert job.config.replay_capacity == 1048576 and job.config.initial_eval
     unit = job.algo.search_unit(job.config, job.env)
     assert (unit.iterations, unit.of) == (128, 2692) and job.algo.num_units(job.config) == 5
+    assert (unit.eval_steps, unit.eval_of) == (48, 1000)  # the evaluation scaled alike

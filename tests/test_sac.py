@@ -402,9 +402,12 @@ def test_sac_learns_pendulum_on_gpu_with_brax_sized_networks():
 
 
 def test_search_unit_is_the_epoch_with_a_shorter_scan(pendulum, monkeypatch):
-    """A long epoch is searched on the same epoch program with fewer iterations (the same state
-    pytree and metrics, the evaluation included); a short one is searched as it is."""
+    """A long epoch is searched on the same epoch program with fewer iterations and its evaluation
+    shortened by the same factor (the same state pytree and metrics); a short one is searched as it
+    is."""
     import algos
+    from rose_jax.jaxpr import compat as C
+    from rose_jax.optimize import interpret as I
 
     config = sac.SACConfig(**{**TINY, "num_eval_envs": 2})
     full = sac.iterations_per_epoch(config)
@@ -420,6 +423,33 @@ def test_search_unit_is_the_epoch_with_a_shorter_scan(pendulum, monkeypatch):
     assert set(m_short) == set(m_full) and "eval_episode_return" in m_short
     assert int(s_short.iteration) - int(state.iteration) == unit.iterations
     assert int(s_full.iteration) - int(state.iteration) == full
+    # its evaluation scaled down alike: ceil(episode_length * iterations / full) of its steps, the
+    # same evaluator (what the unit reports is that evaluator's return on the unit's end state)
+    assert unit.eval_of == pendulum.episode_length
+    assert unit.eval_steps == -(-pendulum.episode_length * unit.iterations // full) < pendulum.episode_length
+    assert unit.describe() == (f"{unit.iterations} of the unit's {full} iterations and {unit.eval_steps} "
+                               f"of its evaluation's {pendulum.episode_length} steps")
+    eval_key = jax.random.fold_in(jax.random.fold_in(s_short.key, sac._EVAL_SALT), s_short.iteration)
+    scaled = sac.make_evaluator(config, pendulum, steps=unit.eval_steps)
+    assert m_short["eval_episode_return"] == scaled(s_short.actor_params, s_short.normalizer, eval_key)
+    scans = [C.scan_params(site.eqn.params).length for site in I.sites(jax.make_jaxpr(unit.fn)(state),
+                                                                         kinds=("scan",))]
+    assert unit.eval_steps in scans and pendulum.episode_length not in scans
+
+
+def test_make_evaluator_steps(pendulum):
+    """steps: the evaluation's length, an episode by default (the same function as steps=episode_length);
+    a bad value is a one-line error naming it."""
+    config = sac.SACConfig(**{**TINY, "num_eval_envs": 2})
+    state = sac.init(config, pendulum, jax.random.PRNGKey(0))
+    key = jax.random.PRNGKey(3)
+    args = (state.actor_params, state.normalizer, key)
+    whole = sac.make_evaluator(config, pendulum)(*args)
+    assert whole == sac.make_evaluator(config, pendulum, steps=pendulum.episode_length)(*args)
+    assert whole != sac.make_evaluator(config, pendulum, steps=3)(*args)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="steps must be a positive int"):
+            sac.make_evaluator(config, pendulum, steps=bad)
 
 
 def test_a_plan_found_on_the_search_unit_runs_the_whole_epoch(pendulum, monkeypatch):
