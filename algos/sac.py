@@ -756,9 +756,9 @@ def make_evaluator(
     det = config.deterministic_eval if deterministic is None else deterministic
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ValueError(f"sac.make_evaluator: num_envs must be a positive int, got {n!r}")
-    length = env.episode_length if steps is None else steps
-    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
         raise ValueError(f"sac.make_evaluator: steps must be a positive int, got {steps!r}")
+    length = env.episode_length if steps is None else steps  # an env's own length as it is (numpy ints too)
 
     def evaluate(actor_params, normalizer: normalize.NormalizerState, key: jax.Array) -> jax.Array:
         reset_key, act_key = jax.random.split(key)
@@ -852,13 +852,18 @@ def epoch(
 # 64 steps, ~36 s) would take tens of minutes. A module constant, not a config field: it shapes only
 # what the search measures, never what train computes.
 SEARCH_UNIT_GRAD_STEPS = 8192
+# The fewest evaluation steps of a search unit (where an episode has more): the largest unroll factor
+# the candidates try (unroll_scans: 2, 4, 8) and at least the 2 trips a hoist needs, so the unit's
+# evaluation scan is searched for the same candidates as the epoch's.
+SEARCH_UNIT_MIN_EVAL_STEPS = 8
 
 
 def search_unit(config: SACConfig, env: Env):
     """What ``rose-jax train --optimize`` searches on instead of the whole epoch, or None (the epoch
     itself): where an epoch has more than :data:`SEARCH_UNIT_GRAD_STEPS` gradient steps, the same
     epoch program scaled down, its iteration scan and its evaluation's steps shortened by the same
-    factor (``epoch(config, env, iterations=k, eval_steps=ceil(episode_length * k / full))``), so
+    factor (``epoch(config, env, iterations=k, eval_steps=ceil(episode_length * k / full))``, at
+    least :data:`SEARCH_UNIT_MIN_EVAL_STEPS`), so
     the plan found on it applies to the epoch by name (transforms address loops and components, not
     scan lengths). Same state pytree, same cache key inputs apart from the lengths.
 
@@ -876,9 +881,10 @@ def search_unit(config: SACConfig, env: Env):
         return None
     eval_steps = None
     if config.num_eval_envs > 0:
-        eval_steps = min(env.episode_length, max(1, -(-env.episode_length * k // full)))
+        scaled = -(-int(env.episode_length) * k // full)
+        eval_steps = min(int(env.episode_length), max(SEARCH_UNIT_MIN_EVAL_STEPS, scaled))
     return SearchUnit(epoch(config, env, iterations=k, eval_steps=eval_steps), k, full, eval_steps,
-                      env.episode_length if eval_steps is not None else None)
+                      int(env.episode_length) if eval_steps is not None else None)
 
 
 def _cache_key(config: SACConfig) -> SACConfig:

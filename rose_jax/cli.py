@@ -694,11 +694,13 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         # a long unit (SAC's published epoch: ~36 s) is searched on a shorter one with the same loops
         # and components (Algo.search_unit), its plan then applied to the whole unit
         shorter = job.algo.search_unit(job.config, job.env)
-        # the run's length in searched units, for the default budget (a tenth of the run): one per
-        # unit also for a shorter searched unit, a lower bound (a whole unit takes longer, by a factor
-        # unknown before both are timed: SAC's evaluation runs once per epoch whatever its length), so
-        # the default never lets a search take more than its share
+        # the run's length in searched units, for the default budget (a tenth of the run): a shorter
+        # searched unit is the whole one scaled down, its iterations and its evaluation by one factor,
+        # so a whole unit is about of / iterations of them (floored: the evaluation's steps round up,
+        # so the default never lets a search take more than its share)
         run_units = job.algo.num_units(job.config)
+        if shorter is not None:
+            run_units *= max(1, shorter.of // shorter.iterations)
         if shorter is not None:
             log(f"rose-jax train: --optimize: searching on {shorter.describe()} (the same program, "
                 "scaled down); the plan then runs the whole unit")

@@ -258,7 +258,8 @@ def test_train_optimize_searches_a_long_sac_epoch_on_a_shorter_one(tmp_path, cap
     auto = [a for a in argv if a not in ("--optimize-budget", "0")]
     monkeypatch.setenv("ROSE_JAX_PLAN_CACHE", str(tmp_path / "plans-auto"))  # no cached plan to hit
     assert cli.main([*auto, "--run-dir", str(tmp_path / "c")]) == 0
-    assert "search skipped: the run's share for it (10% of 4 units" in capsys.readouterr().out
+    # 4 epochs of 36 iterations, each 36 // 8 = 4 searched units (the unit is the epoch scaled down)
+    assert "search skipped: the run's share for it (10% of 16 units" in capsys.readouterr().out
 
 
 def test_a_plan_that_fails_on_the_whole_unit_falls_back_to_the_unit():

@@ -437,6 +437,42 @@ def test_search_unit_is_the_epoch_with_a_shorter_scan(pendulum, monkeypatch):
     assert unit.eval_steps in scans and pendulum.episode_length not in scans
 
 
+def test_a_short_search_unit_keeps_enough_evaluation_steps_for_its_candidates(pendulum, monkeypatch):
+    """Scaled to 1 step (2 of 9,000/8-step iterations), the unit's evaluation would lose the scan
+    candidates the epoch's has (unrolls of up to 8, hoists): it keeps SEARCH_UNIT_MIN_EVAL_STEPS, and
+    the same evaluation-loop candidates are generated on the unit as on the epoch."""
+    from rose_jax import trace as rtrace
+    from rose_jax.optimize.candidates import generate_candidates
+
+    monkeypatch.setattr(sac, "SEARCH_UNIT_GRAD_STEPS", 2)
+    config = sac.SACConfig(**{**TINY, "num_eval_envs": 2, "num_timesteps": 9000})
+    unit = sac.search_unit(config, pendulum)
+    assert -(-pendulum.episode_length * unit.iterations // unit.of) < sac.SEARCH_UNIT_MIN_EVAL_STEPS
+    assert unit.eval_steps == sac.SEARCH_UNIT_MIN_EVAL_STEPS < unit.eval_of == pendulum.episode_length
+    state = sac.init(config, pendulum, jax.random.PRNGKey(0))
+
+    def evaluation_candidates(fn):
+        tree = rtrace.trace(fn, state, arg_names=["state"])
+        return {c.transform.label for c in generate_candidates(tree, None, 1.0)
+                if "evaluate" in str(dict(c.transform.params).get("where"))}
+
+    on_unit = evaluation_candidates(unit.fn)
+    assert on_unit and on_unit == evaluation_candidates(sac.epoch(config, pendulum))
+
+
+def test_make_evaluator_accepts_an_env_s_numpy_int_length(pendulum):
+    """The default length is the env's own episode_length as it is (a numpy int too): only a given
+    ``steps`` is validated."""
+    import numpy as np
+
+    env = pendulum._replace(episode_length=np.int64(20))
+    config = sac.SACConfig(**{**TINY, "num_eval_envs": 2})
+    state = sac.init(config, env, jax.random.PRNGKey(0))
+    args = (state.actor_params, state.normalizer, jax.random.PRNGKey(1))
+    got, want = sac.make_evaluator(config, env)(*args), sac.make_evaluator(config, env, steps=20)(*args)
+    assert got == want and np.isfinite(float(got))
+
+
 def test_make_evaluator_steps(pendulum):
     """steps: the evaluation's length, an episode by default (the same function as steps=episode_length);
     a bad value is a one-line error naming it."""
