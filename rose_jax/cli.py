@@ -701,7 +701,6 @@ def _optimized_step_maker(job: Job, log, budget: dict[str, Any] | None = None, f
         run_units = job.algo.num_units(job.config)
         if shorter is not None:
             run_units *= max(1, shorter.of // shorter.iterations)
-        if shorter is not None:
             log(f"rose-jax train: --optimize: searching on {shorter.describe()} (the same program, "
                 "scaled down); the plan then runs the whole unit")
         # profile windows first and SM quotas for multi-process plans (each says in the report

@@ -61,6 +61,13 @@ def _published(algo: str, env: str) -> dict[str, Any]:
     return presets.published(algo, env)
 
 
+def ppo_env_steps_per_training_step(kw: dict[str, Any]) -> int:
+    """Brax PPO keywords ``kw``: env steps per training step (brax/training/agents/ppo/train.py's
+    ``env_step_per_training_step``)."""
+    return (int(kw["batch_size"]) * int(kw["unroll_length"]) * int(kw["num_minibatches"])
+            * int(kw.get("action_repeat", 1)))
+
+
 def published_epochs(kw: dict[str, Any], epochs: int, algo: str = "sac") -> dict[str, Any]:
     """Brax keywords ``kw`` of ``algo`` (``'sac'`` or ``'ppo'``) cut to ``epochs`` epochs of the size
     the published run has: ``num_evals = epochs + 1`` (Brax evaluates once before training) and
@@ -79,8 +86,7 @@ def published_epochs(kw: dict[str, Any], epochs: int, algo: str = "sac") -> dict
     if algo == "ppo":
         if int(kw.get("num_resets_per_eval", 0) or 0) > 1:
             raise ValueError("published_epochs: ppo with num_resets_per_eval > 1 is not supported")
-        per_step = (int(kw["batch_size"]) * int(kw["unroll_length"]) * int(kw["num_minibatches"])
-                    * int(kw.get("action_repeat", 1)))
+        per_step = ppo_env_steps_per_training_step(kw)
         per_epoch = -(-int(kw["num_timesteps"]) // (after_init * per_step))
         return dict(kw, num_evals=epochs + 1, num_timesteps=epochs * per_epoch * per_step)
     if algo != "sac":
@@ -105,7 +111,7 @@ def _ppo_epochs(env: str, what: str) -> dict[str, Any]:
     """A PPO workload of :data:`PPO_EPOCHS` epochs of the published run's size (published_epochs)."""
     kw = _published("ppo", env)
     short = published_epochs(kw, PPO_EPOCHS, "ppo")
-    per_step = kw["batch_size"] * kw["unroll_length"] * kw["num_minibatches"] * kw.get("action_repeat", 1)
+    per_step = ppo_env_steps_per_training_step(kw)
     per_epoch = short["num_timesteps"] // (PPO_EPOCHS * per_step)
     return dict(
         algo="ppo",

@@ -73,8 +73,8 @@ def load(cache_dir: str) -> dict[str, Any]:
 
 def _alike(cache_dir: str | None, key: str, differ: int) -> dict[str, dict]:
     """The entries (with a report) whose key differs from ``key`` in part ``differ`` (0: the program
-    fingerprint, 3: the device name) and agrees in the others (env, batch size, jax version, option
-    sets; and the fingerprint), the device name excepted, which may differ too."""
+    fingerprint, 3: the device name) and agrees in every other part but the device name, which may
+    differ in either case."""
     if not cache_dir:
         return {}
     mine = key.split("|")
@@ -102,9 +102,9 @@ def relatives(cache_dir: str | None, key: str) -> dict[str, dict]:
     """The entries of other programs on ``key``'s env and batch size (the same jax version and option
     sets, any device): the same algorithm at another run length (PPO's epoch of 7 or 17 training
     steps), or another algorithm on the env; none where the key names no env or batch size (``-``).
-    A search measures first, after :func:`siblings`, the
-    candidates of its own list that these kept (``search._sibling_first``): a kept measurement on a
-    program like this one ranks above a prediction. Their plans are never used as they are."""
+    A search measures first, after :func:`siblings`, the candidates of its own list that these kept
+    (``search._sibling_first``): a kept measurement on a program like this one ranks above a
+    prediction. Their plans are never used as they are."""
     if "-" in key.split("|")[1:3]:  # no env or batch size named (optimize(fn) alone): none alike
         return {}
     return _alike(cache_dir, key, differ=0)

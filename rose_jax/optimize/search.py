@@ -1453,14 +1453,15 @@ def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, 
     other programs on this env and batch, with its note in the report and the log; ``cands`` as they
     are when there are none (or the cache cannot be read: the order is a preference, never a reason
     to fail)."""
-    tiers = {}
-    for name, read in (("sibling devices'", plan_cache.siblings), ("like programs'", plan_cache.relatives)):
+    def read(entries: Callable[[str | None, str], dict], whose: str) -> dict[str, dict]:
         try:
-            tiers[name] = read(opts.cache_dir, key)
+            return entries(opts.cache_dir, key)
         except Exception as e:  # noqa: BLE001 - one unreadable tier leaves the other
-            say(f"[optimize] {name} plans not read: {_failure(e)}")
-            tiers[name] = {}
-    ordered, note = _sibling_first(cands, tiers["sibling devices'"], tiers["like programs'"])
+            say(f"[optimize] {whose} plans not read: {_failure(e)}")
+            return {}
+
+    ordered, note = _sibling_first(cands, read(plan_cache.siblings, "sibling devices'"),
+                                   read(plan_cache.relatives, "like programs'"))
     if note:
         report.notes.append(note)
         say(f"[optimize] {note}")
@@ -1480,10 +1481,9 @@ def _kept_single(entries: dict[str, dict]) -> dict[str, tuple[float, str]]:
             if not isinstance(c, dict) or not isinstance(c.get("label"), str):
                 continue
             speedup = c.get("speedup")
+            numeric = isinstance(speedup, (int, float)) and not isinstance(speedup, bool)
             single = isinstance(c.get("transform"), dict) and "name" in c["transform"]
-            if not isinstance(speedup, (int, float)) or isinstance(speedup, bool):
-                continue
-            if c.get("kept") and single and speedup > best.get(c["label"], (0.0,))[0]:
+            if c.get("kept") and single and numeric and speedup > best.get(c["label"], (0.0,))[0]:
                 best[c["label"]] = (float(speedup), device)
     return best
 
