@@ -255,6 +255,48 @@ def test_cached_run_row_takes_its_rate_and_the_first_runs_wall_time(tmp_path, ca
     assert "needs --plan-cache" in capsys.readouterr().err
 
 
+def test_cached_run_takes_both_peers_from_the_same_warm_machines_earlier_call(tmp_path):
+    """A call with our run alone (the three runs overrun one call) takes both peers from the newest
+    earlier call of the same workload and length on the same GPU within the machine's hold: the ratio
+    and the target are against the faster peer; another GPU, an older call, a call with one peer
+    only, or a row that ran a peer itself are left as they are."""
+    entry = {"plan": [{"name": "offload_component", "label": "offload_component()", "tolerance": {}}],
+             "report": {"equal": True, "search_time_s": 300.0, "candidates": []}}
+    cached = {"rose_cached": _run(300.0, plan_cache=[entry], end_to_end_s=90.0, command="rose-cmd")}
+    row = {**B.acceptance_row("ppo-ant", "ppo", 4_000_000, cached), "date": "2026-12-06 19:30 UTC",
+           "gpu_uuid": "GPU-a"}
+    assert row["target_met"] is None and row["speedup_vs_informed_peer"] is None
+    peers = {"peer_default": _run(200.0, end_to_end_s=300.0, command="d"),
+             "peer_flags": _run(250.0, end_to_end_s=260.0, command="f")}
+    earlier = {**B.acceptance_row("ppo-ant", "ppo", 4_000_000, peers), "date": "2026-12-06 19:21 UTC",
+               "gpu_uuid": "GPU-a", "call_command": "peers-call"}
+    folded = B.fold_peers(row, [earlier])
+    assert folded["peer_default_env_steps_per_s"] == 200.0 and folded["peer_flags_env_steps_per_s"] == 250.0
+    assert folded["speedup_vs_informed_peer"] == 1.2 and folded["target_met"] is True
+    assert folded["end_to_end_s"] == {"rose_cached": 90.0, "peer_default": 300.0, "peer_flags": 260.0}
+    assert folded["command"]["rose_cached"] == "rose-cmd" and folded["command"]["peer_flags"] == "f"
+    assert folded["peers_from"] == {"date": "2026-12-06 19:21 UTC", "gpu_uuid": "GPU-a",
+                                    "call_command": "peers-call"}
+    slow = B.fold_peers({**row, "rose_env_steps_per_s": 260.0}, [earlier])
+    assert slow["speedup_vs_informed_peer"] == 1.04 and slow["target_met"] is False  # a miss is a miss
+    other_gpu = {**earlier, "gpu_uuid": "GPU-b"}
+    too_old = {**earlier, "date": "2026-12-06 18:55 UTC"}  # 35 min: another hold
+    later = {**earlier, "date": "2026-12-06 19:40 UTC"}  # after this call
+    one_peer = {**earlier, "peer_default_env_steps_per_s": None}
+    other_len = {**earlier, "num_timesteps": 8_000_000}
+    for e in (other_gpu, too_old, later, one_peer, other_len):
+        assert B.fold_peers(row, [e]) is row
+    ran_one = {**row, "peer_flags_env_steps_per_s": 240.0}
+    assert B.fold_peers(ran_one, [earlier]) is ran_one
+    assert B.fold_peers({**row, "date": "-"}, [earlier])["speedup_vs_informed_peer"] is None
+    # the newest matching call is taken
+    newer = {**earlier, "date": "2026-12-06 19:25 UTC", "peer_flags_env_steps_per_s": 240.0}
+    assert B.fold_peers(row, [earlier, newer])["peer_flags_env_steps_per_s"] == 240.0
+    B.write(str(tmp_path), [], "cmd", [{k: v for k, v in folded.items() if k != "_plan"}], jax_devices=False)
+    md = open(os.path.join(tmp_path, "results.md")).read()
+    assert "both peers ran in the call of 2026-12-06 19:21 UTC" in md
+
+
 def test_plan_only_search_gives_the_row_its_plan_and_the_split_first_run(tmp_path, capsys):
     """``rose_plan`` (`rose-jax train --optimize --plan-only`: the search alone) gives a row its plan
     and search time but no rate; with ``rose_cached`` after it (this call or a later one) the first
