@@ -342,6 +342,7 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
 # issue 32's targets: speedup over the informed peer (the faster of Brax's trainer as shipped and
 # with the best global flag)
 TARGETS = {"sac": 1.5, "ppo": 1.15}
+PEERS = ("peer_default", "peer_flags")  # Brax's trainer as shipped and with the flag
 # env steps per acceptance run (whole runs; steady rates between progress reports, >= 3 of them)
 ACCEPTANCE_STEPS = {"sac": 100_000, "ppo": 10_000_000}
 
@@ -435,6 +436,19 @@ def _plan_entries(cache_dir: str) -> list[dict[str, Any]]:
     return [e for e in data.values() if isinstance(e, dict) and "plan" in e]
 
 
+def _verdict(
+    rose: float | None, peers: dict[str, float | None], target: float
+) -> tuple[float | None, bool | None]:
+    """``(speedup over the faster peer, target met)``: met only against both peers (as shipped and
+    with the flag: the faster one is the informed peer); a miss against either is a miss (the other
+    can only be faster); None where there is no ratio or only one peer cleared it."""
+    best_peer = max((x for x in peers.values() if x), default=None)
+    speedup = round(rose / best_peer, 3) if rose and best_peer else None
+    both = all(peers.get(v) for v in PEERS)
+    met = None if not speedup else (False if speedup < target else (True if both else None))
+    return speedup, met
+
+
 def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The row from the runs (pure: the table's rules, tested on the CPU without training)."""
 
@@ -442,8 +456,7 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
         r = runs.get(v) or {}
         return r.get("steady_env_steps_per_s") if r.get("returncode") == 0 else None
 
-    peers = {v: rate(v) for v in ("peer_default", "peer_flags") if v in runs}
-    best_peer = max((x for x in peers.values() if x), default=None)
+    peers = {v: rate(v) for v in PEERS if v in runs}
     # the optimized program's rate: the first (searching) run's, else the cached run's (same plan);
     # a plan-only search (no rate) gives the row its plan where neither ran
     if rate("rose") or not {"rose_cached", "rose_plan"} & set(runs):
@@ -477,11 +490,7 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
         labels = ["not known: the run did not finish"]
     else:
         labels = ["- (no --optimize run in this call)"]
-    speedup = round(rose / best_peer, 3) if rose and best_peer else None
-    # met only against both peers (as shipped and with the flag: the faster one is the informed
-    # peer); a miss against either is a miss (the other can only be faster)
-    both = all(peers.get(v) for v in ("peer_default", "peer_flags"))
-    met = None if not speedup else (False if speedup < TARGETS[algo] else (True if both else None))
+    speedup, met = _verdict(rose, peers, TARGETS[algo])
     return {
         "workload": name,
         "num_timesteps": steps,
@@ -561,7 +570,6 @@ def fold_first_run(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[s
 # a machine is held at most 30 minutes (the device tool's lease), so two calls on one GPU (gpu_uuid)
 # this close together ran on one warm machine
 SAME_MACHINE_S = 30 * 60
-PEERS = ("peer_default", "peer_flags")
 
 
 def _minutes(date: str | None) -> float | None:
@@ -597,20 +605,16 @@ def fold_peers(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, 
         rates = {v: r.get(f"{v}_env_steps_per_s") for v in PEERS}
         if not same or not all(rates.values()):
             continue
-        speedup = round(row["rose_env_steps_per_s"] / max(rates.values()), 3)
-        target = row.get("target") or TARGETS["sac" if row["workload"].startswith("sac") else "ppo"]
-
-        def take(key: str, peer_row: dict[str, Any] = r) -> dict[str, Any]:
-            return {**(row.get(key) or {}), **{v: (peer_row.get(key) or {}).get(v) for v in PEERS}}
-
+        speedup, met = _verdict(row["rose_env_steps_per_s"], rates, row["target"])
         return {
             **row,
             **{f"{v}_env_steps_per_s": rates[v] for v in PEERS},
             "speedup_vs_informed_peer": speedup,
-            "target_met": speedup >= target,
-            "interval_rates": take("interval_rates"),
-            "end_to_end_s": take("end_to_end_s"),
-            "command": take("command"),
+            "target_met": met,
+            **{  # each peer's per-run fields beside this call's runs'
+                key: {**(row.get(key) or {}), **{v: (r.get(key) or {}).get(v) for v in PEERS}}
+                for key in ("interval_rates", "end_to_end_s", "command")
+            },
             "peers_from": {"date": r.get("date"), "gpu_uuid": gpu, "call_command": r.get("call_command")},
         }
     return row
@@ -1064,7 +1068,7 @@ def main(argv: list[str] | None = None) -> int:
     args.peer_variants = [v.strip() for v in args.peer_variants.split(",") if v.strip()]
     args.optimize_argv = args.optimize_argv.split()
     args.cached_argv = args.cached_argv.split() if args.cached_argv is not None else None
-    bad_peer = [v for v in args.peer_variants if v not in ("peer_default", "peer_flags")]
+    bad_peer = [v for v in args.peer_variants if v not in PEERS]
     if bad_peer:
         p.error(f"unknown peer variant(s) {bad_peer}; known: peer_default, peer_flags")
     args.rose_variants = [v.strip() for v in args.rose_variants.split(",") if v.strip()]
