@@ -879,12 +879,11 @@ def search_unit(config: SACConfig, env: Env):
     k = max(1, SEARCH_UNIT_GRAD_STEPS // per_iteration)
     if k >= full:
         return None
-    eval_steps = None
+    eval_steps, episode = None, int(env.episode_length)
     if config.num_eval_envs > 0:
-        scaled = -(-int(env.episode_length) * k // full)
-        eval_steps = min(int(env.episode_length), max(SEARCH_UNIT_MIN_EVAL_STEPS, scaled))
+        eval_steps = min(episode, max(SEARCH_UNIT_MIN_EVAL_STEPS, -(-episode * k // full)))
     return SearchUnit(epoch(config, env, iterations=k, eval_steps=eval_steps), k, full, eval_steps,
-                      int(env.episode_length) if eval_steps is not None else None)
+                      episode if eval_steps is not None else None)
 
 
 def _cache_key(config: SACConfig) -> SACConfig:
