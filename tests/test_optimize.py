@@ -1938,3 +1938,60 @@ def test_a_candidate_the_plan_already_covers_everywhere_is_not_measured(tmp_path
     assert one.candidates[0].kept and one.candidates[1].reason.startswith("not measured: subsumed")
     assert search._subsumed(_drop_sleep_where("a"), [_drop_sleep_where("b")]) is None  # not everywhere
     assert search._subsumed(_drop_sleep_where(None), [_drop_sleep_where(None)]) is None
+
+
+@pytest.mark.parametrize("budget_s", [None, 600.0])
+def test_a_profiled_search_measures_what_a_like_program_kept_before_its_profile(tmp_path, monkeypatch,
+                                                                               budget_s):
+    """With windows="profile" and a like program's kept candidate in the plan cache, that candidate
+    is measured before the profile; then the profile runs where the budget holds its estimate (no
+    budget), and only its candidates not measured yet follow, or it is skipped with the reason
+    (a budget under the estimate) and the LoopTree's other candidates follow. Stand-ins, said here:
+    the generator (a fixed list, as in the test above), the profile (resolve_windows: this CPU has
+    no NVML; it records when it ran) and NVML's availability; the trials are real."""
+    _register_toys()
+    gen = [Candidate(synthetic("toy_slower", _sleepier), "w", 2.0, "toy"),
+           Candidate(drop_sleep(), "w", 1.0, "toy")]
+    generated: list = []
+
+    def generate(tree, program, baseline, windows, *a, **k):
+        generated.append(windows)
+        return list(gen)
+
+    monkeypatch.setattr(search, "generate_candidates", generate)
+    kw = dict(n_iters=1, repeats=2, cache_dir=str(tmp_path), env_name="sib", batch_size=16, combine=False)
+    _, alone = O.optimize(slow_iteration, EXAMPLE, **kw)  # the like program's search (no profile)
+    import json
+
+    path = tmp_path / "plans.json"
+    data = json.loads(path.read_text())
+    data["another-length|" + alone.cache_key.split("|", 1)[1]] = data.pop(alone.cache_key)
+    path.write_text(json.dumps(data))
+    logged: list[str] = []
+
+    def profile(windows, fn, state, say, also_compile=(), repeats=2):
+        logged.append("PROFILE")
+        return ["a window"], {"source": "profile", "reason": "stand-in profile", "phases": []}
+
+    monkeypatch.setattr(search, "resolve_windows", profile)
+    monkeypatch.setattr(search.rp, "available", lambda: (True, "stand-in"))
+    monkeypatch.setattr(search, "PROFILE_UNITS_PER_PASS", 1e6)  # an estimate no finite budget here holds
+    generated.clear()
+    _, rep = O.optimize(slow_iteration, EXAMPLE, log=logged.append, windows="profile", budget_s=budget_s,
+                        **kw)
+    labels = [c.label.split("(")[0] for c in rep.candidates]
+    assert labels[0] == "toy_drop_sleep" and rep.candidates[0].kept
+    assert any("measured first" in n and "before the profile" in n for n in rep.notes)
+    measured_first = next(i for i, line in enumerate(logged) if "measured first" in line)
+    if budget_s is None:  # the profile after the measured-first trial; its list without that one
+        assert generated == [None, ["a window"]] and rep.windows["source"] == "profile"
+        trial = [i for i, line in enumerate(logged) if "toy_drop_sleep" in line and i > measured_first]
+        assert trial[0] < logged.index("PROFILE"), logged
+        assert min(i for i, line in enumerate(logged) if "toy_slower" in line) > logged.index("PROFILE")
+        assert labels == ["toy_drop_sleep", "toy_slower"] and rep.candidates[1].stage == "e2e"
+        assert rep.windows["profile_estimate_s"] > 1e3
+    else:  # skipped: the LoopTree's other candidate follows (the budget holds its trial)
+        assert "PROFILE" not in logged and generated == [None]
+        assert rep.windows["source"] == "looptree" and rep.windows["reason"].startswith("profile skipped")
+        assert labels == ["toy_drop_sleep", "toy_slower"]
+    assert search._profile_estimate_s(2.0, 0.5, 2) == pytest.approx(2.5 * 2.0 + 1e6 * 2 * 0.5)

@@ -628,7 +628,9 @@ class _Search:
         # XLA options every candidate is compiled under (None: XLA's defaults); see option_sets
         self.base_options: dict | None = dict(options) if options else None
         self.base_step = compile_step(target, compiler_options=self.base_options)
+        t0 = time.perf_counter()
         jax.block_until_ready(self.base_step(state))  # compile
+        self.compile_s = time.perf_counter() - t0  # its compile and first call (see _profile_estimate_s)
         _, first_s = measure.run_iterations(self.base_step, state, 1)
         if opts.n_iters > 1 and first_s >= LONG_ITERATION_S:
             # a long iteration (e.g. an epoch with its evaluation) is timed one at a time: its
@@ -1021,13 +1023,17 @@ class _Search:
 
     # -- the two loops -------------------------------------------------------------------
     def measure_candidates(
-        self, cands: list[Candidate], tree, ptree, measured: int = 0
+        self, cands: list[Candidate], tree, ptree, measured: int = 0, *,
+        kept: Sequence[tuple[Transform, float, Any]] = (), pending: Sequence[Candidate] = (),
     ) -> list[tuple[Transform, float, Any]]:
         """Each legal candidate (up to ``max_candidates``, ``measured`` of them already measured
-        by an earlier search this one resumes) alone; returns the kept ones with their time in
-        baseline units and their comparison."""
+        by an earlier search this one resumes or an earlier tier of this one) alone; returns the kept
+        ones (after ``kept``, an earlier tier's) with their time in baseline units and their
+        comparison. ``pending``: candidates a later tier measures, recorded as pending in the
+        checkpoints. ``self.measured`` is the count of trials run, ``measured`` included."""
         opts, report = self.opts, self.report
-        kept: list[tuple[Transform, float, Comparison]] = []
+        kept = list(kept)
+        self.measured = measured
         for i, cand in enumerate(cands):
             t = cand.transform
             rec = CandidateRecord(t.label, t.to_json(), cand.window, cand.predicted, cand.model)
@@ -1061,6 +1067,7 @@ class _Search:
                 )
                 continue
             measured += 1
+            self.measured = measured
             self.use_free_trial()
             res = self.trial(rec, [t], always_check=opts.check_slower)
             if res is not None and self.verdict(
@@ -1074,7 +1081,7 @@ class _Search:
                         f"[optimize] {rec.label}: measured {res.settled} recorded in the plan as {t.label}"
                     )
                 kept.append((t, res.scaled_s, res.cmp))
-                self.checkpoint(kept, cands[i + 1:])
+                self.checkpoint(kept, [*cands[i + 1:], *pending])
         return kept
 
     def checkpoint(self, kept: list, rest: list[Candidate]) -> None:
@@ -1416,10 +1423,14 @@ def optimize(
         report.search_time_s = time.perf_counter() - t_start
         say(f"[optimize] {skip}")
         return search.base_step, report
-    also = _also_builds(program, base_fn, example_state, opts)
     # a long iteration is profiled in one pass, as it is timed one at a time (LONG_ITERATION_S):
     # on PPO ant's 3.9 s epoch (H200) the second pass cost about 35 of the profile's 73 timed seconds
     passes = 1 if search.first_s >= LONG_ITERATION_S else 2
+    if opts.candidates is None and opts.windows == "profile" and rp.available()[0]:
+        siblings, relatives = _sibling_entries(opts, key, say)
+        if _kept_single(siblings) or _kept_single(relatives):
+            return _finish(search, _priors_first(search, base_fn, siblings, relatives, passes))
+    also = _also_builds(program, base_fn, example_state, opts)
     windows, report.windows = resolve_windows(
         opts.windows, base_fn, example_state, say, also_compile=also, repeats=passes
     )
@@ -1447,12 +1458,74 @@ def optimize(
     return _finish(search, search.measure_candidates(cands, tree, ptree))
 
 
-def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, report: PlanReport,
-                       say: Callable[[str], None]) -> list[Candidate]:
-    """:func:`_sibling_first` on the plan cache's entries of this program on other devices and of
-    other programs on this env and batch, with its note in the report and the log; ``cands`` as they
-    are when there are none (or the cache cannot be read: the order is a preference, never a reason
-    to fail)."""
+# What a profile costs, from the baseline's compile (and first call) and its unit: the profile
+# compiles its pieces in a pool and runs them once (about 2.5x the baseline's compile), then times
+# about 21 units per pass. Measured: PPO ant epoch, H200 2026-12-06 04:04 (compile 33 s, unit
+# 3.4 s: 82 s + 73 s); PPO humanoid epoch, H100 06:53 (62 s, 4.7 s: 164 s + 94 s).
+PROFILE_COMPILES = 2.5
+PROFILE_UNITS_PER_PASS = 21
+
+
+def _profile_estimate_s(compile_s: float, unit_s: float, passes: int) -> float:
+    """The profile's expected wall seconds (see :data:`PROFILE_COMPILES`)."""
+    return PROFILE_COMPILES * compile_s + PROFILE_UNITS_PER_PASS * passes * unit_s
+
+
+def _priors_first(search: "_Search", base_fn: Callable, siblings: dict[str, dict],
+                  relatives: dict[str, dict], passes: int) -> list:
+    """A profiled search whose plan cache holds candidates kept by this program's search on another
+    device or by a search of a like program (:func:`_sibling_first`'s tiers): those are measured
+    first, before the profile, among the LoopTree's candidates (no windows: every loop by cost);
+    the profile runs after them only where the budget left holds its estimate
+    (:func:`_profile_estimate_s`) and one more trial, and its candidates not measured yet follow,
+    as in a search without priors. Else the rest of the LoopTree's candidates follow in the budget
+    left, and the report's ``windows`` says the profile was skipped and why. A first run of PPO ant
+    on the H200 (2026-12-06 04:04) spent 156 s of its 402 s search on the profile before the
+    evaluation's offload, which its relatives had kept; measured first, a budget that holds that
+    trial no longer has to hold the profile too. Returns what :meth:`_Search.measure_candidates`
+    returns."""
+    opts, report, say, program = search.opts, search.report, search.say, search.program
+    say(f"[optimize] {report.program}: timing the baseline (candidates kept on sibling devices or by "
+        "like programs are measured before the profile)")
+    search.time_baseline()
+    say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
+    tree, ptree = search.start_measuring(base_fn)
+    ctx = dict(concurrent_processes=concurrent_processes(), **_options_context(report.base_options))
+    loop = generate_candidates(tree, program, search.baseline, None, jax.default_backend(),
+                               families=opts.families, **ctx)
+    first, rest, note = _sibling_tiers(loop, siblings, relatives)
+    if note:  # (none where the labels they kept are not among this program's candidates)
+        report.notes.append(f"{note}, before the profile")
+        say(f"[optimize] {note}, before the profile")
+    kept = search.measure_candidates(first, tree, ptree, pending=rest)
+    estimate = _profile_estimate_s(search.compile_s, search.baseline, passes)
+    left = None if search.deadline is None else search.deadline - time.perf_counter()
+    if left is not None and left < estimate + search.expected_trial_s():
+        why = (f"profile skipped: the budget left after the candidates measured first ({max(left, 0):.0f} s) "
+               f"is under the profile's estimate ({estimate:.0f} s) and one more trial "
+               f"({search.expected_trial_s():.0f} s); candidates for every loop by cost")
+        report.windows = {"source": "looptree", "reason": why, "profile_estimate_s": estimate}
+        say(f"[optimize] {why}")
+        cands = rest
+    else:
+        also = [] if search.reference_built else _also_builds(program, base_fn, search.state, opts)
+        windows, report.windows = resolve_windows(
+            opts.windows, base_fn, search.state, say, also_compile=also, repeats=passes
+        )
+        report.windows["profile_estimate_s"] = estimate
+        tried = {c.transform.label for c in first}
+        cands = [c for c in generate_candidates(tree, program, search.baseline, windows,
+                                                jax.default_backend(), families=opts.families,
+                                                phases=report.windows.get("phases"), **ctx)
+                 if c.transform.label not in tried]
+    return search.measure_candidates(cands, tree, ptree, search.measured, kept=kept)
+
+
+def _sibling_entries(opts: OptimizeOptions, key: str,
+                     say: Callable[[str], None]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The plan cache's entries of this program on other devices and of other programs on this env
+    and batch (either empty where the cache cannot be read: the order they give is a preference,
+    never a reason to fail)."""
     def read(entries: Callable[[str | None, str], dict], whose: str) -> dict[str, dict]:
         try:
             return entries(opts.cache_dir, key)
@@ -1460,8 +1533,14 @@ def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, 
             say(f"[optimize] {whose} plans not read: {_failure(e)}")
             return {}
 
-    ordered, note = _sibling_first(cands, read(plan_cache.siblings, "sibling devices'"),
-                                   read(plan_cache.relatives, "like programs'"))
+    return read(plan_cache.siblings, "sibling devices'"), read(plan_cache.relatives, "like programs'")
+
+
+def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, report: PlanReport,
+                       say: Callable[[str], None]) -> list[Candidate]:
+    """:func:`_sibling_first` on :func:`_sibling_entries`, with its note in the report and the log;
+    ``cands`` as they are when there are none."""
+    ordered, note = _sibling_first(cands, *_sibling_entries(opts, key, say))
     if note:
         report.notes.append(note)
         say(f"[optimize] {note}")
@@ -1498,6 +1577,14 @@ def _sibling_first(cands: list[Candidate], siblings: dict[str, dict],
     on a sibling GPU or a like program rank above this device's predictions: on PPO reacher (H100)
     the evaluation's offload, kept at 1.63-1.73x, was ranked third by its prediction, behind a 1.22x
     rewrite and a refused one. Each is still measured and checked here."""
+    first, rest, note = _sibling_tiers(cands, siblings, relatives)
+    return (first + rest, note) if first else (cands, None)
+
+
+def _sibling_tiers(cands: list[Candidate], siblings: dict[str, dict], relatives: dict[str, dict] | None
+                   ) -> tuple[list[Candidate], list[Candidate], str | None]:
+    """:func:`_sibling_first`'s order in two parts: (the tiers' candidates, the rest in their order,
+    the note; None where the tiers hold none)."""
     tiers = [(_kept_single(siblings), "as kept by this program's search on another device"),
              (_kept_single(relatives or {}), "as kept by a search of another program on this env and "
               "batch size (another run length or algorithm)")]
@@ -1512,10 +1599,8 @@ def _sibling_first(cands: list[Candidate], siblings: dict[str, dict],
             taken.update(id(c) for c in mine)
             said.append(f"{why}: " + ", ".join(f"{c.transform.label} ({best[c.transform.label][0]:.3f}x "
                                                 f"on {best[c.transform.label][1]})" for c in mine))
-    if not first:
-        return cands, None
     rest = [c for c in cands if id(c) not in taken]
-    return first + rest, "measured first, " + "; then, ".join(said)
+    return first, rest, ("measured first, " + "; then, ".join(said)) if first else None
 
 
 def _single(c: CandidateRecord) -> bool:
