@@ -615,6 +615,7 @@ class _Search:
         self.free_trials = 0  # candidates measured whatever the deadline (see spent)
         self.free_trial = False  # whether the trial running now is one of them (see isolated)
         self.trial_walls: list[float] = []  # each trial's wall seconds (see expected_trial_s)
+        self.measured = 0  # trials run by measure_candidates, an earlier tier's or resume's included
         # a resumed search's cached plan and kept candidates, (transform(s), time, comparison) as
         # measure_candidates returns them, which the combination tries with the new ones
         self.carried: list[tuple[Any, float, Any]] = []
@@ -1441,17 +1442,7 @@ def optimize(
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
     tree, ptree = search.start_measuring(base_fn)
     if opts.candidates is None:
-        cands = generate_candidates(
-            tree,
-            program,
-            search.baseline,
-            windows,
-            jax.default_backend(),
-            families=opts.families,
-            phases=report.windows.get("phases"),
-            concurrent_processes=concurrent_processes(),
-            **_options_context(report.base_options),
-        )
+        cands = _generate(search, tree, windows)
         cands = _order_by_siblings(cands, opts, key, report, say)
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
@@ -1471,6 +1462,16 @@ def _profile_estimate_s(compile_s: float, unit_s: float, passes: int) -> float:
     return PROFILE_COMPILES * compile_s + PROFILE_UNITS_PER_PASS * passes * unit_s
 
 
+def _generate(search: "_Search", tree: Any, windows: Any) -> list[Candidate]:
+    """:func:`generate_candidates` for the search's unit: its baseline, families, the profile's
+    phases (where the report has them), the baseline's option decision and the process mode."""
+    report = search.report
+    return generate_candidates(tree, search.program, search.baseline, windows, jax.default_backend(),
+                               families=search.opts.families, phases=report.windows.get("phases"),
+                               concurrent_processes=concurrent_processes(),
+                               **_options_context(report.base_options))
+
+
 def _priors_first(search: "_Search", base_fn: Callable, siblings: dict[str, dict],
                   relatives: dict[str, dict], passes: int) -> list:
     """A profiled search whose plan cache holds candidates kept by this program's search on another
@@ -1484,15 +1485,13 @@ def _priors_first(search: "_Search", base_fn: Callable, siblings: dict[str, dict
     evaluation's offload, which its relatives had kept; measured first, a budget that holds that
     trial no longer has to hold the profile too. Returns what :meth:`_Search.measure_candidates`
     returns."""
-    opts, report, say, program = search.opts, search.report, search.say, search.program
+    opts, report, say = search.opts, search.report, search.say
     say(f"[optimize] {report.program}: timing the baseline (candidates kept on sibling devices or by "
         "like programs are measured before the profile)")
     search.time_baseline()
     say(f"[optimize] baseline {search.baseline * 1e3:.3f} ms/iter, spread {search.spread * 1e3:.3f} ms")
     tree, ptree = search.start_measuring(base_fn)
-    ctx = dict(concurrent_processes=concurrent_processes(), **_options_context(report.base_options))
-    loop = generate_candidates(tree, program, search.baseline, None, jax.default_backend(),
-                               families=opts.families, **ctx)
+    loop = _generate(search, tree, None)
     first, rest, note = _sibling_tiers(loop, siblings, relatives)
     if note:  # (none where the labels they kept are not among this program's candidates)
         report.notes.append(f"{note}, before the profile")
@@ -1508,16 +1507,13 @@ def _priors_first(search: "_Search", base_fn: Callable, siblings: dict[str, dict
         say(f"[optimize] {why}")
         cands = rest
     else:
-        also = [] if search.reference_built else _also_builds(program, base_fn, search.state, opts)
+        also = [] if search.reference_built else _also_builds(search.program, base_fn, search.state, opts)
         windows, report.windows = resolve_windows(
             opts.windows, base_fn, search.state, say, also_compile=also, repeats=passes
         )
         report.windows["profile_estimate_s"] = estimate
         tried = {c.transform.label for c in first}
-        cands = [c for c in generate_candidates(tree, program, search.baseline, windows,
-                                                jax.default_backend(), families=opts.families,
-                                                phases=report.windows.get("phases"), **ctx)
-                 if c.transform.label not in tried]
+        cands = [c for c in _generate(search, tree, windows) if c.transform.label not in tried]
     return search.measure_candidates(cands, tree, ptree, search.measured, kept=kept)
 
 
