@@ -1427,8 +1427,9 @@ def optimize(
     # a long iteration is profiled in one pass, as it is timed one at a time (LONG_ITERATION_S):
     # on PPO ant's 3.9 s epoch (H200) the second pass cost about 35 of the profile's 73 timed seconds
     passes = 1 if search.first_s >= LONG_ITERATION_S else 2
+    entries = None  # the plan cache's sibling and relative entries, where read already
     if opts.candidates is None and opts.windows == "profile" and rp.available()[0]:
-        siblings, relatives = _sibling_entries(opts, key, say)
+        entries = siblings, relatives = _sibling_entries(opts, key, say)
         if _kept_single(siblings) or _kept_single(relatives):
             return _finish(search, _priors_first(search, base_fn, siblings, relatives, passes))
     also = _also_builds(program, base_fn, example_state, opts)
@@ -1443,7 +1444,7 @@ def optimize(
     tree, ptree = search.start_measuring(base_fn)
     if opts.candidates is None:
         cands = _generate(search, tree, windows)
-        cands = _order_by_siblings(cands, opts, key, report, say)
+        cands = _order_by_siblings(cands, opts, key, report, say, entries)
     else:
         cands = [Candidate(t, "given", None, "given") for t in opts.candidates]
     return _finish(search, search.measure_candidates(cands, tree, ptree))
@@ -1533,10 +1534,12 @@ def _sibling_entries(opts: OptimizeOptions, key: str,
 
 
 def _order_by_siblings(cands: list[Candidate], opts: OptimizeOptions, key: str, report: PlanReport,
-                       say: Callable[[str], None]) -> list[Candidate]:
-    """:func:`_sibling_first` on :func:`_sibling_entries`, with its note in the report and the log;
-    ``cands`` as they are when there are none."""
-    ordered, note = _sibling_first(cands, *_sibling_entries(opts, key, say))
+                       say: Callable[[str], None],
+                       entries: tuple[dict[str, dict], dict[str, dict]] | None = None) -> list[Candidate]:
+    """:func:`_sibling_first` on :func:`_sibling_entries` (or ``entries``, where the caller read
+    them already), with its note in the report and the log; ``cands`` as they are when there are
+    none."""
+    ordered, note = _sibling_first(cands, *(entries or _sibling_entries(opts, key, say)))
     if note:
         report.notes.append(note)
         say(f"[optimize] {note}")
