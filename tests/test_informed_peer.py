@@ -247,6 +247,85 @@ def test_run_streams_the_log_and_keeps_it_on_timeout(tmp_path):
     assert err.strip().splitlines()[-1] == "timed out after 2s"
 
 
+def _gone(pid: int) -> bool:
+    """The process has exited: no such process, or a zombie nobody reaped (a container's init)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True
+
+
+def _wait_gone(pid: int, within_s: float = 10.0) -> bool:
+    import time
+
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        if _gone(pid):
+            return True
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+_GRANDCHILD = (  # a wrapper whose child (the trainer of `train --mps-client`) does the work
+    "import subprocess, sys; subprocess.call([sys.executable, '-c', "
+    "\"import os, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)\", sys.argv[1]])"
+)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
+def test_run_timeout_ends_the_grandchild_too(tmp_path, monkeypatch):
+    """A timeout ends the whole process group: the grandchild of a wrapper (as with
+    ``rose-jax train --mps-client``) does not train on beside the next variant. Real processes."""
+    import sys
+    import time
+
+    monkeypatch.setattr(ip, "KILL_GRACE_S", 2.0)
+    pid_file = tmp_path / "grandchild.pid"
+    code = _GRANDCHILD.replace("sys.argv[1]", repr(str(pid_file)))
+    rc, _, err, wall = ip._run([sys.executable, "-c", code], dict(os.environ), 3.0, str(tmp_path / "g.log"))
+    assert rc is None and "timed out after 3s" in err and wall < 30
+    for _ in range(50):  # the grandchild wrote its pid before the timeout (it starts in < 3 s)
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    assert _wait_gone(int(pid_file.read_text())), "the grandchild outlived the timeout"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
+def test_sigterm_to_the_mps_wrapper_ends_its_child(tmp_path):
+    """``run_as_client``'s wrapper turns SIGTERM into an exit that kills its child (and, above it,
+    stops the daemon): here the same ``_sigterm_exits`` + ``subprocess.call`` without MPS. Real
+    processes; the MPS daemon's stop on this path runs in the GPU test of ``--mps-client``."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    wrapper = (
+        "import subprocess, sys\n"
+        "from rose_jax.mps.client import _sigterm_exits\n"
+        "with _sigterm_exits():\n"
+        f"    subprocess.call([sys.executable, '-c', {child!r}])\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-c", wrapper], env=env)
+    try:
+        for _ in range(200):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.05)
+        child_pid = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        assert _wait_gone(child_pid), "the wrapper's child outlived its SIGTERM"
+    finally:
+        proc.kill()
+
+
 def test_published_epochs_keep_brax_s_epoch_size():
     """sac-hopper-5ep: five epochs of the published run's size by Brax's own rounding (and our
     config's, which follows it), evaluation count cut instead of the epoch."""

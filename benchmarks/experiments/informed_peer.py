@@ -409,28 +409,64 @@ def _run(
 ) -> tuple[int | None, str, str, float]:
     """Run ``cmd``; ``(returncode or None on timeout, stdout, stderr, wall s)``. With ``log_path``,
     stdout and stderr go to that file as the child writes them (so a call cut short still shows
-    how far the child got); both returned texts are then the whole log."""
+    how far the child got); both returned texts are then the whole log.
+
+    The child runs in a session of its own, and a timeout ends that whole process group (SIGTERM,
+    then SIGKILL after ``KILL_GRACE_S``): ``rose-jax train --mps-client`` trains in a grandchild,
+    which ``subprocess.run``'s timeout (it kills the direct child only) would leave running beside
+    the next variant, sharing its GPU."""
     t0 = time.perf_counter()
     if log_path is not None:
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         with open(log_path, "w") as f:
-            try:
-                proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
-                rc = proc.returncode
-            except subprocess.TimeoutExpired:
-                rc = None
+            rc, _ = _run_group(cmd, env, timeout_s, stdout=f, stderr=subprocess.STDOUT)
         with open(log_path, errors="replace") as f:
             out = f.read()
         err = out if rc is not None else out + f"\ntimed out after {timeout_s:.0f}s"
         return rc, out, err, time.perf_counter() - t0
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        rc, out, err = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc = None
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    rc, (out, err) = _run_group(cmd, env, timeout_s, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if rc is None:
         err = f"timed out after {timeout_s:.0f}s"
     return rc, out, err, time.perf_counter() - t0
+
+
+KILL_GRACE_S = 20.0  # after SIGTERM, for the MPS wrapper to stop its daemon and a trainer to exit
+
+
+def _run_group(
+    cmd: list[str], env: dict[str, str], timeout_s: float, **streams
+) -> tuple[int | None, tuple[str, str]]:
+    """``cmd`` in a new session; ``(returncode or None on timeout, (stdout, stderr) as text where
+    piped, else empty)``. On timeout its whole process group is terminated, then killed."""
+    proc = subprocess.Popen(cmd, env=env, text=True, start_new_session=True, **streams)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return proc.returncode, (out or "", err or "")
+    except subprocess.TimeoutExpired:
+        _end_group(proc)
+        out, err = proc.communicate()
+        return None, (out or "", err or "")
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL to what is left after ``KILL_GRACE_S``."""
+    import signal
+
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        if wait_s is None:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # the leader exited; its group may live on (a grandchild): end it too
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
 
 
 def _flags_env(variant: str) -> dict[str, str]:

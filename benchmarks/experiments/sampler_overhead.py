@@ -29,13 +29,14 @@ from benchmarks.experiments.activity_profile import build, sampling, start
 DEFAULT_OUT = os.path.join(common.RESULTS_DIR, "profile", "sampler_overhead")
 
 
-def overhead_iters(fn, state, args) -> int:
-    """Iterations per sampler-off/on block: ``--overhead-iters``, raised so that one block lasts at
-    least ``--overhead-block-s`` (several GPM windows; per-iteration timing noise averages out)."""
+def overhead_iters(fn, state, args) -> tuple[int, float | None]:
+    """``(iterations per sampler-off/on block, the calibration's seconds per iteration or None)``:
+    ``--overhead-iters``, raised so that one block lasts at least ``--overhead-block-s`` (several
+    GPM windows; per-iteration timing noise averages out)."""
     import jax
 
     if args.overhead_block_s <= 0:
-        return args.overhead_iters
+        return args.overhead_iters, None
 
     def chain(s):  # one iteration; its state goes on (an iteration returns (state, metrics))
         out = jax.block_until_ready(fn(s))
@@ -51,7 +52,7 @@ def overhead_iters(fn, state, args) -> int:
         s = chain(s)
         times.append(time.perf_counter() - t)
     per_iter = sorted(times)[1]
-    return max(args.overhead_iters, math.ceil(args.overhead_block_s / max(per_iter, 1e-6)))
+    return max(args.overhead_iters, math.ceil(args.overhead_block_s / max(per_iter, 1e-6))), per_iter
 
 
 def run_overhead(algo: str, num_envs: int, args) -> dict:
@@ -65,7 +66,7 @@ def run_overhead(algo: str, num_envs: int, args) -> dict:
     log(f"{name}: building env, config and initial state")
     it, state, _ = build(algo, num_envs, args)
     fn = jax.jit(it)
-    iters = overhead_iters(fn, jax.block_until_ready(state), args)
+    iters, calib_s = overhead_iters(fn, jax.block_until_ready(state), args)
     log(f"{name}: sampler overhead, {iters} iterations x {args.overhead_rounds} rounds, off/on")
     ia = rp.iteration_activity(fn, state, iters=iters, rounds=args.overhead_rounds, **sampling(args))
     over = None if ia.overhead is None else 100 * ia.overhead
@@ -79,6 +80,7 @@ def run_overhead(algo: str, num_envs: int, args) -> dict:
     return {
         "name": name, "algo": algo, "env": env_name, "num_envs": num_envs,
         "iterations_per_block": iters, "rounds": args.overhead_rounds,
+        "calibration_iteration_ms": None if calib_s is None else calib_s * 1e3,
         "iteration_ms_sampler_off": ia.iteration_time_off_s * 1e3, "iteration_ms_sampler_on": on_ms,
         "sampler_overhead_pct": over, "mean_sm_util": ia.mean_sm_util, "source": ia.source,
         "sampler_mode": "process", "reason": ia.reason,
