@@ -531,3 +531,45 @@ def test_train_mps_client_on_the_gpu(tmp_path):
     assert rc.returncode == 0, rc.stderr[-2000:]
     assert "[mps] daemon up" in rc.stdout
     assert json.loads((run_dir / "metrics.json").read_text())[-1]["env_steps"] >= 8192
+
+
+def test_train_mps_client_sigterm_stops_trainer_and_daemon_on_the_gpu(tmp_path):
+    """The real path of a harness's timeout or a scheduler's SIGTERM: SIGTERM to ``train
+    --mps-client`` (the wrapper) ends its trainer child and stops its MPS daemon, leaving neither
+    running on the GPU (GPU machines with MPS only)."""
+    import signal
+    import time
+
+    import psutil
+
+    from rose_jax.mps import mps_status
+    from rose_jax.mps.daemon import PID_FILE
+
+    ok, reason = mps_status()
+    if not ok:
+        pytest.skip(f"needs an MPS daemon on an NVIDIA GPU: {reason}")
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "rose_jax.cli", "train", "--env", "cartpole", "--steps", "100000000",
+         "--mps-client", "--run-dir", str(tmp_path / "run"), "--no-tensorboard"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        pipe_dir = control = None
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:  # the daemon's pipe dir, then the trainer's first line
+            if "[mps] daemon up (" in line:
+                pipe_dir = Path(line.split("[mps] daemon up (", 1)[1].split(")", 1)[0])
+                control = int((pipe_dir / PID_FILE).read_text().split()[0])
+            if line.startswith("rose-jax train:") or time.monotonic() > deadline:
+                break
+        assert pipe_dir is not None and control is not None, "the daemon did not come up"
+        trainers = [p.pid for p in psutil.Process(proc.pid).children()]
+        assert trainers, "no trainer child under the wrapper"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        for pid in [*trainers, control]:
+            alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            assert not alive, f"process {pid} outlived the wrapper's SIGTERM"
+        assert not pipe_dir.exists(), "the daemon's directories were left behind"
+    finally:
+        proc.kill()
