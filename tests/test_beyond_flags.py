@@ -297,6 +297,40 @@ def test_cached_run_takes_both_peers_from_the_same_warm_machines_earlier_call(tm
     assert "both peers ran in the call of 2026-12-06 19:21 UTC" in md
 
 
+def test_cached_run_takes_flags_only_from_the_same_warm_machines_earlier_call(tmp_path):
+    """A call without a flags-only run takes it from the newest earlier call of the same workload
+    and length on the same GPU within the machine's hold (SAC's published epochs fill a call per
+    run): the ratio over flags only is then against it; another GPU, a later call, or a row that
+    ran flags only itself are left as they are."""
+    cached = {"rose_cached": _run(300.0, end_to_end_s=90.0, command="rose-cmd")}
+    row = {**B.acceptance_row("sac-hopper-5ep", "sac", 1_731_072, cached), "date": "2026-12-08 10:40 UTC",
+           "gpu_uuid": "GPU-a"}
+    assert row["speedup_vs_flags_only"] is None
+    flags = {"flags_only": _run(250.0, end_to_end_s=120.0, command="f")}
+    earlier = {**B.acceptance_row("sac-hopper-5ep", "sac", 1_731_072, flags), "date": "2026-12-08 10:30 UTC",
+               "gpu_uuid": "GPU-a", "call_command": "flags-call"}
+    folded = B.fold_flags_only(row, [earlier])
+    assert folded["flags_only_env_steps_per_s"] == 250.0 and folded["speedup_vs_flags_only"] == 1.2
+    assert folded["end_to_end_s"] == {"rose_cached": 90.0, "flags_only": 120.0}
+    assert folded["command"]["flags_only"] == "f" and folded["flags_only_run"] == "flags_only"
+    assert folded["flags_only_from"] == {"date": "2026-12-08 10:30 UTC", "gpu_uuid": "GPU-a",
+                                         "call_command": "flags-call"}
+    for e in ({**earlier, "gpu_uuid": "GPU-b"}, {**earlier, "date": "2026-12-08 10:45 UTC"},
+              {**earlier, "date": "2026-12-08 09:55 UTC"}, {**earlier, "flags_only_env_steps_per_s": None}):
+        assert B.fold_flags_only(row, [e]) is row
+    ran_it = {**row, "flags_only_env_steps_per_s": 280.0}
+    assert B.fold_flags_only(ran_it, [earlier]) is ran_it
+    # peers and flags only from two earlier calls of the same hold, folded in the order main() does
+    peers = {"peer_default": _run(200.0, end_to_end_s=300.0), "peer_flags": _run(240.0, end_to_end_s=260.0)}
+    peer_row = {**B.acceptance_row("sac-hopper-5ep", "sac", 1_731_072, peers), "date": "2026-12-08 10:20 UTC",
+                "gpu_uuid": "GPU-a"}
+    both = B.fold_flags_only(B.fold_peers(row, [peer_row, earlier]), [peer_row, earlier])
+    assert both["speedup_vs_informed_peer"] == 1.25 and both["speedup_vs_flags_only"] == 1.2
+    B.write(str(tmp_path), [], "cmd", [{k: v for k, v in both.items() if k != "_plan"}], jax_devices=False)
+    assert "the flags-only column ran in the call of 2026-12-08 10:30 UTC" in open(
+        os.path.join(tmp_path, "results.md")).read()
+
+
 def test_plan_only_search_gives_the_row_its_plan_and_the_split_first_run(tmp_path, capsys):
     """``rose_plan`` (`rose-jax train --optimize --plan-only`: the search alone) gives a row its plan
     and search time but no rate; with ``rose_cached`` after it (this call or a later one) the first

@@ -590,20 +590,10 @@ def fold_peers(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, 
     unchanged when there is no such row (or it ran a peer itself)."""
     if not row.get("rose_env_steps_per_s") or any(row.get(f"{v}_env_steps_per_s") for v in PEERS):
         return row
-    when, gpu = _minutes(row.get("date")), row.get("gpu_uuid")
-    if when is None or not gpu:
-        return row
+    gpu = row.get("gpu_uuid")
     for r in reversed(earlier):
-        t = _minutes(r.get("date"))
-        same = (
-            r.get("workload") == row.get("workload")
-            and r.get("num_timesteps") == row.get("num_timesteps")
-            and r.get("gpu_uuid") == gpu
-            and t is not None
-            and 0 <= (when - t) * 60 <= SAME_MACHINE_S
-        )
         rates = {v: r.get(f"{v}_env_steps_per_s") for v in PEERS}
-        if not same or not all(rates.values()):
+        if not _same_hold(row, r) or not all(rates.values()):
             continue
         speedup, met = _verdict(row["rose_env_steps_per_s"], rates, row["target"])
         return {
@@ -616,6 +606,47 @@ def fold_peers(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, 
                 for key in ("interval_rates", "end_to_end_s", "command")
             },
             "peers_from": {"date": r.get("date"), "gpu_uuid": gpu, "call_command": r.get("call_command")},
+        }
+    return row
+
+
+def _same_hold(row: dict[str, Any], r: dict[str, Any]) -> bool:
+    """``r`` is an earlier call of ``row``'s workload and length on the same GPU (``gpu_uuid``)
+    at most ``SAME_MACHINE_S`` before: the same warm machine."""
+    when, gpu, t = _minutes(row.get("date")), row.get("gpu_uuid"), _minutes(r.get("date"))
+    return (
+        bool(gpu) and when is not None and t is not None
+        and r.get("workload") == row.get("workload")
+        and r.get("num_timesteps") == row.get("num_timesteps")
+        and r.get("gpu_uuid") == gpu
+        and 0 <= (when - t) * 60 <= SAME_MACHINE_S
+    )
+
+
+def fold_flags_only(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """A row with our ``--optimize`` rate but no flags-only run (on an H100 a SAC run of the
+    published epochs fills a call by itself) takes the flags-only rate from the newest earlier call
+    of the same workload and length on the same GPU within the machine's hold, as
+    :func:`fold_peers` takes the peers: ``speedup_vs_flags_only`` is then against it and
+    ``flags_only_from`` names that call. Pure; the row is returned unchanged when there is no such
+    call (or it ran flags only itself)."""
+    if not row.get("rose_env_steps_per_s") or row.get("flags_only_env_steps_per_s"):
+        return row
+    for r in reversed(earlier):
+        rate, run = r.get("flags_only_env_steps_per_s"), r.get("flags_only_run") or "flags_only"
+        if not rate or not _same_hold(row, r):
+            continue
+        return {
+            **row,
+            "flags_only_env_steps_per_s": rate,
+            "flags_only_run": run,
+            "speedup_vs_flags_only": round(row["rose_env_steps_per_s"] / rate, 3),
+            **{  # that run's per-run fields beside this call's runs'
+                key: {**(row.get(key) or {}), run: (r.get(key) or {}).get(run)}
+                for key in ("interval_rates", "end_to_end_s", "command")
+            },
+            "flags_only_from": {"date": r.get("date"), "gpu_uuid": row.get("gpu_uuid"),
+                                "call_command": r.get("call_command")},
         }
     return row
 
@@ -853,6 +884,11 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
                 f"{r['peers_from'].get('date')} on the same warm machine (same GPU, same hold), "
                 "this call's runs after them"
             )
+        if r.get("flags_only_from"):
+            lines.append(
+                f"- {r['workload']} ({r.get('date')}): the flags-only column ran in the call of "
+                f"{r['flags_only_from'].get('date')} on the same warm machine (same GPU, same hold)"
+            )
         if r.get("flags_only_run") == "flags_only_cached" and r.get("flags_only_env_steps_per_s"):
             lines.append(
                 f"- {r['workload']} ({r.get('date')}): the flags-only column is `rose-jax train`'s second "
@@ -979,7 +1015,8 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
             common.log(f"{n}: acceptance failed: {type(e).__name__}: {e}")
             row = {**last.get(n, {"workload": n}), "error": f"{type(e).__name__}: {e}"[:300]}
         # stamped first: a split in this call names its date, and the peers' call is found by GPU and date
-        new.append(fold_peers(fold_first_run(stamp(row), accepted), accepted + _public(new)))
+        before = accepted + _public(new)
+        new.append(fold_flags_only(fold_peers(fold_first_run(stamp(row), accepted), before), before))
         write(args.out, rows, command, accepted + _public(new), jax_devices=False)
     if args.profile:
         import jax
