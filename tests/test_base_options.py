@@ -195,3 +195,42 @@ def test_split_compile_candidates_know_the_baseline_already_runs_under_a_set():
     share = split_compile.SPLIT_COMPILE_SHARE["gpu"]
     assert per_stage.predicted == pytest.approx(max(0.0, 1.0 * share - 0.1))
     assert "already saves" in per_stage.model
+
+
+EQ = {"xla_llvm_disable_expensive_passes": True}  # a CPU-valid stand-in for deterministic ops
+
+
+def test_the_equality_reference_is_compiled_beside_the_option_trials_builds(monkeypatch):
+    """The baseline's build under the equality options is compiled (and run once) in the option
+    trial's pool, before anything is timed; the reference then starts from it instead of
+    compiling it after the first candidate's timing. It is not an option set: not timed, not in
+    the report's option trial, and equality is checked as before."""
+    seen = _spy_compiles(monkeypatch)
+    lines = []
+    step, report = O.optimize(
+        iteration, EXAMPLE, candidates=[identity_transform()], option_sets={"o1": O1}, n_iters=1, repeats=2,
+        equality_options=EQ, check_slower=True, log=lines.append,
+    )
+    trial = next(i for i, line in enumerate(lines) if "XLA options of the baseline" in line)
+    assert EQ in seen[: seen.index(O1) + 2]  # compiled with the option sets, not after
+    assert any("compiled beside the option trial's builds" in line for line in lines[trial:])
+    assert not any("the baseline compiled and run once under" in line for line in lines)
+    b = report.base_options
+    assert set(b["ms_per_iter"]) == {"default", "o1"} and b["refused"] == {}
+    assert report.baseline_reproducible is True
+    (rec,) = report.candidates
+    assert rec.equal is True  # the identity candidate, checked against the prebuilt reference
+    chex.assert_trees_all_equal(step(EXAMPLE), jax.jit(iteration)(EXAMPLE))
+
+
+def test_equality_options_that_do_not_compile_are_refused_by_the_reference_as_before():
+    """Equality options this compiler rejects fail in the option trial's pool silently (not an
+    option set) and then in the reference, which refuses every checked candidate with the reason."""
+    lines = []
+    _, report = O.optimize(
+        iteration, EXAMPLE, candidates=[identity_transform()], option_sets={"o1": O1}, n_iters=1, repeats=2,
+        equality_options={"xla_this_flag_does_not_exist": True}, check_slower=True, log=lines.append,
+    )
+    assert "(equality reference)" not in report.base_options["refused"]
+    (rec,) = report.candidates
+    assert rec.equal is not True and "xla_this_flag_does_not_exist" in (rec.reason or "")
