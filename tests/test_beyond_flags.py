@@ -303,8 +303,29 @@ def test_cached_run_takes_both_peers_from_the_same_warm_machines_earlier_call(tm
     other_len = {**earlier, "num_timesteps": 8_000_000}
     for e in (other_gpu, too_old, later, one_peer, other_len):
         assert B.fold_peers(row, [e]) is row
+    ran_both = {**row, "peer_default_env_steps_per_s": 210.0, "peer_flags_env_steps_per_s": 240.0}
+    assert B.fold_peers(ran_both, [earlier]) is ran_both
+    # a row that ran one peer takes the other one from the same machine's earlier call
     ran_one = {**row, "peer_flags_env_steps_per_s": 240.0}
-    assert B.fold_peers(ran_one, [earlier]) is ran_one
+    one = B.fold_peers(ran_one, [earlier])
+    assert one["peer_default_env_steps_per_s"] == 200.0 and one["peer_flags_env_steps_per_s"] == 240.0
+    assert one["speedup_vs_informed_peer"] == 1.25  # against this call's faster Brax + flag
+    assert one["peers_from"]["peers"] == {"peer_default": "2026-12-06 19:21 UTC"}
+    assert one["command"]["peer_default"] == "d" and "peer_flags" not in one["command"]  # only the folded one
+    # each peer from its own call (SAC on an H100: one of Brax's runs fills a call); not found: as is
+    only_d = {**earlier, "date": "2026-12-06 19:10 UTC", "peer_flags_env_steps_per_s": None}
+    only_f = {**earlier, "date": "2026-12-06 19:20 UTC", "peer_default_env_steps_per_s": None,
+              "call_command": "flags-call"}
+    split = B.fold_peers(row, [only_d, only_f])
+    assert split["peer_default_env_steps_per_s"] == 200.0 and split["peer_flags_env_steps_per_s"] == 250.0
+    assert split["speedup_vs_informed_peer"] == 1.2
+    assert split["peers_from"]["peers"] == {"peer_default": "2026-12-06 19:10 UTC",
+                                            "peer_flags": "2026-12-06 19:20 UTC"}
+    assert split["peers_from"]["call_command"] == ["peers-call", "flags-call"]
+    assert B.fold_peers(row, [only_f]) is row
+    # a call that ran both is preferred to a newer one that ran one
+    newer_f = {**only_f, "date": "2026-12-06 19:25 UTC"}
+    assert B.fold_peers(row, [earlier, newer_f])["peers_from"]["date"] == "2026-12-06 19:21 UTC"
     assert B.fold_peers({**row, "date": "-"}, [earlier])["speedup_vs_informed_peer"] is None
     # the newest matching call is taken
     newer = {**earlier, "date": "2026-12-06 19:25 UTC", "peer_flags_env_steps_per_s": 240.0}
@@ -312,6 +333,10 @@ def test_cached_run_takes_both_peers_from_the_same_warm_machines_earlier_call(tm
     B.write(str(tmp_path), [], "cmd", [{k: v for k, v in folded.items() if k != "_plan"}], jax_devices=False)
     md = open(os.path.join(tmp_path, "results.md")).read()
     assert "both peers ran in the call of 2026-12-06 19:21 UTC" in md
+    B.write(str(tmp_path), [], "cmd", [{k: v for k, v in split.items() if k != "_plan"}], jax_devices=False)
+    md = open(os.path.join(tmp_path, "results.md")).read()
+    assert ("Brax as shipped ran in the call of 2026-12-06 19:10 UTC; Brax + flag ran in the call of "
+            "2026-12-06 19:20 UTC on the same warm machine") in md
 
 
 def test_cached_run_takes_flags_only_from_the_same_warm_machines_earlier_call(tmp_path):

@@ -343,6 +343,7 @@ def measure(name: str, args, options: dict[str, Any]) -> dict[str, Any]:
 # with the best global flag)
 TARGETS = {"sac": 1.5, "ppo": 1.15}
 PEERS = ("peer_default", "peer_flags")  # Brax's trainer as shipped and with the flag
+PEER_NAMES = {"peer_default": "Brax as shipped", "peer_flags": "Brax + flag"}
 # env steps per acceptance run (whole runs; steady rates between progress reports, >= 3 of them)
 ACCEPTANCE_STEPS = {"sac": 100_000, "ppo": 10_000_000}
 
@@ -582,32 +583,46 @@ def _minutes(date: str | None) -> float | None:
 
 
 def fold_peers(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
-    """A row with our rate but neither peer (a call too short for the three runs) takes both peers
-    from the newest earlier row of the same workload and length that ran both of them in one call on
-    the same GPU (``gpu_uuid``) at most ``SAME_MACHINE_S`` before: the same warm machine, the
-    device tool's rule for timings compared across calls. The ratio and the target are then
-    against the faster of the two, and ``peers_from`` names that call. Pure; the row is returned
-    unchanged when there is no such row (or it ran a peer itself)."""
-    if not row.get("rose_env_steps_per_s") or any(row.get(f"{v}_env_steps_per_s") for v in PEERS):
+    """A row with our rate and a peer missing (a call too short for every run) takes the missing
+    peers from earlier rows of the same workload and length on the same GPU (``gpu_uuid``) at most
+    ``SAME_MACHINE_S`` before: the same warm machine, the device tool's rule for timings compared
+    across calls. The newest call that ran every missing peer is taken; where none did (on an H100
+    each of Brax's SAC runs of the published epochs fills a call), each peer from the newest call
+    that ran it. The ratio and the target are then against the faster of the two, and
+    ``peers_from`` names the call(s) (``peers``: each folded peer's call). Pure; the row is returned
+    unchanged when a missing peer was not run on that machine (or the row ran both)."""
+    missing = [v for v in PEERS if not row.get(f"{v}_env_steps_per_s")]
+    if not row.get("rose_env_steps_per_s") or not missing:
         return row
-    gpu = row.get("gpu_uuid")
-    for r in reversed(earlier):
-        rates = {v: r.get(f"{v}_env_steps_per_s") for v in PEERS}
-        if not _same_hold(row, r) or not all(rates.values()):
-            continue
-        speedup, met = _verdict(row["rose_env_steps_per_s"], rates, row["target"])
-        return {
-            **row,
-            **{f"{v}_env_steps_per_s": rates[v] for v in PEERS},
-            "speedup_vs_informed_peer": speedup,
-            "target_met": met,
-            **{  # each peer's per-run fields beside this call's runs'
-                key: {**(row.get(key) or {}), **{v: (r.get(key) or {}).get(v) for v in PEERS}}
-                for key in ("interval_rates", "end_to_end_s", "command")
-            },
-            "peers_from": {"date": r.get("date"), "gpu_uuid": gpu, "call_command": r.get("call_command")},
-        }
-    return row
+    same = [r for r in reversed(earlier) if _same_hold(row, r)]  # newest first
+    ran = lambda r, v: bool(r.get(f"{v}_env_steps_per_s"))  # noqa: E731
+    one = next((r for r in same if all(ran(r, v) for v in missing)), None)
+    src = {v: one or next((r for r in same if ran(r, v)), None) for v in missing}
+    if any(r is None for r in src.values()):
+        return row
+    rates = {v: row.get(f"{v}_env_steps_per_s") or src[v][f"{v}_env_steps_per_s"] for v in PEERS}
+    speedup, met = _verdict(row["rose_env_steps_per_s"], rates, row["target"])
+    calls = list({id(r): r for r in src.values()}.values())  # each source call once, in PEERS order
+    return {
+        **row,
+        **{f"{v}_env_steps_per_s": rates[v] for v in PEERS},
+        "speedup_vs_informed_peer": speedup,
+        "target_met": met,
+        **{  # each folded peer's per-run fields beside this call's runs'
+            key: {**(row.get(key) or {}), **{v: (src[v].get(key) or {}).get(v) for v in missing}}
+            for key in ("interval_rates", "end_to_end_s", "command")
+        },
+        "peers_from": {
+            "date": ", ".join(r.get("date") or "-" for r in calls),
+            "gpu_uuid": row.get("gpu_uuid"),
+            "call_command": (
+                calls[0].get("call_command") if len(calls) == 1 else [r.get("call_command") for r in calls]
+            ),
+            # which call each peer came from, where not both from one call
+            **({"peers": {v: src[v].get("date") for v in missing}}
+               if missing != list(PEERS) or len(calls) > 1 else {}),
+        },
+    }
 
 
 def _same_hold(row: dict[str, Any], r: dict[str, Any]) -> bool:
@@ -879,10 +894,14 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
                 + (f"; split in two: {f['split']})" if f.get("split") else ")")
             )
         if r.get("peers_from"):
+            folded = r["peers_from"].get("peers")
+            where = (
+                "; ".join(f"{PEER_NAMES.get(v, v)} ran in the call of {d}" for v, d in folded.items())
+                if folded else f"both peers ran in the call of {r['peers_from'].get('date')}"
+            )
             lines.append(
-                f"- {r['workload']} ({r.get('date')}): both peers ran in the call of "
-                f"{r['peers_from'].get('date')} on the same warm machine (same GPU, same hold), "
-                "this call's runs after them"
+                f"- {r['workload']} ({r.get('date')}): {where} on the same warm machine (same GPU, "
+                "same hold), this call's runs after them"
             )
         if r.get("flags_only_from"):
             lines.append(
