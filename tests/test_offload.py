@@ -224,7 +224,9 @@ def test_pipelined_timing_is_the_longer_of_the_main_calls_and_the_deferred_work(
     final, dt = measure.run_pipelined(stub, jnp.float32(0.0), 3)
     stub.pool.shutdown()
     assert float(final) == 3.0 and not stub.pending
-    assert 0.14 <= dt < 0.6, dt
+    # the last call's work is timed from after the clock stops, so it shows a few ms less than its
+    # 0.05 s on a loaded machine (3 x 0.0466 s on the 2-core CI); the calls' own clock is ~0
+    assert 0.12 <= dt < 0.6, dt
 
 
 @pytest.mark.slow
