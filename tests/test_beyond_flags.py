@@ -326,6 +326,16 @@ def test_cached_run_takes_both_peers_from_the_same_warm_machines_earlier_call(tm
     # a call that ran both is preferred to a newer one that ran one
     newer_f = {**only_f, "date": "2026-12-06 19:25 UTC"}
     assert B.fold_peers(row, [earlier, newer_f])["peers_from"]["date"] == "2026-12-06 19:21 UTC"
+    # a row that took its peers from another call is not a source: that call may be outside this hold
+    relay = {**folded, "date": "2026-12-06 19:45 UTC"}
+    late = {**row, "date": "2026-12-06 19:55 UTC"}  # 34 min after the peers' call, 10 after relay's
+    assert B.fold_peers(late, [earlier, relay]) is late
+    part = {**one, "date": "2026-12-06 19:45 UTC"}  # ran peer_flags itself, took peer_default
+    assert B.fold_peers(late, [part]) is late  # its peer_default is borrowed: not taken
+    late_d = {**late, "peer_default_env_steps_per_s": 205.0}
+    got = B.fold_peers(late_d, [part])  # its own peer_flags is
+    assert got["peer_flags_env_steps_per_s"] == 240.0
+    assert got["peers_from"]["peers"] == {"peer_flags": "2026-12-06 19:45 UTC"}
     assert B.fold_peers({**row, "date": "-"}, [earlier])["speedup_vs_informed_peer"] is None
     # the newest matching call is taken
     newer = {**earlier, "date": "2026-12-06 19:25 UTC", "peer_flags_env_steps_per_s": 240.0}
@@ -362,6 +372,9 @@ def test_cached_run_takes_flags_only_from_the_same_warm_machines_earlier_call(tm
         assert B.fold_flags_only(row, [e]) is row
     ran_it = {**row, "flags_only_env_steps_per_s": 280.0}
     assert B.fold_flags_only(ran_it, [earlier]) is ran_it
+    relay = {**folded, "date": "2026-12-08 10:50 UTC"}  # took its flags-only run from another call
+    late = {**row, "date": "2026-12-08 11:05 UTC"}  # 35 min after that call, 15 after relay's
+    assert B.fold_flags_only(late, [earlier, relay]) is late
     # peers and flags only from two earlier calls of the same hold, folded in the order main() does
     peers = {"peer_default": _run(200.0, end_to_end_s=300.0), "peer_flags": _run(240.0, end_to_end_s=260.0)}
     peer_row = {**B.acceptance_row("sac-hopper-5ep", "sac", 1_731_072, peers), "date": "2026-12-08 10:20 UTC",

@@ -293,35 +293,36 @@ def test_run_timeout_ends_the_grandchild_too(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
-def test_sigterm_to_the_mps_wrapper_ends_its_child(tmp_path):
-    """``run_as_client``'s wrapper turns SIGTERM into an exit that kills its child (and, above it,
-    stops the daemon): here the same ``_sigterm_exits`` + ``subprocess.call`` without MPS. Real
-    processes; the MPS daemon's stop on this path runs in the GPU test of ``--mps-client``."""
+def test_a_harness_stopped_by_sigterm_ends_its_runs_session(tmp_path):
+    """The harness stopped while a run goes on (a call's limit: GNU timeout signals the harness's
+    group, which the run's own session is not in): ``sigterm_exits`` unwinds through ``_run``,
+    which ends the run's whole group, the wrapper's child included. Real processes."""
     import signal
     import subprocess
     import sys
     import time
 
-    pid_file = tmp_path / "child.pid"
-    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    wrapper = (
-        "import subprocess, sys\n"
-        "from rose_jax.mps.client import _sigterm_exits\n"
-        "with _sigterm_exits():\n"
-        f"    subprocess.call([sys.executable, '-c', {child!r}])\n"
+    pid_file = tmp_path / "grandchild.pid"
+    code = _GRANDCHILD.replace("sys.argv[1]", repr(str(pid_file)))
+    log = str(tmp_path / "h.log")
+    harness = (
+        "import os, sys\n"
+        "from benchmarks.experiments import informed_peer as ip\n"
+        "with ip.sigterm_exits():\n"
+        f"    ip._run([sys.executable, '-c', {code!r}], dict(os.environ), 120.0, {log!r})\n"
     )
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.Popen([sys.executable, "-c", wrapper], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", harness], env=env)
     try:
-        for _ in range(200):
+        for _ in range(300):
             if pid_file.exists() and pid_file.read_text():
                 break
             time.sleep(0.05)
-        child_pid = int(pid_file.read_text())
+        grandchild = int(pid_file.read_text())
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
-        assert _wait_gone(child_pid), "the wrapper's child outlived its SIGTERM"
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert _wait_gone(grandchild), "the run's grandchild outlived the harness"
     finally:
         proc.kill()
 

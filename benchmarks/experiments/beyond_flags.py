@@ -595,7 +595,7 @@ def fold_peers(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, 
     if not row.get("rose_env_steps_per_s") or not missing:
         return row
     same = [r for r in reversed(earlier) if _same_hold(row, r)]  # newest first
-    ran = lambda r, v: bool(r.get(f"{v}_env_steps_per_s"))  # noqa: E731
+    ran = _ran_peer_itself
     one = next((r for r in same if all(ran(r, v) for v in missing)), None)
     src = {v: one or next((r for r in same if ran(r, v)), None) for v in missing}
     if any(r is None for r in src.values()):
@@ -625,6 +625,15 @@ def fold_peers(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, 
     }
 
 
+def _ran_peer_itself(r: dict[str, Any], v: str) -> bool:
+    """Whether row ``r``'s call ran peer ``v`` itself (a rate it took from another call by
+    :func:`fold_peers` does not count: that call may be outside this row's hold)."""
+    folded = r.get("peers_from")
+    if not r.get(f"{v}_env_steps_per_s"):
+        return False
+    return not folded or ("peers" in folded and v not in folded["peers"])
+
+
 def _same_hold(row: dict[str, Any], r: dict[str, Any]) -> bool:
     """``r`` is an earlier call of ``row``'s workload and length on the same GPU (``gpu_uuid``)
     at most ``SAME_MACHINE_S`` before: the same warm machine."""
@@ -649,7 +658,7 @@ def fold_flags_only(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[
         return row
     for r in reversed(earlier):
         rate, run = r.get("flags_only_env_steps_per_s"), r.get("flags_only_run") or "flags_only"
-        if not rate or not _same_hold(row, r):
+        if not rate or r.get("flags_only_from") or not _same_hold(row, r):  # only a call that ran it
             continue
         return {
             **row,
@@ -1199,4 +1208,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks.experiments import informed_peer as ip
+
+    with ip.sigterm_exits():  # a call's limit ends the runs' own sessions too
+        sys.exit(main())

@@ -35,6 +35,7 @@ from the same state and compares the states bitwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -430,43 +431,80 @@ def _run(
     return rc, out, err, time.perf_counter() - t0
 
 
-KILL_GRACE_S = 20.0  # after SIGTERM, for the MPS wrapper to stop its daemon and a trainer to exit
+KILL_GRACE_S = 20.0  # after SIGTERM on a timeout: for the MPS wrapper to stop its daemon, a trainer to exit
+INTERRUPT_GRACE_S = 5.0  # the same when this harness is itself stopped (its own limit may follow soon)
 
 
 def _run_group(
     cmd: list[str], env: dict[str, str], timeout_s: float, **streams
 ) -> tuple[int | None, tuple[str, str]]:
     """``cmd`` in a new session; ``(returncode or None on timeout, (stdout, stderr) as text where
-    piped, else empty)``. On timeout its whole process group is terminated, then killed."""
-    proc = subprocess.Popen(cmd, env=env, text=True, start_new_session=True, **streams)
+    piped, else empty)``. On timeout its whole process group is ended (:func:`_end_group`); so it
+    is when this harness is stopped while waiting (Ctrl-C, or SIGTERM: :func:`sigterm_exits`),
+    since the child's own session no longer receives the signals sent to this one's group."""
+    proc = subprocess.Popen(cmd, env=env, text=True, errors="replace", start_new_session=True, **streams)
     try:
         out, err = proc.communicate(timeout=timeout_s)
         return proc.returncode, (out or "", err or "")
     except subprocess.TimeoutExpired:
-        _end_group(proc)
-        out, err = proc.communicate()
-        return None, (out or "", err or "")
+        return None, _end_group(proc, KILL_GRACE_S)
+    except BaseException:
+        _end_group(proc, INTERRUPT_GRACE_S)
+        raise
 
 
-def _end_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to ``proc``'s process group, SIGKILL to what is left after ``KILL_GRACE_S``."""
+def _end_group(proc: subprocess.Popen, grace_s: float) -> tuple[str, str]:
+    """SIGTERM to ``proc``'s process group; SIGKILL to what is left of it once the leader has
+    exited and the group is gone or ``grace_s`` is over. The pipes are read meanwhile (a child
+    writing as it stops must not block on a full pipe). Returns what it wrote to them."""
     import signal
 
-    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+    def group(sig: int) -> bool:
         try:
             os.killpg(proc.pid, sig)
+            return True
         except ProcessLookupError:
-            return
-        if wait_s is None:
-            return
+            return False
+
+    end = time.monotonic() + grace_s
+    group(signal.SIGTERM)
+    out = err = None
+    try:
+        out, err = proc.communicate(timeout=grace_s)
+        while group(0) and time.monotonic() < end:  # the leader is gone; its group may stop too
+            time.sleep(0.1)
+    except subprocess.TimeoutExpired:
+        pass
+    group(signal.SIGKILL)
+    if out is None:
         try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        try:  # the leader exited; its group may live on (a grandchild): end it too
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
+            out, err = proc.communicate(timeout=10.0)
+        except subprocess.TimeoutExpired:  # a process outside the group still holds the pipes
+            proc.kill()
+            out = err = ""
+    return out or "", err or ""
+
+
+@contextlib.contextmanager
+def sigterm_exits():
+    """SIGTERM raises ``SystemExit(143)`` while inside (main thread only; elsewhere a no-op): a
+    harness stopped by a call's limit (GNU ``timeout`` signals its group) unwinds through
+    :func:`_run_group`, which ends the run's own session, instead of dying with it running."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _flags_env(variant: str) -> dict[str, str]:
@@ -971,4 +1009,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with sigterm_exits():  # a call's limit ends the runs' own sessions too
+        sys.exit(main())

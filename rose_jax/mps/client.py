@@ -10,12 +10,9 @@ daemon for ``rose_jax.runtime.start_workers(..., daemon=...)``, so the workers j
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import tempfile
-import threading
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -92,32 +89,11 @@ def run_as_client(argv: Sequence[str], run_dir: str | None = None, log=print) ->
     """Run ``argv`` as a child process under a new MPS daemon; returns the child's exit code.
 
     The daemon (own pipe and log directories under ``run_dir`` or a new temp dir) is stopped
-    when the child exits, on every path, a SIGTERM to this process included (it ends the child
-    first). Raises ``MPSError`` if MPS cannot start.
+    when the child exits, on every path. Raises ``MPSError`` if MPS cannot start.
     """
     own_dir = run_dir is None
     run_dir = run_dir or tempfile.mkdtemp(prefix="rmps")
-    with MPSDaemon(run_dir, remove_run_dir=own_dir) as daemon, _sigterm_exits():
+    with MPSDaemon(run_dir, remove_run_dir=own_dir) as daemon:
         env = dict(os.environ, **daemon.client_env(), **{CLIENT_MARK: "1"})
         log(f"[mps] daemon up ({daemon.pipe_dir}); running the job as its client")
-        # subprocess.call kills the child on any exception in its wait, SystemExit included
         return subprocess.call(list(argv), env=env)
-
-
-@contextlib.contextmanager
-def _sigterm_exits():
-    """SIGTERM raises ``SystemExit(143)`` while inside (main thread only; elsewhere a no-op), so
-    that ``with`` blocks above it unwind: the child is killed and the daemon stopped, instead of
-    both outliving this process (a timeout in a harness, a scheduler's SIGTERM)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _exit(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, _exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
