@@ -608,10 +608,7 @@ def fold_peers(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, 
         **{f"{v}_env_steps_per_s": rates[v] for v in PEERS},
         "speedup_vs_informed_peer": speedup,
         "target_met": met,
-        **{  # each folded peer's per-run fields beside this call's runs'
-            key: {**(row.get(key) or {}), **{v: (src[v].get(key) or {}).get(v) for v in missing}}
-            for key in ("interval_rates", "end_to_end_s", "command")
-        },
+        **_borrowed_runs(row, src),
         "peers_from": {
             "date": ", ".join(r.get("date") or "-" for r in calls),
             "gpu_uuid": row.get("gpu_uuid"),
@@ -622,6 +619,15 @@ def fold_peers(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, 
             **({"peers": {v: src[v].get("date") for v in missing}}
                if missing != list(PEERS) or len(calls) > 1 else {}),
         },
+    }
+
+
+def _borrowed_runs(row: dict[str, Any], sources: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``row``'s per-run fields (rates between reports, wall time, command) with each variant of
+    ``sources`` (``{variant: the earlier row that ran it}``) beside this call's runs."""
+    return {
+        key: {**(row.get(key) or {}), **{v: (r.get(key) or {}).get(v) for v, r in sources.items()}}
+        for key in ("interval_rates", "end_to_end_s", "command")
     }
 
 
@@ -665,10 +671,7 @@ def fold_flags_only(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[
             "flags_only_env_steps_per_s": rate,
             "flags_only_run": run,
             "speedup_vs_flags_only": round(row["rose_env_steps_per_s"] / rate, 3),
-            **{  # that run's per-run fields beside this call's runs'
-                key: {**(row.get(key) or {}), run: (r.get(key) or {}).get(run)}
-                for key in ("interval_rates", "end_to_end_s", "command")
-            },
+            **_borrowed_runs(row, {run: r}),
             "flags_only_from": {"date": r.get("date"), "gpu_uuid": row.get("gpu_uuid"),
                                 "call_command": r.get("call_command")},
         }
