@@ -194,9 +194,15 @@ def fmt_equal(x: Any) -> str:
 
 
 def save_plot(fig, path: str) -> None:
-    """Save a matplotlib figure atomically as PNG."""
+    """Save a matplotlib figure atomically as PNG, then close it (pyplot keeps every open figure:
+    a process writing results after each run would otherwise hold them all)."""
+    import matplotlib.pyplot as plt
+
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    try:
+        fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
 
 

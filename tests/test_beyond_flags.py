@@ -409,6 +409,11 @@ def test_plan_only_search_gives_the_row_its_plan_and_the_split_first_run(tmp_pat
     assert B.fold_first_run(later, [alone])["end_to_end_s"]["rose"] == 720.0
     cut = {**alone, "errors": {"rose_plan": "timed out"}}
     assert B.fold_first_run(later, [cut]) is later
+    # the same plan label from another search (another machine, an older unit: another search_s) is
+    # not this cached run's first run, even when it is the newest (2026-12-07 10:17)
+    older = {**alone, "search_s": 509.7, "end_to_end_s": {"rose_plan": 537.5}, "date": "d0"}
+    assert B.fold_first_run(later, [older]) is later
+    assert B.fold_first_run(later, [alone, older])["first_run"]["end_to_end_s"] == 720.0
     B.write(str(tmp_path), [], "cmd", [{k: v for k, v in folded.items() if k != "_plan"}], jax_devices=False)
     assert "split in two: the search alone" in open(os.path.join(tmp_path, "results.md")).read()
     with pytest.raises(SystemExit):
@@ -520,3 +525,90 @@ def test_a_ratio_over_one_peer_says_so():
     flag_only = {**both, "peer_default_env_steps_per_s": None}
     assert B.vs_peer_cell(flag_only, unit="x") == "1.200x (vs Brax + flag only)"
     assert B.vs_peer_cell({"speedup_vs_informed_peer": None}) == "-"
+
+
+def test_peer_call_takes_our_run_from_the_same_warm_machines_earlier_call(tmp_path):
+    """Where our run had to come first in a hold (SAC on an H100, 2026-12-07 10:12-10:32: the plan's
+    search, the cached run, then Brax + flag, then Brax as shipped, each in its own call), the last
+    call's row carries every column: our rate, plan and first run from the cached run's call
+    (fold_rose), the other peer from its own call (fold_peers), through main()'s fold_all; another
+    GPU, a later call, a row with our rate or no peer of its own, and a call whose rose was itself
+    folded are left as they are."""
+    entry = {"plan": [{"name": "offload_component", "label": "offload_component()", "tolerance": {}}],
+             "report": {"equal": True, "search_time_s": 192.9, "candidates": [],
+                        "base_options": {"name": "concurrent_scheduling"}}}
+    n, steps, gpu = "sac-hopper-5ep", 1_731_072, "GPU-a"
+
+    def call(date, runs, accepted):
+        row = {**B.acceptance_row(n, "sac", steps, runs), "date": date, "gpu_uuid": gpu,
+               "call_command": f"call {date}"}
+        row = {k: v for k, v in row.items() if k != "_plan"}
+        return B.fold_all(row, accepted, accepted)
+
+    rows: list[dict] = []
+    for date, runs in (
+        ("2026-12-07 10:12 UTC", {"rose_plan": _run(None, plan_cache=[entry], end_to_end_s=230.5)}),
+        ("2026-12-07 10:17 UTC", {"rose_cached": _run(8950.0, plan_cache=[entry], end_to_end_s=297.5,
+                                                      command="rose-cmd")}),
+        ("2026-12-07 10:24 UTC", {"peer_flags": _run(7559.0, end_to_end_s=379.4, command="f")}),
+        ("2026-12-07 10:32 UTC", {"peer_default": _run(5471.0, end_to_end_s=478.3, command="d")}),
+    ):
+        rows.append(call(date, runs, list(rows)))
+    cached, flag_row, last = rows[1], rows[2], rows[3]
+    assert cached["end_to_end_s"]["rose"] == 528.0  # the split first run: 230.5 + 297.5
+    # the peer_flags call already takes our run (a miss against Brax + flag alone)
+    assert flag_row["rose_env_steps_per_s"] == 8950.0 and flag_row["target_met"] is False
+    assert last["rose_env_steps_per_s"] == 8950.0 and last["rose_run"] == "rose_cached"
+    assert last["peer_default_env_steps_per_s"] == 5471.0 and last["peer_flags_env_steps_per_s"] == 7559.0
+    assert last["speedup_vs_informed_peer"] == round(8950 / 7559, 3) and last["target_met"] is False
+    assert last["plan"] == ["offload_component()"] and last["search_s"] == 192.9 and last["equal"] is True
+    assert last["base_options"] == "concurrent_scheduling"
+    assert last["first_run"]["date"] == "2026-12-07 10:12 UTC"
+    assert last["end_to_end_s"] == {"peer_default": 478.3, "rose_cached": 297.5, "rose": 528.0,
+                                    "peer_flags": 379.4}
+    assert last["command"]["rose_cached"] == "rose-cmd" and last["command"]["peer_flags"] == "f"
+    assert last["rose_from"]["date"] == "2026-12-07 10:17 UTC"
+    assert last["peers_from"]["peers"] == {"peer_flags": "2026-12-07 10:24 UTC"}
+    peer_only = {k: v for k, v in B.acceptance_row(n, "sac", steps, {"peer_default": _run(5471.0)}).items()
+                 if k != "_plan"}
+    base = {**peer_only, "date": "2026-12-07 10:32 UTC", "gpu_uuid": gpu}
+    src = rows[1]
+    for e in ({**src, "gpu_uuid": "GPU-b"}, {**src, "date": "2026-12-07 10:40 UTC"},
+              {**src, "date": "2026-12-07 09:55 UTC"}, {**src, "rose_from": {"date": "x"}}):
+        assert B.fold_rose(base, [e]) is base
+    assert B.fold_rose(last, [src]) is last  # has our rate already
+    plan_only = {**base, "peer_default_env_steps_per_s": None}
+    assert B.fold_rose(plan_only, [src]) is plan_only  # ran no peer itself
+    B.write(str(tmp_path), [], "cmd", rows, jax_devices=False)
+    md = open(os.path.join(tmp_path, "results.md")).read()
+    assert "the rose column (our `--optimize` run) ran in the call of 2026-12-07 10:17 UTC" in md
+
+
+def test_plan_profile_keeps_the_transforms_legal_on_one_iteration_and_names_the_rest():
+    """The row's profile traces one iteration with the plan's transforms that apply to it: a SAC
+    unit's offloaded evaluation is not in a training iteration (2026-12-07 10:17: the profile
+    failed on it instead of profiling the iteration), so it is left out with the reason; on a
+    function that has the component it is kept."""
+    import jax
+    import jax.numpy as jnp
+
+    import rose_jax
+    from rose_jax.optimize import offload_component, unroll_scans
+
+    def train_only(state):
+        w = jax.lax.scan(lambda w, x: (w * 0.9 + x, None), state["w"], jnp.ones(4))[0]
+        return {"w": w}, {"w": w}
+
+    def with_eval(state):
+        new, m = train_only(state)
+        with rose_jax.component("evaluate"):
+            ev = jnp.sum(jnp.sin(state["w"]))
+        return new, {**m, "eval": ev}
+
+    state = {"w": jnp.float32(1.0)}
+    plan = [offload_component("evaluate").to_json(), unroll_scans(factor=2).to_json()]
+    apply, skipped = B.plan_on(train_only, state, plan)
+    assert [t.name for t in apply] == ["unroll_scans"]
+    assert len(skipped) == 1 and skipped[0].startswith("offload_component(") and "evaluate" in skipped[0]
+    apply, skipped = B.plan_on(with_eval, state, plan)
+    assert [t.name for t in apply] == ["offload_component", "unroll_scans"] and skipped == []

@@ -535,7 +535,10 @@ def fold_first_run(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[s
     itself a cached run's, the first run it names). A first run split in two (``rose_plan``: the
     search alone, where search and training do not fit one call), in this row or an earlier one,
     counts as its search's wall time plus this cached run's (``first_run["split"]``). Pure; the row
-    is returned unchanged when there is no such run."""
+    is returned unchanged when there is no such run. The first run is the one whose search left the
+    plan the cached run read (the same ``search_s`` from the same plan-cache entry): the same plan
+    label found by another search (another machine, an older search unit) is not its first run
+    (2026-12-07 10:17: a 19:18 search of the day before was taken for it)."""
     e2e = row.get("end_to_end_s") or {}
     cached = e2e.get("rose_cached")
     if e2e.get("rose") is not None or cached is None:
@@ -546,6 +549,7 @@ def fold_first_run(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[s
             r.get("workload") == row.get("workload")
             and r.get("plan") == row.get("plan")
             and r.get("num_timesteps") == row.get("num_timesteps")
+            and _same_search(r, row)
         )
         if not same:
             continue
@@ -566,6 +570,12 @@ def fold_first_run(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[s
             }
             return {**row, "end_to_end_s": {**e2e, "rose": first}, "first_run": origin}
     return row
+
+
+def _same_search(r: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether rows ``r`` and ``row`` read their plan from one search: its ``search_s`` (from the
+    plan-cache entry both runs read) is the same (both None: neither read a search record)."""
+    return r.get("search_s") == row.get("search_s")
 
 
 # a machine is held at most 30 minutes (the device tool's lease), so two calls on one GPU (gpu_uuid)
@@ -620,6 +630,16 @@ def fold_peers(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, 
                if missing != list(PEERS) or len(calls) > 1 else {}),
         },
     }
+
+
+def fold_all(
+    row: dict[str, Any], accepted: list[dict[str, Any]], before: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Every fold of a new row, in order: our run from an earlier call of the hold where this call
+    ran only peers (:func:`fold_rose`), the first run's wall time (:func:`fold_first_run`, from
+    ``accepted``: the rows before this call), then the missing peers and the flags-only run from the
+    hold's earlier calls (``before``: those rows and this call's earlier ones)."""
+    return fold_flags_only(fold_peers(fold_first_run(fold_rose(row, before), accepted), before), before)
 
 
 def _borrowed_runs(row: dict[str, Any], sources: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -678,22 +698,85 @@ def fold_flags_only(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[
     return row
 
 
-def plan_profile(name: str, args, options: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where the optimized program's time goes: the plan's transforms (from the plan cache) applied
-    to one iteration (where they apply to it; the plan was found on ``train``'s unit), compiled
-    under ``options``, its unprofiled seconds per iteration (``args.blocks`` blocks) and its kernel
-    trace (:func:`kernel_profile`), and the floor that trace names."""
-    from rose_jax.optimize import search
+# what a row says about our --optimize run (its rate, plan and search), taken together by fold_rose
+ROSE_FIELDS = (
+    "rose_env_steps_per_s", "rose_run", "plan", "base_options", "equal", "max_abs_diff", "tolerance",
+    "learning_check", "search_s", "search_speedup_on_unit", "candidates", "first_run", "profile",
+)
+ROSE_RUNS = ("rose_plan", "rose", "rose_cached")
+
+
+def fold_rose(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """A row whose call ran a peer but no ``--optimize`` run takes ours (its rate, plan, search,
+    first run and per-run fields) from the newest earlier call of the same workload and length on
+    the same GPU within the machine's hold that ran it itself, so that the last call of a hold
+    carries every column also where our run had to come first (SAC on an H100: the plan's search,
+    then the cached run, then each of Brax's runs, each filling a call; 2026-12-07 10:12-10:32).
+    The ratio and the target are then recomputed against this row's peers (and :func:`fold_peers`
+    adds the peers it lacks); ``rose_from`` names that call. Pure; the row is returned unchanged
+    when it has our rate already, ran no peer, or the machine ran no such call."""
+    if row.get("rose_env_steps_per_s") or not any(_ran_peer_itself(row, v) for v in PEERS):
+        return row
+    for r in reversed(earlier):
+        if not r.get("rose_env_steps_per_s") or r.get("rose_from") or not _same_hold(row, r):
+            continue
+        rose = r["rose_env_steps_per_s"]
+        speedup, met = _verdict(rose, {v: row.get(f"{v}_env_steps_per_s") for v in PEERS}, row["target"])
+        flags = row.get("flags_only_env_steps_per_s")
+        runs = [v for v in ROSE_RUNS if (r.get("end_to_end_s") or {}).get(v) is not None]
+        return {
+            **row,
+            **{k: r.get(k) for k in ROSE_FIELDS if k in r},
+            "speedup_vs_informed_peer": speedup,
+            "target_met": met,
+            "speedup_vs_flags_only": round(rose / flags, 3) if flags else None,
+            **_borrowed_runs(row, {v: r for v in runs}),
+            "rose_from": {"date": r.get("date"), "gpu_uuid": row.get("gpu_uuid"),
+                          "call_command": r.get("call_command")},
+        }
+    return row
+
+
+def plan_on(fn, state, plan: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
+    """``(the plan's transforms legal on fn, "label: why not" for the others)``: a transform of the
+    search's unit that ``fn`` lacks (the offloaded evaluation: the unit evaluates, one training
+    iteration does not) is left out and named, so a profile of ``fn`` runs what of the plan runs on
+    this GPU each iteration."""
+    from rose_jax import trace as rtrace
     from rose_jax.optimize.registry import transform_by_name
 
+    ts = [transform_by_name(t["name"], t.get("params") or {}) for t in plan]
+    tree = rtrace.trace(fn, state, arg_names=["state"])
+    legal = [(t, *t.legal(tree)) for t in ts]
+    return [t for t, ok, _ in legal if ok], [f"{t.label}: {why[:100]}" for t, ok, why in legal if not ok]
+
+
+def plan_profile(
+    name: str, args, options: dict[str, Any], plan: list[dict[str, Any]], options_name: str | None = None
+) -> dict[str, Any]:
+    """Where the optimized program's time goes: the plan's transforms (from the plan cache) applied
+    to one iteration (those legal on it; the plan was found on ``train``'s unit, and the others are
+    named), compiled under ``options`` (``options_name``: the set the search's baseline ran under,
+    else ``args.options``), its unprofiled seconds per iteration (``args.blocks`` blocks) and its
+    kernel trace (:func:`kernel_profile`), and the floor that trace names."""
+    options_name = options_name or args.options
+    from rose_jax.optimize import search
+
     job, fn, state0, env_steps, _ = build(name, args.smoke)
-    program, step = f"one iteration under {args.options}", None
+    program, step = f"one iteration under {options_name}", None
     if plan:
         try:
-            ts = [transform_by_name(t["name"], t.get("params") or {}) for t in plan]
-            host = any(t.level == "host" for t in ts)
-            step = search.compile_step(search.apply_plan(fn, ts), host=host, compiler_options=options or None)
-            program = f"one iteration with the plan ({', '.join(t.label for t in ts)}) under {args.options}"
+            apply, skipped = plan_on(fn, state0, plan)
+            note = f"; not on one iteration: {'; '.join(skipped)}" if skipped else ""
+            if apply:
+                host = any(t.level == "host" for t in apply)
+                step = search.compile_step(
+                    search.apply_plan(fn, apply), host=host, compiler_options=options or None
+                )
+                labels = ", ".join(t.label for t in apply)
+                program = f"one iteration with the plan ({labels}) under {options_name}{note}"
+            else:
+                program += f" (no transform of the plan applies to one iteration{note})"
         except Exception as e:  # noqa: BLE001 - the plan may not apply to one iteration: say so
             program += f" (the plan did not apply to one iteration: {type(e).__name__}: {str(e)[:120]})"
             step = None
@@ -915,6 +998,12 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
                 f"- {r['workload']} ({r.get('date')}): {where} on the same warm machine (same GPU, "
                 "same hold), this call's runs after them"
             )
+        if r.get("rose_from"):
+            lines.append(
+                f"- {r['workload']} ({r.get('date')}): the rose column (our `--optimize` run) ran in the "
+                f"call of {r['rose_from'].get('date')} on the same warm machine (same GPU, same hold), "
+                "before this call's peer"
+            )
         if r.get("flags_only_from"):
             lines.append(
                 f"- {r['workload']} ({r.get('date')}): the flags-only column ran in the call of "
@@ -1047,19 +1136,22 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
             row = {**last.get(n, {"workload": n}), "error": f"{type(e).__name__}: {e}"[:300]}
         # stamped first: a split in this call names its date, and the peers' call is found by GPU and date
         before = accepted + _public(new)
-        new.append(fold_flags_only(fold_peers(fold_first_run(stamp(row), accepted), before), before))
+        new.append(fold_all(stamp(row), accepted, before))
         write(args.out, rows, command, accepted + _public(new), jax_devices=False)
     if args.profile:
         import jax
 
         from rose_jax.optimize import xla_options
 
-        options = xla_options.SETS[args.options] if jax.default_backend() == "gpu" else {}
+        gpu = jax.default_backend() == "gpu"
         for row in new:
             if "error" in row:
                 continue
+            # the set the plan's search ran under (the row's base options), else --options
+            name = row.get("base_options") if row.get("base_options") in xla_options.SETS else args.options
+            options = xla_options.SETS[name] if gpu else {}
             try:
-                row["profile"] = plan_profile(row["workload"], args, options, row.get("_plan") or [])
+                row["profile"] = plan_profile(row["workload"], args, options, row.get("_plan") or [], name)
             except Exception as e:  # noqa: BLE001 - a failed trace is a note, never lost rows
                 row["profile"] = {"available": False, "reason": f"{type(e).__name__}: {e}"[:300]}
             write(args.out, rows, command, accepted + _public(new))

@@ -275,7 +275,6 @@ def plot(runs: list[dict], path: str) -> None:
             ax.legend()
     fig.tight_layout()
     common.save_plot(fig, path)
-    plt.close(fig)
 
 
 def _commands(runs: list[dict]) -> list[str]:

@@ -654,7 +654,6 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set_title(kind, fontsize=9)
         ax.legend(fontsize=7)
     common.save_plot(fig, path)
-    plt.close(fig)
 
 
 def merged_rows(old_rows: list[dict], rows: list[dict]) -> list[dict]:

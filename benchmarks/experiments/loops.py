@@ -582,7 +582,6 @@ def plot(result: dict, path: str) -> None:
     ax.set_ylabel("speedup over the while loop (x)")
     ax.set_title("bounded masked scan vs MJX solver while loop (hatched: not bitwise equal)")
     common.save_plot(fig, path)
-    plt.close(fig)
 
 
 def write(result: dict, out: str) -> None:

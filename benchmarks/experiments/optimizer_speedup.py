@@ -332,7 +332,6 @@ def plot(rows: list[dict], path: str) -> None:
     ax.legend(fontsize=8)
     ax.set_title("baseline vs optimized iteration (same run)", fontsize=9)
     common.save_plot(fig, path)
-    plt.close(fig)
 
 
 def parse_args(argv=None):

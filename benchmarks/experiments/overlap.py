@@ -796,7 +796,6 @@ def plot(rows: list[dict], path: str) -> None:
     ax.legend(fontsize=8)
     ax.set_title("Overlap inside one program (stream regions, per-component compilation)")
     common.save_plot(fig, path)
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------------------ main

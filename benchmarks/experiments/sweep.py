@@ -581,7 +581,6 @@ def _plot(results: dict, path: str) -> None:
     if a2.get_legend_handles_labels()[0]:
         a2.legend(fontsize=8)
     common.save_plot(fig, path)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

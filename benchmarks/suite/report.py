@@ -546,7 +546,6 @@ def plot(results: dict, path: str) -> None:
     command = results.get("command") or machine.get("command", "")
     fig.text(0.01, -0.12, f"{_setting(results)}\n{command}"[:400], fontsize=6, ha="left", va="top", wrap=True)
     common.save_plot(fig, path)
-    plt.close(fig)
 
 
 def write_outputs(results: dict, directory: str, stem: str = "results", png: bool = True) -> list[str]:
