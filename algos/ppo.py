@@ -525,6 +525,35 @@ def eval_epoch(config: PPOConfig, env: Env | str) -> Callable[[TrainState], tupl
     return ppo_brax.eval_epoch(config, resolved, iteration(config, resolved))
 
 
+# Env steps in the unit the plan search measures (``search_unit``): 4 iterations of Brax's published
+# PPO ant config (327,680 env steps each), about 1.5 s on an H100 (0.7-1.0M env-steps/s, 2026-12-07),
+# where the published epoch of 17 iterations and an evaluation takes about 6.8 s and a search times
+# tens of units. A module constant, not a config field: it shapes only what the search measures,
+# never what train computes.
+SEARCH_UNIT_ENV_STEPS = 4 * 327_680
+
+
+def search_unit(config: PPOConfig, env: Env | str):
+    """What ``rose-jax train --optimize`` searches on instead of the whole epoch (Brax's run shape,
+    ``num_evals`` set: :func:`eval_epoch`), or None (the unit itself): where an epoch has more than
+    :data:`SEARCH_UNIT_ENV_STEPS` env steps, the same epoch program with ``k`` of its iterations and
+    its evaluation shortened by the same factor (``registry.scaled_eval_steps``), so each part keeps
+    the share of the unit it has in the epoch and the plan found on it applies to the epoch by name
+    (transforms address loops and components, not scan lengths), as SAC's
+    (:func:`algos.sac.search_unit`). Without ``num_evals`` the unit is one iteration: None."""
+    if config.num_evals is None:
+        return None
+    full = config.iterations_per_eval
+    k = max(1, SEARCH_UNIT_ENV_STEPS // config.env_steps_per_iteration)
+    if k >= full:
+        return None
+    resolved = ppo_brax.resolve_env(config, env)  # once: it wraps action_repeat at every call
+    episode = int(resolved.episode_length)
+    eval_steps = registry.scaled_eval_steps(episode, k, full)
+    fn = ppo_brax.epoch(config, resolved, iteration(config, resolved), k, eval_steps)
+    return registry.SearchUnit(fn, k, full, eval_steps, episode)
+
+
 # train's keywords for help(), IDEs and inspect: (env, config=None, *, progress_fn, ..., **overrides)
 train.__signature__ = registry.train_signature(train_with_config)
 
@@ -560,6 +589,7 @@ __all__ = [
     "program_key",
     "resolve_env",
     "rollout",
+    "search_unit",
     "split_keys",
     "train",
     "train_with_config",

@@ -384,13 +384,20 @@ def _is_brax_env(obj: Any) -> bool:
 # Evaluation with Brax's metric names
 
 @functools.lru_cache(maxsize=32)
-def make_evaluator(config: PPOConfig, env: Env, num_envs: int, deterministic: bool) -> Callable[..., dict]:
+def make_evaluator(
+    config: PPOConfig, env: Env, num_envs: int, deterministic: bool, steps: int | None = None
+) -> Callable[..., dict]:
     """Jitted ``(params, normalizer, key) -> {'eval/episode_reward', ...}`` over fresh episodes.
 
-    ``num_envs`` envs run ``env.episode_length`` steps from a reset; each env's return sums its
-    first episode's rewards (Brax's ``EvalWrapper``). Returns device scalars
-    ``eval/episode_reward`` (mean), ``eval/episode_reward_std``, ``eval/avg_episode_length``.
+    ``num_envs`` envs run ``steps`` (default ``env.episode_length``) steps from a reset; each env's
+    return sums its first episode's rewards up to then (Brax's ``EvalWrapper``). Fewer ``steps``
+    than an episode is the plan search's scaled-down unit (:func:`algos.ppo.search_unit`), never
+    what ``train`` reports. Returns device scalars ``eval/episode_reward`` (mean),
+    ``eval/episode_reward_std``, ``eval/avg_episode_length``.
     """
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+        raise ValueError(f"ppo_brax.make_evaluator: steps must be a positive int, got {steps!r}")
+    length = env.episode_length if steps is None else steps  # an env's own length as it is
     act = ppo_core.make_inference_fn(config, env)
 
     def run(params, normalizer, key):
@@ -408,27 +415,32 @@ def make_evaluator(config: PPOConfig, env: Env, num_envs: int, deterministic: bo
 
         zeros = jnp.zeros((num_envs,), jnp.float32)
         carry = (env_state, zeros, zeros, jnp.ones((num_envs,), jnp.float32))
-        (_, ret, length, _), _ = jax.lax.scan(step, carry, jax.random.split(act_key, env.episode_length))
+        (_, ret, lived, _), _ = jax.lax.scan(step, carry, jax.random.split(act_key, length))
         return {
             "eval/episode_reward": jnp.mean(ret),
             "eval/episode_reward_std": jnp.std(ret),
-            "eval/avg_episode_length": jnp.mean(length) * config.action_repeat,
+            "eval/avg_episode_length": jnp.mean(lived) * config.action_repeat,
         }
 
     return jax.jit(run)
 
 
 def epoch(
-    config: PPOConfig, env: Env, one: Callable[[TrainState], tuple[TrainState, Metrics]], iterations: int
+    config: PPOConfig,
+    env: Env,
+    one: Callable[[TrainState], tuple[TrainState, Metrics]],
+    iterations: int,
+    eval_steps: int | None = None,
 ) -> Callable[[TrainState], tuple[Any, dict]]:
     """Pure ``state -> (state, metrics)``: ``iterations`` of the iteration ``one`` (either layout's,
-    :func:`algos.ppo.iteration`) in a ``lax.scan``, then (when ``config.num_evals``) an evaluation.
+    :func:`algos.ppo.iteration`) in a ``lax.scan``, then (when ``config.num_evals``) an evaluation
+    of ``eval_steps`` steps (default: an episode; fewer only in the plan search's unit).
     Metrics: the last iteration's, ``reward`` averaged, ``episodes`` summed, Brax's ``training/*``
     loss means over the epoch and ``eval/*``."""
     evaluate = None
     if config.num_evals:
         evaluate = make_evaluator(
-            ppo_core.evaluator_key(config), env, config.num_eval_envs, config.deterministic_eval
+            ppo_core.evaluator_key(config), env, config.num_eval_envs, config.deterministic_eval, eval_steps
         )
 
     def run_epoch(state):

@@ -23,6 +23,19 @@ from types import ModuleType
 from typing import Any, Callable, Sequence
 
 
+# The fewest evaluation steps of a search unit (where an episode has more): the largest unroll factor
+# the candidates try (unroll_scans: 2, 4, 8) and at least the 2 trips a hoist needs, so the unit's
+# evaluation scan is searched for the same candidates as the whole unit's.
+SEARCH_UNIT_MIN_EVAL_STEPS = 8
+
+
+def scaled_eval_steps(episode: int, iterations: int, of: int) -> int:
+    """The evaluation's steps in a search unit of ``iterations`` of the unit's ``of`` iterations:
+    ``ceil(episode * iterations / of)``, at least :data:`SEARCH_UNIT_MIN_EVAL_STEPS`, at most the
+    episode, so the evaluation keeps about the share of the unit it has in the whole one."""
+    return min(episode, max(SEARCH_UNIT_MIN_EVAL_STEPS, -(-episode * iterations // of)))
+
+
 class SearchUnit(typing.NamedTuple):
     """A shorter unit the plan search measures in place of a long one (``Algo.search_unit``): ``fn``
     is the unit's program with ``iterations`` of its ``of`` iterations (the same loops and
@@ -108,8 +121,8 @@ class Algo:
 
     def search_unit(self, config: Any, env: Any) -> SearchUnit | None:
         """The shorter unit ``train --optimize`` searches on (the module's ``search_unit(config,
-        env)``: SAC's epoch with fewer iterations where an epoch is long), or None: the search
-        measures :meth:`unit_program` itself."""
+        env)``: SAC's epoch, or PPO's epoch of iterations in Brax's run shape, with fewer
+        iterations where it is long), or None: the search measures :meth:`unit_program` itself."""
         own = getattr(self.module, "search_unit", None)
         return None if own is None else own(config, env)
 

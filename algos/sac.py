@@ -852,10 +852,8 @@ def epoch(
 # 64 steps, ~36 s) would take tens of minutes. A module constant, not a config field: it shapes only
 # what the search measures, never what train computes.
 SEARCH_UNIT_GRAD_STEPS = 8192
-# The fewest evaluation steps of a search unit (where an episode has more): the largest unroll factor
-# the candidates try (unroll_scans: 2, 4, 8) and at least the 2 trips a hoist needs, so the unit's
-# evaluation scan is searched for the same candidates as the epoch's.
-SEARCH_UNIT_MIN_EVAL_STEPS = 8
+# The fewest evaluation steps of a search unit (registry.scaled_eval_steps: PPO's unit shares it)
+SEARCH_UNIT_MIN_EVAL_STEPS = registry.SEARCH_UNIT_MIN_EVAL_STEPS
 
 
 def search_unit(config: SACConfig, env: Env):
@@ -881,7 +879,7 @@ def search_unit(config: SACConfig, env: Env):
         return None
     eval_steps, episode = None, int(env.episode_length)
     if config.num_eval_envs > 0:
-        eval_steps = min(episode, max(SEARCH_UNIT_MIN_EVAL_STEPS, -(-episode * k // full)))
+        eval_steps = registry.scaled_eval_steps(episode, k, full)
     return SearchUnit(epoch(config, env, iterations=k, eval_steps=eval_steps), k, full, eval_steps,
                       episode if eval_steps is not None else None)
 

@@ -681,3 +681,45 @@ def test_sac_schedule_and_step0_report_equal_brax_sac_train(monkeypatch):
     state = sac.init(config, env, jax.random.PRNGKey(config.seed))
     assert ours[0][1]["eval/episode_reward"] == sac.initial_evaluation(config, env, state)
     assert all(np.isfinite(m["eval/episode_reward"]) for _, m in ours)
+
+
+def test_ppo_search_unit_is_the_epoch_with_fewer_iterations_and_a_scaled_evaluation(monkeypatch):
+    """In Brax's run shape a long PPO epoch (the published ant config's 17 iterations and an
+    evaluation of 1,000 steps) is searched on the same epoch program with k of its iterations and
+    its evaluation shortened by the same factor: the same state pytree and metrics, k iterations
+    run, the evaluator at the scaled length, and the same loop and component names (so the plan
+    found on it applies to the epoch); a short epoch, or no num_evals, is searched as it is."""
+    import algos
+    import rose_jax.trace as rtrace
+    from algos import ppo, registry
+
+    config = _evals_config()
+    full = config.iterations_per_eval
+    assert full * config.env_steps_per_iteration <= ppo.SEARCH_UNIT_ENV_STEPS
+    assert algos.get("ppo").search_unit(config, "pendulum") is None
+    assert algos.get("ppo").search_unit(_evals_config(num_evals=None, batch_size=None), "pendulum") is None
+    # a knob of the module, not a mock
+    monkeypatch.setattr(ppo, "SEARCH_UNIT_ENV_STEPS", 3 * config.env_steps_per_iteration)
+    unit = algos.get("ppo").search_unit(config, "pendulum")
+    episode = ppo.ppo_brax.resolve_env(config, "pendulum").episode_length
+    assert (unit.iterations, unit.of) == (3, full) and unit.eval_of == episode
+    assert unit.eval_steps == registry.scaled_eval_steps(episode, 3, full) == max(8, -(-episode * 3 // full))
+    assert unit.eval_steps < episode
+    resolved = ppo.ppo_brax.resolve_env(config, "pendulum")
+    state = ppo.init(config, resolved, jax.random.PRNGKey(0))
+    whole = algos.get("ppo").unit_program(config, "pendulum")
+    s_short, m_short = jax.jit(unit.fn)(state)
+    s_full, m_full = jax.jit(whole)(state)
+    chex.assert_trees_all_equal_shapes_and_dtypes(s_short, s_full)
+    assert set(m_short) == set(m_full) and "eval/episode_reward" in m_short
+    assert int(s_short.iteration) == 3 and int(s_full.iteration) == full
+    # the evaluation is the epoch's evaluator at the scaled length, on the unit's end state
+    scaled = ppo.ppo_brax.make_evaluator(ppo.ppo_core.evaluator_key(config), resolved, config.num_eval_envs,
+                                         config.deterministic_eval, unit.eval_steps)
+    got = scaled(s_short.params, s_short.normalizer, ppo.ppo_core.eval_key(s_short))
+    assert got["eval/episode_reward"] == m_short["eval/episode_reward"]
+    names = lambda fn: {n.name for n in rtrace.trace(fn, state, arg_names=["state"]).walk()}  # noqa: E731
+    assert names(unit.fn) == names(whole) and "evaluate" in names(unit.fn)
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        ppo.ppo_brax.make_evaluator(config, resolved, 2, True, steps=0)
+

@@ -393,3 +393,22 @@ def test_sac_hopper_5ep_through_rose_jax_train_s_own_arguments():
     unit = job.algo.search_unit(job.config, job.env)
     assert (unit.iterations, unit.of) == (128, 2692) and job.algo.num_units(job.config) == 5
     assert (unit.eval_steps, unit.eval_of) == (48, 1000)  # the evaluation scaled alike
+
+
+@pytest.mark.parametrize("name, unit", [
+    ("ppo-ant-6ep", (4, 17, 236, 1000)),  # 4 of 17 iterations, the evaluation scaled alike
+    ("ppo-ant", (4, 7, 572, 1000)),  # the 20M rows' shorter epochs
+    # 2 iterations of 1.6M env steps (action repeat 4), 250 agent steps of evaluation: 1 of them
+    ("ppo-reacher-6ep", (1, 2, 125, 250)),
+    ("smoke", None),  # no num_evals: the unit is the iteration, searched as it is
+])
+def test_ppo_rows_search_unit_through_rose_jax_train_s_own_arguments(name, unit):
+    """`rose-jax train --optimize` on the PPO rows' arguments searches a scaled epoch where the
+    published epoch is long (algos.ppo.search_unit: about SEARCH_UNIT_ENV_STEPS of training), the
+    evaluation shortened by the same factor, and the unit itself where it is short."""
+    from rose_jax import cli
+
+    w = ip.workloads()[name]
+    job = cli.train_job(ip.rose_argv(w, w.get("acceptance_steps", w["steps"]), False))
+    got = job.algo.search_unit(job.config, job.env)
+    assert (None if got is None else (got.iterations, got.of, got.eval_steps, got.eval_of)) == unit
