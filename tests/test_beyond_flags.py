@@ -612,3 +612,39 @@ def test_plan_profile_keeps_the_transforms_legal_on_one_iteration_and_names_the_
     assert len(skipped) == 1 and skipped[0].startswith("offload_component(") and "evaluate" in skipped[0]
     apply, skipped = B.plan_on(with_eval, state, plan)
     assert [t.name for t in apply] == ["offload_component", "unroll_scans"] and skipped == []
+
+
+def test_standing_counts_each_run_of_ours_once_per_workload_gpu_and_plan():
+    """The summary above the table: complete rows (both peers) grouped by workload, length, GPU
+    model and plan; rows that fold the same run of ours count once (the newest); the ratios'
+    median and range and the verdict (met in n of n / missed in k of n); a group without a complete
+    row shows its ratios against one peer as not established."""
+    def row(date, rose, d=None, f=None, gpu="NVIDIA H100 80GB HBM3", plan=("p",), rose_from=None, **kw):
+        peers = {"peer_default": d, "peer_flags": f}
+        speedup, met = B._verdict(rose, peers, 1.15)
+        return {"workload": "ppo-ant", "num_timesteps": 10, "device": gpu, "date": date, "target": 1.15,
+                "plan": list(plan), "rose_env_steps_per_s": rose, "peer_default_env_steps_per_s": d,
+                "peer_flags_env_steps_per_s": f, "speedup_vs_informed_peer": speedup, "target_met": met,
+                "end_to_end_s": {"peer_default": 100.0, "peer_flags": 90.0, "rose_cached": 60.0},
+                **({"rose_from": {"date": rose_from}} if rose_from else {}), **kw}
+
+    acc = [
+        row("d1", 150.0, d=100.0),  # one peer: partial
+        row("d2", 150.0, d=100.0, f=110.0, rose_from="d1"),  # the same run of ours, now complete
+        row("d3", 120.0, d=100.0, f=110.0),  # a second run: 1.091, a miss
+        row("d4", 200.0, d=100.0, f=110.0, gpu="NVIDIA H200"),  # another GPU
+        row("d5", 130.0, f=100.0, plan=("q",)),  # another plan, one peer only
+        row("d6", 900.0, d=1.0, f=1.0, partial=True),  # a call cut before its end: left out
+    ]
+    st = {(x["device"], x["plan"]): x for x in B.standing(acc)}
+    h100 = st[("H100", "p")]
+    assert h100["runs"] == 2 and h100["ratios"] == [round(150 / 110, 3), round(120 / 110, 3)]
+    assert h100["met"] == 1 and h100["dates"] == ["d2", "d3"]
+    assert h100["peer_s"] == [90.0, 90.0]  # the faster peer's (Brax + flag) wall time
+    assert st[("H200", "p")]["runs"] == 1 and st[("H200", "p")]["met"] == 1
+    assert st[("H100", "q")]["runs"] == 0 and st[("H100", "q")]["partial"] == [1.3]
+    md = "\n".join(B.standing_lines(acc))
+    median = (round(150 / 110, 3) + round(120 / 110, 3)) / 2  # of the rows' rounded ratios
+    assert f"| 2 | {median:.3f} (1.091-1.364) | missed in 1 of 2 |" in md
+    assert "met in 1 of 1" in md and "not established (vs one peer only: 1.300)" in md
+    assert B.standing_lines([]) == []

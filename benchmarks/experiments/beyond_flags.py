@@ -910,6 +910,99 @@ def write(
     common.write_markdown_and_plot(out, lines, _plot, rows, acceptance or [])
 
 
+def _spread(xs: list[float], fmt: str) -> str:
+    """``"1.480"`` for one value, ``"1.697 (1.697-1.735)"`` (median, min-max) for several."""
+    if not xs:
+        return "-"
+    med = statistics.median(xs)
+    return f"{med:{fmt}}" if len(xs) == 1 else f"{med:{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+
+
+def _wall(r: dict[str, Any], v: str) -> float | None:
+    """Run ``v``'s whole wall time in row ``r`` (None where it did not run)."""
+    return (r.get("end_to_end_s") or {}).get(v)
+
+
+def _informed_peer_s(r: dict[str, Any]) -> float | None:
+    """The wall time of the row's faster Brax run (the informed peer)."""
+    return _wall(r, max(PEERS, key=lambda v: r.get(f"{v}_env_steps_per_s") or 0))
+
+
+def standing(acc: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where each workload stands, per run length, GPU model and plan: its complete rows (both peers and
+    our rate, from one call or folded from one warm machine's calls) counted once per run of ours
+    (rows that fold the same run, named by the call that ran it, count as one: the newest), with
+    the ratios' median and range, how many met the target, and the wall times of the informed peer
+    (the faster Brax run of each row), our cached run and our first run. A workload with no
+    complete row shows its ratios against one peer and says so."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in acc:
+        if r.get("error") or r.get("partial") or not r.get("rose_env_steps_per_s"):
+            continue
+        plan = "; ".join(r.get("plan") or []) or "-"
+        key = (r["workload"], r.get("num_timesteps"), _short_device(r.get("device") or "-"), plan)
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (name, steps, gpu, plan), rows in groups.items():
+        ours: dict[str, dict[str, Any]] = {}
+        for r in rows:  # newest last: the last row of a run of ours is its most complete
+            ours[(r.get("rose_from") or {}).get("date") or r.get("date")] = r
+        complete = [r for r in ours.values() if all(r.get(f"{v}_env_steps_per_s") for v in PEERS)]
+        partial = [r for r in ours.values() if r not in complete and r.get("speedup_vs_informed_peer")]
+        ratios = [r["speedup_vs_informed_peer"] for r in complete]
+        met = sum(bool(r.get("target_met")) for r in complete)
+        out.append({
+            "workload": name, "num_timesteps": steps, "device": gpu, "plan": plan,
+            "target": rows[-1].get("target"),
+            "runs": len(complete), "ratios": ratios, "met": met,
+            "partial": sorted(r["speedup_vs_informed_peer"] for r in partial),
+            "rose": [r["rose_env_steps_per_s"] for r in complete],
+            "peer_s": [x for x in map(_informed_peer_s, complete) if x is not None],
+            "cached_s": [x for r in complete if (x := _wall(r, "rose_cached")) is not None],
+            "first_s": sorted({x for r in complete if (x := _wall(r, "rose")) is not None}),
+            "dates": [r.get("date") for r in complete],
+        })
+    return out
+
+
+def standing_lines(acc: list[dict[str, Any]]) -> list[str]:
+    """The standing as a table: per workload and GPU model, the complete rows' ratios (median and
+    range over runs of ours), the target's verdict, and the wall times."""
+    st = standing(acc)
+    if not st:
+        return []
+
+    def verdict(x):
+        if not x["runs"]:
+            part = x["partial"]
+            span = f"{part[0]:.3f}" + (f"-{part[-1]:.3f}" if len(part) > 1 else "") if part else ""
+            return "not established" + (f" (vs one peer only: {span})" if part else "")
+        if x["met"] == x["runs"]:
+            return f"met in {x['runs']} of {x['runs']}"
+        return f"missed in {x['runs'] - x['met']} of {x['runs']}"
+
+    body = [[x["workload"], f"{x['num_timesteps']:,}" if x["num_timesteps"] else "-", x["device"],
+             x["plan"], f"{x['target']}x", str(x["runs"]), _spread(x["ratios"], ".3f"),
+             verdict(x), _spread(x["rose"], ",.0f"), _spread(x["peer_s"], ".0f"),
+             _spread(x["cached_s"], ".0f"), _spread(x["first_s"], ".0f")] for x in st]
+    return [
+        "### Where each workload stands",
+        "",
+        "Per workload, run length, GPU model and plan, from the rows below that have both peers and our rate "
+        "(one device call, or one warm machine's calls folded together), by the plan our run trained "
+        "with; each run of ours counted once. Ratio: over "
+        "the faster peer, median (min-max) over those runs; wall times: the faster peer's whole run, our "
+        "cached `--optimize` run, and our first run (its search included).",
+        "",
+        common.markdown_table(
+            ["workload", "steps", "GPU", "plan", "target", "runs", "vs informed peer", "verdict",
+             "rose env-steps/s", "peer s", "cached run s", "first run s"],
+            body,
+        ),
+        "",
+    ]
+
+
 def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
     """Issue 32's table (``--acceptance`` rows), newest last, and each row's floor."""
     if not acc:
@@ -917,7 +1010,12 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
     lines = [
         "## Issue 32's table: against the informed peer, through `rose-jax train --optimize`",
         "",
-        "Every number of a row comes from one device call (its `date`). Peer = Brax's own trainer with "
+        *standing_lines(acc),
+        "### Every call",
+        "",
+        "Every number of a row comes from one device call (its `date`), or from an earlier call on the "
+        "same warm machine (same GPU, same hold) where the notes below the table say so. "
+        "Peer = Brax's own trainer with "
         "Brax's published keywords, as shipped and with `XLA_FLAGS=--xla_gpu_command_buffer_scheduling_mode"
         "=CONCURRENT`; flags only = `rose-jax train` (its option trial: our program with the best options "
         "alone; flags_only_cached: the same command again on the caches it left, its trial's decision "

@@ -814,12 +814,15 @@ def beyond_flags_headline(root: str | None = None) -> str | None:
     source = os.path.relpath(path, os.path.dirname(README))
     return (
         "Beyond the flag, issue 32's table (`python -m benchmarks.experiments.beyond_flags --acceptance`): "
-        "per row, in one device call, Brax's own trainer with the flag (and as shipped where measured), "
+        "per row, in one device call (or folded from earlier calls on the same warm machine, as the "
+        "results file's notes name them), Brax's own trainer with the flag (and as shipped where measured), "
         "`rose-jax train` (its option trial: the best options alone) and `rose-jax train --optimize` on "
         "empty caches (the plan the search finds with default candidate generation); steady env-steps/s "
         "between progress reports, whole runs in their own processes. Generated from "
         f"`{source}`; the floor of each missed row in `{os.path.splitext(source)[0]}.md`, details in "
-        f"`{os.path.join(os.path.dirname(source), 'notes.md')}`.\n\n{table}\n"
+        f"`{os.path.join(os.path.dirname(source), 'notes.md')}`.\n\n"
+        + "\n".join(bf.standing_lines(rows)[2:])  # the standing (its heading is the results file's)
+        + f"\nEvery call:\n\n{table}\n"
         + "".join(f"\n- {r['workload']}, {r.get('date', '?')}: {r['note']}" for r in rows if r.get("note"))
         + ("\n" if any(r.get("note") for r in rows) else "")
     )
