@@ -63,6 +63,7 @@ DESCRIPTION = (
     "otherwise; a run that fails is reported and the others go on."
 )
 PARENT_VAR = "ROSE_SWEEP_PARENT"  # the pid a sweep child must be the child of (else it exits)
+STOP_GRACE_S = 10.0  # a stopped run's group gets SIGTERM, then SIGKILL after this long
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1009,17 +1010,13 @@ class ProcessSweep:
                  f"quota {quota if quota is not None else '-'}) -> {base}")
 
     def _stop_all(self) -> None:
+        """Stop every run still going, each run's whole process group (its own session: a run's
+        plan workers or wrapper's child too), SIGKILL after STOP_GRACE_S."""
+        from rose_jax.runtime.process import stop_groups
+
         live = {n: p for n, p in self._procs.items() if p.poll() is None}
-        for n, p in live.items():
-            self._stopping.add(n)
-            p.terminate()
-        deadline = time.monotonic() + 10.0
-        for p in live.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        self._stopping.update(live)
+        stop_groups(list(live.values()), STOP_GRACE_S)
 
     def _finish(self, run: RunSpec, rc: int) -> None:
         from rose_jax.rundir import RunDir

@@ -459,19 +459,17 @@ def _end_group(proc: subprocess.Popen, grace_s: float) -> tuple[str, str]:
     writing as it stops must not block on a full pipe). Returns what it wrote to them."""
     import signal
 
+    from rose_jax.runtime.process import group_alive, signal_group
+
     def group(sig: int) -> bool:
-        try:
-            os.killpg(proc.pid, sig)
-            return True
-        except ProcessLookupError:
-            return False
+        return signal_group(proc.pid, sig)
 
     end = time.monotonic() + grace_s
     group(signal.SIGTERM)
     out = err = None
     try:
         out, err = proc.communicate(timeout=grace_s)
-        while group(0) and time.monotonic() < end:  # the leader is gone; its group may stop too
+        while group_alive(proc.pid) and time.monotonic() < end:  # the leader is gone; its group may stop too
             time.sleep(0.1)
     except subprocess.TimeoutExpired:
         pass

@@ -99,3 +99,62 @@ class EnvProcess(SPAWN.Process):
     @staticmethod
     def _Popen(process_obj):
         return EnvPopen(process_obj, process_obj.__dict__.pop("_rose_env"))
+
+
+# ------------------------------------------------------------------------------ stopping groups
+
+
+def signal_group(pid: int, sig: int) -> bool:
+    """Send ``sig`` to the process group led by ``pid`` (a child started with
+    ``start_new_session=True``: its wrapper's children are in it too); False once the group is gone
+    (``sig=0`` asks only that)."""
+    try:
+        os.killpg(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether the process group ``pgid`` has a member that is not a zombie. A child orphaned by its
+    leader's exit is reparented to the container's init, which may never reap it: ``killpg(pgid,
+    0)`` then succeeds on the zombie for good. Reads ``/proc`` (Linux); elsewhere asks
+    :func:`signal_group`."""
+    if not os.path.isdir("/proc/self"):
+        return signal_group(pgid, 0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # exited meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ... after "pid (comm)"
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def stop_groups(procs: "list[subprocess.Popen]", grace_s: float) -> None:
+    """Stop each process's whole group (each started in its own session): SIGTERM to every group,
+    then, once ``grace_s`` is over, SIGKILL to the groups still there (a leader gone while its
+    children go on counts as there); the leaders are reaped. Terminating only the leader would
+    leave a wrapper's child running on (``rose-jax train --mps-client``'s trainer, a plan's worker)
+    when the leader has to be killed. Output pipes are not read: the callers here write to files
+    (``benchmarks.experiments.informed_peer._end_group`` stops one run whose pipes it reads)."""
+    import signal
+    import time
+
+    for p in procs:
+        signal_group(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    pending = list(procs)
+    while pending and time.monotonic() < deadline:
+        pending = [p for p in pending if p.poll() is None or group_alive(p.pid)]
+        if pending:
+            time.sleep(0.1)
+    for p in pending:
+        signal_group(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
