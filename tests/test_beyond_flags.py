@@ -648,3 +648,40 @@ def test_standing_counts_each_run_of_ours_once_per_workload_gpu_and_plan():
     assert f"| 2 | {median:.3f} (1.091-1.364) | missed in 1 of 2 |" in md
     assert "met in 1 of 1" in md and "not established (vs one peer only: 1.300)" in md
     assert B.standing_lines([]) == []
+
+
+def test_floor_names_the_busy_share_or_the_hottest_loops_chain():
+    """A trace where the GPU is busy most of the iteration names kernel time; otherwise launches
+    and gaps, with the hottest loop's dependency chain (rose_jax.trace.depth) where the profile
+    has it; an untraced profile says why."""
+    prof = {"available": True, "ms_per_iteration": 10.0, "busy_ms_per_iteration": 9.0,
+            "kernels_per_iteration": 100, "median_kernel_us": 2.0, "median_gap_us": 3.0,
+            "top_kernels_ms_per_iteration": {"gemm": 5.0}}
+    assert B.floor_of(prof).startswith("kernel time: the GPU is busy 9.0 of 10.0 ms")
+    chain = {"loop": "train_steps/_grad_step", "trips": 64,
+             "describe": "a chain of 76 of its 868 operations, 12 of its 48 matrix products in series"}
+    idle = {**prof, "busy_ms_per_iteration": 5.0, "chains": [chain]}
+    floor = B.floor_of(idle)
+    assert floor.startswith("launches and gaps: the GPU is busy 5.0 of 10.0 ms")
+    assert ("the hottest loop (train_steps/_grad_step x64) runs a chain of 76 of its 868 operations, "
+            "12 of its 48 matrix products in series per trip") in floor
+    assert "hottest loop" not in B.floor_of({**idle, "chains": []})
+    assert B.floor_of({"available": False, "reason": "no GPU"}) == "not traced (no GPU)"
+
+
+def test_hottest_chains_of_the_sac_iteration_start_with_its_gradient_step():
+    """plan_profile's chains on a real (tiny) SAC iteration: the gradient-step loop first."""
+    import jax
+
+    import envs
+    from algos import sac
+
+    env = envs.make("pendulum")
+    config = sac.SACConfig(num_timesteps=1200, num_envs=8, grad_updates_per_step=3, batch_size=32,
+                           min_replay_size=64, policy_hidden_sizes=(16, 16), q_hidden_sizes=(16, 16),
+                           num_evals=4, num_eval_envs=0)
+    state = sac.init(config, env, jax.random.PRNGKey(0))
+    chains = B.hottest_chains(sac.iteration(config, env), state)
+    assert chains[0]["loop"].endswith("_grad_step") and chains[0]["trips"] == 3
+    assert 0 < chains[0]["longest_matmuls"] < chains[0]["matmuls"]
+    assert "matrix products in series" in chains[0]["describe"]

@@ -790,8 +790,20 @@ def plan_profile(
     state, prof = kernel_profile(step, state, args.profile_calls)
     ms = statistics.median(per) * 1e3
     prof.update(program=program, ms_per_iteration=round(ms, 3), env_steps_per_s=env_steps / (ms / 1e3))
+    prof["chains"] = hottest_chains(fn, state0)
     prof["floor"] = floor_of(prof)
     return prof
+
+
+def hottest_chains(fn, state, n: int = 2) -> list[dict[str, Any]]:
+    """The ``n`` hottest loops of ``fn`` (by flops) with their body's longest dependency chain
+    (:mod:`rose_jax.trace.depth`): where a loop is latency-bound, its floor."""
+    from rose_jax import trace as rtrace
+    from rose_jax.trace import depth
+
+    tree = rtrace.trace(fn, state, arg_names=["state"])
+    return [{"loop": path, "trips": trips, **c._asdict(), "describe": c.describe()}
+            for path, trips, c in depth.loop_chains(tree)[:n]]
 
 
 def floor_of(prof: dict[str, Any]) -> str:
@@ -811,6 +823,11 @@ def floor_of(prof: dict[str, Any]) -> str:
         key=lambda cr: -cr[1],
     )
     where = "; idle under the tracer: " + ", ".join(f"{c} {v:.1f} ms" for c, v in idle[:3]) if idle else ""
+    chains = prof.get("chains") or []
+    if chains:  # the hottest loop's dependency chain: what no fusion or overlap beside it can shorten
+        c = chains[0]
+        trips = f" x{c['trips']}" if c.get("trips") else ""
+        where += f"; the hottest loop ({c['loop']}{trips}) runs {c['describe']} per trip"
     return (
         f"launches and gaps: the GPU is busy {busy:.1f} of {ms:.1f} ms per iteration{where} "
         f"({kernels:,.0f} kernels, median {prof['median_kernel_us']} us, median gap "
