@@ -544,14 +544,16 @@ def search_unit(config: PPOConfig, env: Env | str):
     if config.num_evals is None:
         return None
     full = config.iterations_per_eval
-    k = max(1, SEARCH_UNIT_ENV_STEPS // config.env_steps_per_iteration)
+    # at least 2 iterations: a 1-trip scan is not the epoch's loop (candidates skip it, an unroll
+    # is a no-op on it, XLA may fold it away), so a plan found on it would not have been tried there
+    k = max(registry.SEARCH_UNIT_MIN_ITERATIONS, SEARCH_UNIT_ENV_STEPS // config.env_steps_per_iteration)
     if k >= full:
         return None
     resolved = ppo_brax.resolve_env(config, env)  # once: it wraps action_repeat at every call
     episode = int(resolved.episode_length)
-    eval_steps = registry.scaled_eval_steps(episode, k, full)
+    eval_steps = registry.scaled_eval_steps(episode, k, full) if config.num_evals else None
     fn = ppo_brax.epoch(config, resolved, iteration(config, resolved), k, eval_steps)
-    return registry.SearchUnit(fn, k, full, eval_steps, episode)
+    return registry.SearchUnit(fn, k, full, eval_steps, episode if eval_steps is not None else None)
 
 
 # train's keywords for help(), IDEs and inspect: (env, config=None, *, progress_fn, ..., **overrides)

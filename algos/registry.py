@@ -27,6 +27,10 @@ from typing import Any, Callable, Sequence
 # the candidates try (unroll_scans: 2, 4, 8) and at least the 2 trips a hoist needs, so the unit's
 # evaluation scan is searched for the same candidates as the whole unit's.
 SEARCH_UNIT_MIN_EVAL_STEPS = 8
+# The fewest iterations of a search unit: a 1-trip scan is not the unit's loop (candidate generation
+# skips loops of fewer than 2 trips, an unroll is a no-op on it, XLA may fold it away), so a plan
+# found on it would never have been tried on the whole unit's loop.
+SEARCH_UNIT_MIN_ITERATIONS = 2
 
 
 def scaled_eval_steps(episode: int, iterations: int, of: int) -> int:

@@ -874,7 +874,7 @@ def search_unit(config: SACConfig, env: Env):
 
     per_iteration = config.grad_updates_per_step * config.steps_per_iteration
     full = iterations_per_epoch(config)
-    k = max(1, SEARCH_UNIT_GRAD_STEPS // per_iteration)
+    k = max(registry.SEARCH_UNIT_MIN_ITERATIONS, SEARCH_UNIT_GRAD_STEPS // per_iteration)
     if k >= full:
         return None
     eval_steps, episode = None, int(env.episode_length)

@@ -854,9 +854,13 @@ class ProcessSweep:
 
     def poll(self) -> dict[str, RunOutcome]:
         """Collect the runs that ended since the last call; returns every outcome so far."""
+        from rose_jax.runtime.process import group_alive, stop_groups
+
         for run in self.runs:
             p = self._procs.get(run.name)
             if p is not None and run.name not in self._outcomes and p.poll() is not None:
+                if group_alive(p.pid):  # the run's process died, its children (plan workers) did not
+                    stop_groups([p], STOP_GRACE_S)
                 self._finish(run, p.returncode)
         return dict(self._outcomes)
 

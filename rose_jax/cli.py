@@ -807,7 +807,8 @@ def _first_call_falls_back(step, baseline, log):
 
 def plan_record(report, step) -> dict[str, Any]:
     """``run.json``'s ``optimize`` entry: the plan a run trained with (transform names and
-    parameters, its XLA options), where it came from (a cache hit or a search of ``search_s``
+    parameters, its XLA options, the plan cache's key), where it came from (a cache hit or a
+    search of ``search_s``
     seconds, or ``skipped`` with the reason), and ``defers_metrics``: whether ``step``, what the run
     trains with, returns metrics that a worker finishes behind the next call (``HostStep.pipelined``;
     then the interval up to the run's last report times that trailing work alone, not a unit)."""
@@ -815,6 +816,7 @@ def plan_record(report, step) -> dict[str, Any]:
         "plan": list(report.plan or []),
         "base_options": (report.base_options or {}).get("name"),
         "cache_hit": bool(report.cache_hit),
+        "cache_key": report.cache_key,  # the plan cache's entry (program, env, batch, GPU, jax)
         "search_s": report.search_time_s,
         "speedup_on_unit": report.speedup,
         "equal": report.equal,

@@ -643,6 +643,14 @@ def test_standing_counts_each_run_of_ours_once_per_workload_gpu_and_plan():
     assert h100["peer_s"] == [90.0, 90.0]  # the faster peer's (Brax + flag) wall time
     assert st[("H200", "p")]["runs"] == 1 and st[("H200", "p")]["met"] == 1
     assert st[("H100", "q")]["runs"] == 0 and st[("H100", "q")]["partial"] == [1.3]
+    # a miss against one peer is a miss; two calls in the same minute on two GPUs are two runs
+    slow = row("d7", 105.0, f=100.0, plan=("r",))
+    twin = [row("d8", 150.0, d=100.0, f=110.0, plan=("s",), gpu_uuid="A"),
+            row("d8", 160.0, d=100.0, f=110.0, plan=("s",), gpu_uuid="B")]
+    st2 = {x["plan"]: x for x in B.standing([slow, *twin])}
+    assert st2["s"]["runs"] == 2 and st2["r"]["partial_misses"] == 1
+    md2 = "\n".join(B.standing_lines([slow]))
+    assert "missed in 1 of 1 (1 against one peer only: 1.050)" in md2
     md = "\n".join(B.standing_lines(acc))
     median = (round(150 / 110, 3) + round(120 / 110, 3)) / 2  # of the rows' rounded ratios
     assert f"| 2 | {median:.3f} (1.091-1.364) | missed in 1 of 2 |" in md
@@ -685,3 +693,63 @@ def test_hottest_chains_of_the_sac_iteration_start_with_its_gradient_step():
     assert chains[0]["loop"].endswith("_grad_step") and chains[0]["trips"] == 3
     assert 0 < chains[0]["longest_matmuls"] < chains[0]["matmuls"]
     assert "matrix products in series" in chains[0]["describe"]
+
+
+def test_run_plan_entry_is_the_one_the_run_used_not_the_last_key():
+    """The plan cache holds several programs' entries, written with sorted keys: a row takes the
+    entry its run names (run.json's optimize.cache_key), else the one its search wrote or changed,
+    else the only one, never the last key (2026-12-07 08:54: ppo-ant-6ep took the H200 ppo-ant
+    search's record, whose key sorts last)."""
+    ant = {"plan": ["a"], "report": {"search_time_s": 397.0}}
+    h200 = {"plan": ["a"], "report": {"search_time_s": 401.7}}
+    before = {"57e1|ant|4096|H100": ant, "623b|ant|4096|H200": h200}
+    assert B.run_plan_entry(before, before, {"cache_key": "57e1|ant|4096|H100"}) == [ant]
+    searched = {**before, "11aa|hopper|128|H100": {"plan": ["b"], "report": {"search_time_s": 190.0}}}
+    assert B.run_plan_entry(before, searched, None) == [searched["11aa|hopper|128|H100"]]
+    resumed = {**before, "57e1|ant|4096|H100": {**ant, "report": {"search_time_s": 500.0}}}
+    assert B.run_plan_entry(before, resumed, {}) == [resumed["57e1|ant|4096|H100"]]
+    assert B.run_plan_entry(before, before, {}) == []  # a cache hit that names no key: not guessed
+    assert B.run_plan_entry({}, {"k": ant}, None) == [ant]
+
+
+def test_fold_rose_leaves_rows_that_ran_ours_and_keeps_borrowed_failures():
+    """fold_rose only fills a row whose call ran none of our runs: a row whose own search or
+    --optimize run failed keeps that (it does not take an earlier call's rate and plan); a borrowed
+    search that was cut stays cut, so no split first run is built from it; a first run found in a
+    row that borrowed it names the call that ran it."""
+    gpu, n, steps = "GPU-a", "sac-hopper-5ep", 1_731_072
+    entry = {"plan": [{"name": "offload_component", "label": "offload_component()", "tolerance": {}}],
+             "report": {"equal": True, "search_time_s": 192.9, "candidates": []}}
+
+    def row(date, runs):
+        r = {**B.acceptance_row(n, "sac", steps, runs), "date": date, "gpu_uuid": gpu}
+        return {k: v for k, v in r.items() if k != "_plan"}
+
+    cut_search = _run(None, rc=None, plan_cache=[entry], end_to_end_s=420.0, error="timed out")
+    src = row("2026-12-07 10:00 UTC", {"rose_plan": cut_search,
+                                       "rose_cached": _run(9000.0, plan_cache=[entry], end_to_end_s=600.0)})
+    assert "rose_plan" in src["errors"] and B.fold_first_run(src, []) is src  # refused in its own call
+    peer = row("2026-12-07 10:10 UTC", {"peer_flags": _run(7500.0, end_to_end_s=380.0)})
+    got = B.fold_all(peer, [src], [src])
+    assert got["rose_env_steps_per_s"] == 9000.0 and got["errors"]["rose_plan"] == "timed out"
+    assert "rose" not in got["end_to_end_s"] and "first_run" not in got  # no 420 + 600 s first run
+    # a call whose own --optimize run failed is not filled from another call
+    failed = row("2026-12-07 10:12 UTC", {"peer_flags": _run(7500.0),
+                                          "rose": _run(None, rc=1, end_to_end_s=50.0, error="OOM")})
+    assert B.fold_rose(failed, [src]) is failed
+    searched = row("2026-12-07 10:12 UTC", {"peer_flags": _run(7500.0),
+                                            "rose_plan": _run(None, plan_cache=[entry], end_to_end_s=450.0)})
+    assert B.fold_rose(searched, [src]) is searched
+    # a first run borrowed by a peer-only row is named by the call that ran it
+    first = row("2026-12-07 10:00 UTC", {"rose": _run(9000.0, plan_cache=[entry], end_to_end_s=700.0)})
+    relay = B.fold_rose(row("2026-12-07 10:10 UTC", {"peer_flags": _run(7500.0)}), [first])
+    later = row("2026-12-07 10:20 UTC", {"rose_cached": _run(9100.0, plan_cache=[entry], end_to_end_s=300.0)})
+    assert B.fold_first_run(later, [first, relay])["first_run"]["date"] == "2026-12-07 10:00 UTC"
+
+
+def test_same_hold_needs_the_same_machine_where_rows_name_it():
+    a = {"workload": "w", "num_timesteps": 1, "gpu_uuid": "G", "date": "2026-12-07 10:00 UTC", "host": "m1"}
+    b = {**a, "date": "2026-12-07 10:10 UTC"}
+    assert B._same_hold(b, a)
+    assert not B._same_hold({**b, "host": "m2"}, a)  # a fresh machine on the same GPU
+    assert B._same_hold({**b, "host": None}, a)  # older rows name no machine

@@ -722,4 +722,11 @@ def test_ppo_search_unit_is_the_epoch_with_fewer_iterations_and_a_scaled_evaluat
     assert names(unit.fn) == names(whole) and "evaluate" in names(unit.fn)
     with pytest.raises(ValueError, match="steps must be a positive int"):
         ppo.ppo_brax.make_evaluator(config, resolved, 2, True, steps=0)
+    # never fewer than 2 iterations (a 1-trip scan is not the epoch's loop); no evaluation to scale
+    # where num_evals is 0
+    monkeypatch.setattr(ppo, "SEARCH_UNIT_ENV_STEPS", 1)
+    fewest = algos.get("ppo").search_unit(config, "pendulum")
+    assert fewest.iterations == registry.SEARCH_UNIT_MIN_ITERATIONS == 2
+    quiet = algos.get("ppo").search_unit(_evals_config(num_evals=0), "pendulum")
+    assert quiet.eval_steps is None and quiet.eval_of is None and "evaluation" not in quiet.describe()
 

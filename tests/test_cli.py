@@ -139,6 +139,8 @@ def test_train_optimize_searches_once_then_uses_the_cached_plan(tmp_path, capsys
     rb = json.loads((tmp_path / "b" / "run.json").read_text())["optimize"]
     assert ra["cache_hit"] is False and rb["cache_hit"] is True and ra["plan"] == rb["plan"] == entry["plan"]
     assert ra["base_options"] == base["name"] and ra["defers_metrics"] is False
+    (key,) = [k for k, e in cached.items() if "plan" in e]
+    assert ra["cache_key"] == rb["cache_key"] == key  # which entry: a harness reads that one
 
 
 @pytest.mark.slow

@@ -91,3 +91,30 @@ def test_a_sweep_stop_ends_each_runs_children(tmp_path, monkeypatch):
                 break
             time.sleep(0.05)
         assert _gone(c), "a run's child outlived the sweep's stop"
+
+
+def test_a_sweep_run_whose_process_died_has_its_children_stopped(tmp_path, monkeypatch):
+    """A run's process that exits while its children go on (killed by the OOM killer, its plan's
+    workers left): the sweep's poll stops the rest of its group as it records the run's end."""
+    import types
+
+    from algos import sweep
+
+    monkeypatch.setattr(sweep, "STOP_GRACE_S", 1.0)
+    pid_file = tmp_path / "orphan.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    leader = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}])"  # and exit
+    p = subprocess.Popen([sys.executable, "-c", leader], start_new_session=True)
+    orphan = _pid(pid_file)
+    p.wait()
+    assert group_alive(p.pid) and not _gone(orphan)
+    finished = []
+    table = types.SimpleNamespace(runs=[types.SimpleNamespace(name="r0")], _procs={"r0": p}, _outcomes={},
+                                  _finish=lambda run, rc: finished.append((run.name, rc)))
+    sweep.ProcessSweep.poll(table)
+    assert finished == [("r0", 0)]
+    for _ in range(100):
+        if _gone(orphan):
+            break
+        time.sleep(0.05)
+    assert _gone(orphan) and not group_alive(p.pid)

@@ -401,10 +401,12 @@ def acceptance(name: str, args, on_progress=None) -> dict[str, Any]:
                 else:
                     caches["plans"] = tempdir(f"bf-{name}-{v}-plans-")
             common.log(f"{name}: {v} ({steps:,} env steps{', ' + ' '.join(extra) if extra else ''})")
+            before = _plan_cache(caches["plans"])
             runs[v] = ip.rose_run(
                 name, variant, steps, args.smoke, caches, args.run_timeout_s, extra, _log_path(args, name, v)
             )
-            runs[v]["plan_cache"] = _plan_entries(caches["plans"])
+            after = _plan_cache(caches["plans"])
+            runs[v]["plan_cache"] = run_plan_entry(before, after, runs[v].get("optimize"))
             if v == "flags_only":
                 first_caches = dict(caches)
             if on_progress:  # (a call's own limit can end it in the next run: 2026-12-07 08:44)
@@ -428,13 +430,32 @@ def _log_path(args, name: str, variant: str) -> str:
     return os.path.join(args.out, "logs", f"{name}-{variant}.log")
 
 
-def _plan_entries(cache_dir: str) -> list[dict[str, Any]]:
+def _plan_cache(cache_dir: str) -> dict[str, dict[str, Any]]:
+    """The plan cache's entries by key (``{}`` where there is none)."""
     path = os.path.join(cache_dir, "plans.json")
     if not os.path.exists(path):
-        return []
+        return {}
     with open(path) as f:
         data = json.load(f)
-    return [e for e in data.values() if isinstance(e, dict) and "plan" in e]
+    return {k: e for k, e in data.items() if isinstance(e, dict) and "plan" in e}
+
+
+def run_plan_entry(
+    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], optimize: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The plan-cache entry a ``rose-jax train --optimize`` run used, as a one-element list (empty
+    where it cannot be told): the key its ``run.json`` names (``optimize.cache_key``), else the one
+    entry its search wrote or changed (``before`` -> ``after``: a ``--plan-only`` search has no run
+    directory), else the only entry. Never the last one: the cache is written with sorted keys,
+    so the last entry is the one whose hash sorts last (2026-12-07 08:54: ppo-ant-6ep's row took
+    the H200 ppo-ant search's record that way)."""
+    key = (optimize or {}).get("cache_key")
+    if key in after:
+        return [after[key]]
+    changed = [k for k, e in after.items() if before.get(k) != e]
+    if len(changed) == 1:
+        return [after[changed[0]]]
+    return list(after.values()) if len(after) == 1 else []
 
 
 def _verdict(
@@ -472,25 +493,8 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
     flags_from = "flags_only_cached" if cached_flags else "flags_only"
     flags_only, rose = rate(flags_from), rate(rose_from)
     rose_run = runs.get(rose_from) or {}
-    finished = rose_run.get("returncode") == 0
-    entries = rose_run.get("plan_cache") or []
-    report = (entries[-1].get("report") if entries else None) or {}
-    plan = (entries[-1].get("plan") if entries else None) or []
-    kept = [c for c in report.get("candidates", []) if c.get("kept")]
-    checks = [c["learning_check"] for c in kept if c.get("learning_check")]
-    tol = [t.get("tolerance") or {} for t in plan]
-    exact = {"rtol": 0.0, "atol": 0.0, "reason": "the program itself: nothing kept"}
-    tolerance = max(tol, key=lambda t: (t.get("rtol", 0.0), t.get("atol", 0.0))) if tol else exact
-    if not tol and not finished:
-        tolerance = None
-    if plan:
-        labels = [t.get("label") for t in plan]
-    elif finished:
-        labels = ["baseline (no candidate kept)"]
-    elif rose_from in runs:
-        labels = ["not known: the run did not finish"]
-    else:
-        labels = ["- (no --optimize run in this call)"]
+    entries = rose_run.get("plan_cache") or []  # the entry the run used (run_plan_entry)
+    fields = plan_fields(entries[0] if entries else None, rose_run.get("returncode") == 0, rose_from in runs)
     speedup, met = _verdict(rose, peers, TARGETS[algo])
     return {
         "workload": name,
@@ -505,6 +509,38 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
         "speedup_vs_flags_only": round(rose / flags_only, 3) if rose and flags_only else None,
         "target": TARGETS[algo],
         "target_met": met,
+        **fields,
+        "interval_rates": {v: r.get("interval_rates") for v, r in runs.items()},
+        "end_to_end_s": {v: r.get("end_to_end_s") for v, r in runs.items()},
+        "errors": {v: r.get("error") for v, r in runs.items() if r.get("error")},
+        "command": {v: r.get("command") for v, r in runs.items()},
+        "_plan": (entries[0].get("plan") if entries else None) or [],  # for plan_profile (not written)
+    }
+
+
+def plan_fields(entry: dict[str, Any] | None, finished: bool, ran: bool) -> dict[str, Any]:
+    """A row's plan columns from the plan-cache entry our run used (None: none known): the plan's
+    labels (or why there is none: ``finished``, the run ended well; ``ran``, this call ran one),
+    the option set, equality, the widest tolerance of its transforms, the learning check of a
+    tolerance-kept one, and the search's time, speedup and candidates."""
+    report = ((entry or {}).get("report")) or {}
+    plan = ((entry or {}).get("plan")) or []
+    kept = [c for c in report.get("candidates", []) if c.get("kept")]
+    checks = [c["learning_check"] for c in kept if c.get("learning_check")]
+    tol = [t.get("tolerance") or {} for t in plan]
+    exact = {"rtol": 0.0, "atol": 0.0, "reason": "the program itself: nothing kept"}
+    tolerance = max(tol, key=lambda t: (t.get("rtol", 0.0), t.get("atol", 0.0))) if tol else exact
+    if not tol and not finished:
+        tolerance = None
+    if plan:
+        labels = [t.get("label") for t in plan]
+    elif finished:
+        labels = ["baseline (no candidate kept)"]
+    elif ran:
+        labels = ["not known: the run did not finish"]
+    else:
+        labels = ["- (no --optimize run in this call)"]
+    return {
         "plan": labels,
         # the XLA option set the search's baseline, every candidate and the run ran under (None: a
         # search before the baseline was timed under option sets)
@@ -520,11 +556,6 @@ def acceptance_row(name: str, algo: str, steps: int, runs: dict[str, dict[str, A
             {k: c.get(k) for k in ("label", "stage", "speedup", "equal", "max_abs_diff", "kept", "reason")}
             for c in report.get("candidates", [])
         ],
-        "interval_rates": {v: r.get("interval_rates") for v, r in runs.items()},
-        "end_to_end_s": {v: r.get("end_to_end_s") for v, r in runs.items()},
-        "errors": {v: r.get("error") for v, r in runs.items() if r.get("error")},
-        "command": {v: r.get("command") for v, r in runs.items()},
-        "_plan": plan,  # the plan's transforms as JSON, for plan_profile (not written)
     }
 
 
@@ -553,17 +584,19 @@ def fold_first_run(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[s
         )
         if not same:
             continue
+        # the call that ran it: a row that took our runs from another call (fold_rose) names it
+        ran_in = (r.get("rose_from") or {}).get("date") or r.get("date")
         if r is not row and r_e2e.get("rose") is not None and "rose" not in errors:
             first = r_e2e["rose"]
             origin = r.get("first_run") or {
-                "date": r.get("date"), "device": r.get("device"), "end_to_end_s": first,
+                "date": ran_in, "device": r.get("device"), "end_to_end_s": first,
                 "search_s": r.get("search_s"), "command": (r.get("command") or {}).get("rose"),
             }
             return {**row, "end_to_end_s": {**e2e, "rose": first}, "first_run": origin}
         if r_e2e.get("rose_plan") is not None and "rose_plan" not in errors:
             first = round(r_e2e["rose_plan"] + cached, 2)
             origin = {
-                "date": r.get("date"), "device": r.get("device"), "end_to_end_s": first,
+                "date": ran_in, "device": r.get("device"), "end_to_end_s": first,
                 "search_s": r.get("search_s"), "command": (r.get("command") or {}).get("rose_plan"),
                 "split": f"the search alone (rose_plan, {r_e2e['rose_plan']:.1f} s) plus this cached run "
                 f"({cached:.1f} s)",
@@ -669,6 +702,8 @@ def _same_hold(row: dict[str, Any], r: dict[str, Any]) -> bool:
         and r.get("workload") == row.get("workload")
         and r.get("num_timesteps") == row.get("num_timesteps")
         and r.get("gpu_uuid") == gpu
+        # the same machine where both rows name it (rows before 2026-12-07 11:00 UTC do not)
+        and (r.get("host") is None or row.get("host") is None or r.get("host") == row.get("host"))
         and 0 <= (when - t) * 60 <= SAME_MACHINE_S
     )
 
@@ -715,7 +750,9 @@ def fold_rose(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, A
     The ratio and the target are then recomputed against this row's peers (and :func:`fold_peers`
     adds the peers it lacks); ``rose_from`` names that call. Pure; the row is returned unchanged
     when it has our rate already, ran no peer, or the machine ran no such call."""
-    if row.get("rose_env_steps_per_s") or not any(_ran_peer_itself(row, v) for v in PEERS):
+    ran_ours = row.get("rose_run") is not None or any(
+        v in (row.get("end_to_end_s") or {}) or v in (row.get("errors") or {}) for v in ROSE_RUNS)
+    if ran_ours or not any(_ran_peer_itself(row, v) for v in PEERS):  # (a failed run of ours is ours too)
         return row
     for r in reversed(earlier):
         if not r.get("rose_env_steps_per_s") or r.get("rose_from") or not _same_hold(row, r):
@@ -724,6 +761,7 @@ def fold_rose(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, A
         speedup, met = _verdict(rose, {v: row.get(f"{v}_env_steps_per_s") for v in PEERS}, row["target"])
         flags = row.get("flags_only_env_steps_per_s")
         runs = [v for v in ROSE_RUNS if (r.get("end_to_end_s") or {}).get(v) is not None]
+        failed = {v: e for v, e in (r.get("errors") or {}).items() if v in ROSE_RUNS}
         return {
             **row,
             **{k: r.get(k) for k in ROSE_FIELDS if k in r},
@@ -731,6 +769,8 @@ def fold_rose(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, A
             "target_met": met,
             "speedup_vs_flags_only": round(rose / flags, 3) if flags else None,
             **_borrowed_runs(row, {v: r for v in runs}),
+            # a borrowed run that failed stays failed (fold_first_run refuses a cut search)
+            "errors": {**(row.get("errors") or {}), **failed},
             "rose_from": {"date": r.get("date"), "gpu_uuid": row.get("gpu_uuid"),
                           "call_command": r.get("call_command")},
         }
@@ -963,16 +1003,18 @@ def standing(acc: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (name, steps, gpu, plan), rows in groups.items():
         ours: dict[str, dict[str, Any]] = {}
         for r in rows:  # newest last: the last row of a run of ours is its most complete
-            ours[(r.get("rose_from") or {}).get("date") or r.get("date")] = r
+            ours[((r.get("rose_from") or {}).get("date") or r.get("date"), r.get("gpu_uuid"))] = r
         complete = [r for r in ours.values() if all(r.get(f"{v}_env_steps_per_s") for v in PEERS)]
         partial = [r for r in ours.values() if r not in complete and r.get("speedup_vs_informed_peer")]
         ratios = [r["speedup_vs_informed_peer"] for r in complete]
         met = sum(bool(r.get("target_met")) for r in complete)
+        # a miss against one peer is a miss (the other can only be faster): _verdict says so
         out.append({
             "workload": name, "num_timesteps": steps, "device": gpu, "plan": plan,
             "target": rows[-1].get("target"),
             "runs": len(complete), "ratios": ratios, "met": met,
             "partial": sorted(r["speedup_vs_informed_peer"] for r in partial),
+            "partial_misses": sum(r.get("target_met") is False for r in partial),
             "rose": [r["rose_env_steps_per_s"] for r in complete],
             "peer_s": [x for x in map(_informed_peer_s, complete) if x is not None],
             "cached_s": [x for r in complete if (x := _wall(r, "rose_cached")) is not None],
@@ -990,13 +1032,16 @@ def standing_lines(acc: list[dict[str, Any]]) -> list[str]:
         return []
 
     def verdict(x):
-        if not x["runs"]:
-            part = x["partial"]
-            span = f"{part[0]:.3f}" + (f"-{part[-1]:.3f}" if len(part) > 1 else "") if part else ""
-            return "not established" + (f" (vs one peer only: {span})" if part else "")
-        if x["met"] == x["runs"]:
+        # a miss against one peer is a miss against the faster one too: it counts; a ratio over one
+        # peer that clears the target establishes nothing (the other peer may be faster)
+        part, one = x["partial"], x["partial_misses"]
+        span = (f"{part[0]:.3f}" + (f"-{part[-1]:.3f}" if len(part) > 1 else "")) if part else ""
+        misses, of = x["runs"] - x["met"] + one, x["runs"] + one
+        if misses:
+            return f"missed in {misses} of {of}" + (f" ({one} against one peer only: {span})" if one else "")
+        if x["runs"]:
             return f"met in {x['runs']} of {x['runs']}"
-        return f"missed in {x['runs'] - x['met']} of {x['runs']}"
+        return "not established" + (f" (vs one peer only: {span})" if part else "")
 
     body = [[x["workload"], f"{x['num_timesteps']:,}" if x["num_timesteps"] else "-", x["device"],
              x["plan"], f"{x['target']}x", str(x["runs"]), _spread(x["ratios"], ".3f"),
@@ -1236,6 +1281,7 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
         info = common.machine_info(jax_devices=False)
         row.update(date=info.get("date"), device=info.get("gpu") or info.get("platform"))
         row["gpu_uuid"] = info.get("gpu_uuid")  # which physical GPU (calls on one warm machine share it)
+        row["host"] = info.get("hostname")  # which machine: a fresh one may get the same GPU
         row["call_command"] = command
         return row
 
@@ -1260,7 +1306,7 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
 
         gpu = jax.default_backend() == "gpu"
         for row in new:
-            if "error" in row:
+            if "error" in row or row.get("rose_from"):  # a borrowed run keeps its own call's profile
                 continue
             # the set the plan's search ran under (the row's base options), else --options
             name = row.get("base_options") if row.get("base_options") in xla_options.SETS else args.options

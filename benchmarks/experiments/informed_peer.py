@@ -473,7 +473,8 @@ def _end_group(proc: subprocess.Popen, grace_s: float) -> tuple[str, str]:
             time.sleep(0.1)
     except subprocess.TimeoutExpired:
         pass
-    group(signal.SIGKILL)
+    if proc.poll() is None or group_alive(proc.pid):  # never a group id another session may own now
+        group(signal.SIGKILL)
     if out is None:
         try:
             out, err = proc.communicate(timeout=10.0)

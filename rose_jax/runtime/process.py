@@ -115,13 +115,15 @@ def signal_group(pid: int, sig: int) -> bool:
         return False
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether the process group ``pgid`` has a member that is not a zombie. A child orphaned by its
-    leader's exit is reparented to the container's init, which may never reap it: ``killpg(pgid,
-    0)`` then succeeds on the zombie for good. Reads ``/proc`` (Linux); elsewhere asks
-    :func:`signal_group`."""
+def alive_groups(pgids: "set[int] | list[int]") -> set[int]:
+    """Those of the process groups ``pgids`` that have a member that is not a zombie (one scan of
+    ``/proc``). A child orphaned by its leader's exit is reparented to the container's init, which
+    may never reap it: ``killpg(pgid, 0)`` then succeeds on the zombie for good. Reads ``/proc``
+    (Linux); elsewhere asks :func:`signal_group`."""
+    wanted = set(pgids)
     if not os.path.isdir("/proc/self"):
-        return signal_group(pgid, 0)
+        return {g for g in wanted if signal_group(g, 0)}
+    found: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -131,9 +133,14 @@ def group_alive(pgid: int) -> bool:
         except OSError:  # exited meanwhile
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ... after "pid (comm)"
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) in wanted:
+            found.add(int(fields[2]))
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether the process group ``pgid`` has a member that is not a zombie (:func:`alive_groups`)."""
+    return bool(alive_groups({pgid}))
 
 
 def stop_groups(procs: "list[subprocess.Popen]", grace_s: float) -> None:
@@ -146,15 +153,21 @@ def stop_groups(procs: "list[subprocess.Popen]", grace_s: float) -> None:
     import signal
     import time
 
-    for p in procs:
+    # only groups that still have a live member: a group id whose members are all gone may be
+    # another session's by now (an exited, reaped leader's pid reused)
+    alive = alive_groups({p.pid for p in procs})
+    pending = [p for p in procs if p.poll() is None or p.pid in alive]
+    for p in pending:
         signal_group(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    pending = list(procs)
     while pending and time.monotonic() < deadline:
-        pending = [p for p in pending if p.poll() is None or group_alive(p.pid)]
-        if pending:
-            time.sleep(0.1)
-    for p in pending:
-        signal_group(p.pid, signal.SIGKILL)
+        time.sleep(0.1)
+        alive = alive_groups({p.pid for p in pending})
+        pending = [p for p in pending if p.poll() is None or p.pid in alive]
+    if pending:
+        alive = alive_groups({p.pid for p in pending})
+        for p in pending:
+            if p.poll() is None or p.pid in alive:
+                signal_group(p.pid, signal.SIGKILL)
     for p in procs:
         p.wait()
