@@ -1,0 +1,232 @@
+"""Probe: is a small MLP's forward pass faster as one Pallas kernel than as XLA's chain of matrix
+products, at SAC's sizes, where it is latency-bound?
+
+    python -m benchmarks.experiments.fused_mlp            # GPU: batch 512, 16 -> 256 -> 256 -> 16
+    python -m benchmarks.experiments.fused_mlp --smoke    # CPU: Pallas interpret mode, plumbing only
+
+Why (issue 32): Brax's SAC hopper gradient step runs 12 of its 48 matrix products in series
+(``rose_jax.trace.depth``), about 18 us each on an H100 with the elementwise work between them, and
+no candidate of the search shortens that path: XLA fuses elementwise work into a matrix product,
+never two matrix products. Each row of a batch goes through a layer stack independently, so the
+whole stack can run as one kernel per block of rows, the hidden activations staying on chip. This
+probe measures that on its own before any transform is built: ``steps`` forward passes chained one
+after another in a ``lax.scan`` (each input the last output, as the gradient steps are chained), so
+the time per step is the chain's latency, for
+
+- ``xla``: ``relu(x @ W1 + b1)``, ``relu(. @ W2 + b2)``, ``. @ W3 + b3`` under XLA (its best
+  option set where given: ``--options``);
+- ``fused``: the same function as one ``pallas_call`` (Triton on the GPU): each program takes
+  ``--block-rows`` rows through all three layers; the second layer is computed in column chunks of
+  ``--chunk``, each chunk's ReLU output multiplied into the third layer at once, so no 256 x 256
+  weight tile has to fit on chip.
+
+Both compute the same function up to the order of floating-point sums (the third layer sums over
+chunks); the results file gives the largest difference from a float64 reference for each.
+Results: ``benchmarks/results/fused_mlp/`` (``results.json``, ``results.md``, ``results.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from benchmarks import common
+
+
+def mlp_xla(params: list[tuple[Any, Any]], x):
+    """The reference: a ReLU MLP as JAX writes it (XLA compiles one matrix product per layer)."""
+    import jax
+    import jax.numpy as jnp
+
+    for w, b in params[:-1]:
+        x = jax.nn.relu(jnp.dot(x, w) + b)
+    w, b = params[-1]
+    return jnp.dot(x, w) + b
+
+
+def mlp_fused(params: list[tuple[Any, Any]], x, *, block_rows: int = 32, chunk: int = 64,
+              num_warps: int = 4, interpret: bool = False):
+    """A 3-layer ReLU MLP (``x @ W1 -> W2 -> W3``, biases added) as one Pallas kernel over blocks
+    of ``block_rows`` rows. Every dimension must be a power of two of at least 16 (Triton's dot),
+    the rows a multiple of ``block_rows`` and the hidden width a multiple of ``chunk``: this is a
+    probe of the kernel, the padding a real transform would add is left out."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    (w1, b1), (w2, b2), (w3, b3) = params
+    rows, d_in = x.shape
+    hidden, d_out = w2.shape[1], w3.shape[1]
+    for name, d in (("input", d_in), ("hidden", hidden), ("output", d_out), ("block_rows", block_rows)):
+        if d < 16 or d & (d - 1):
+            raise ValueError(f"mlp_fused: {name} size must be a power of two >= 16, got {d}")
+    if rows % block_rows or hidden % chunk or w1.shape[1] != hidden:
+        raise ValueError(f"mlp_fused: rows {rows} must divide by block_rows {block_rows}, hidden {hidden} "
+                         f"by chunk {chunk}, and both hidden layers be {hidden} wide")
+
+    def kernel(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, w3_ref, b3_ref, o_ref):
+        h1 = jnp.maximum(jnp.dot(x_ref[...], w1_ref[...], preferred_element_type=jnp.float32)
+                         + b1_ref[...], 0.0)
+        acc = jnp.zeros((block_rows, d_out), jnp.float32)
+        for c in range(hidden // chunk):  # static: one chunk of layer 2's columns at a time
+            cols = pl.dslice(c * chunk, chunk)
+            w2c = plgpu.load(w2_ref.at[:, cols])
+            b2c = plgpu.load(b2_ref.at[:, cols])
+            h2c = jnp.maximum(jnp.dot(h1, w2c, preferred_element_type=jnp.float32) + b2c, 0.0)
+            w3c = plgpu.load(w3_ref.at[cols, :])
+            acc = acc + jnp.dot(h2c, w3c, preferred_element_type=jnp.float32)
+        o_ref[...] = (acc + b3_ref[...]).astype(o_ref.dtype)
+
+    whole = lambda shape: pl.BlockSpec(shape, lambda i: (0, 0))  # noqa: E731 - every program reads it
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((rows, d_out), x.dtype),
+        grid=(rows // block_rows,),
+        in_specs=[pl.BlockSpec((block_rows, d_in), lambda i: (i, 0)),
+                  whole((d_in, hidden)), whole((1, hidden)),
+                  whole((hidden, hidden)), whole((1, hidden)),
+                  whole((hidden, d_out)), whole((1, d_out))],
+        out_specs=pl.BlockSpec((block_rows, d_out), lambda i: (i, 0)),
+        compiler_params=None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+    )
+    return call(x, w1, b1[None, :], w2, b2[None, :], w3, b3[None, :])
+
+
+def init_params(key, sizes: list[int]):
+    import jax
+
+    keys = jax.random.split(key, len(sizes) - 1)
+    return [(jax.random.normal(k, (a, b)) / a ** 0.5, 0.1 * jax.random.normal(jax.random.fold_in(k, 1), (b,)))
+            for k, a, b in zip(keys, sizes[:-1], sizes[1:], strict=True)]
+
+
+def chained(forward, steps: int):
+    """``steps`` forward passes one after another (each input the last output through tanh, the
+    shape kept), as one jitted scan: its time per step is the chain's latency."""
+    import jax
+    import jax.numpy as jnp
+
+    def run(params, x):
+        return jax.lax.scan(lambda x, _: (jnp.tanh(forward(params, x)), None), x, None, length=steps)[0]
+
+    return run
+
+
+def measure(args) -> dict[str, Any]:
+    import jax
+    import numpy as np
+
+    from rose_jax.optimize import xla_options
+
+    interpret = args.smoke or jax.default_backend() != "gpu"
+    sizes = [args.width_in, args.hidden, args.hidden, args.width_in]
+    params = init_params(jax.random.PRNGKey(0), sizes)
+    x = jax.random.normal(jax.random.PRNGKey(1), (args.rows, args.width_in))
+    options = xla_options.SETS.get(args.options) if not interpret else None
+    fused = functools.partial(mlp_fused, block_rows=args.block_rows, chunk=args.chunk,
+                              num_warps=args.num_warps, interpret=interpret)
+    variants = {"xla": mlp_xla, "fused": fused}
+    # one pass each against float64 on the host (the order of sums differs: a tolerance, not bitwise)
+    p64 = [(np.asarray(w, np.float64), np.asarray(b, np.float64)) for w, b in params]
+    h = np.asarray(x, np.float64)
+    for w, b in p64[:-1]:
+        h = np.maximum(h @ w + b, 0.0)
+    want = h @ p64[-1][0] + p64[-1][1]
+    out: dict[str, Any] = {"sizes": sizes, "rows": args.rows, "steps": args.steps, "interpret": interpret,
+                           "options": args.options if options else None, "variants": {}}
+    for name, fwd in variants.items():
+        one = jax.jit(fwd, compiler_options=options)
+        got = np.asarray(one(params, x), np.float64)
+        run = jax.jit(chained(fwd, args.steps), compiler_options=options)
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(params, x))
+        compile_s = time.perf_counter() - t0
+        per_step = []
+        for _ in range(args.blocks):
+            t0 = time.perf_counter()
+            jax.block_until_ready(run(params, x))
+            per_step.append((time.perf_counter() - t0) / args.steps * 1e6)
+        out["variants"][name] = {
+            "us_per_step": statistics.median(per_step), "spread_us": [min(per_step), max(per_step)],
+            "compile_s": round(compile_s, 2), "max_abs_diff_vs_f64": float(np.max(np.abs(got - want))),
+        }
+        common.log(f"{name}: {out['variants'][name]['us_per_step']:.1f} us per step "
+                   f"(max |diff| vs float64 {out['variants'][name]['max_abs_diff_vs_f64']:.2e})")
+    x_us, f_us = out["variants"]["xla"]["us_per_step"], out["variants"]["fused"]["us_per_step"]
+    out["fused_speedup"] = round(x_us / f_us, 3)
+    return out
+
+
+def write(out_dir: str, result: dict[str, Any], command: str) -> None:
+    from rose_jax.io import atomic_write_json
+
+    os.makedirs(out_dir, exist_ok=True)
+    info = common.machine_info()
+    atomic_write_json(os.path.join(out_dir, "results.json"), {"machine": info, "command": command, **result})
+    rows = [[n, f"{v['us_per_step']:.1f} ({v['spread_us'][0]:.1f}-{v['spread_us'][1]:.1f})",
+             f"{v['max_abs_diff_vs_f64']:.2e}", f"{v['compile_s']:.1f}"]
+            for n, v in result["variants"].items()]
+    lines = [
+        "# Fused small-MLP probe (issue 32: SAC's latency-bound layer chain)",
+        "",
+        f"{info.get('date')} on {info.get('gpu') or info.get('platform')}; `{command}`. "
+        f"Sizes {' -> '.join(map(str, result['sizes']))}, {result['rows']} rows, {result['steps']} forward "
+        "passes chained in one scan; median over timed blocks (min-max)."
+        + (" Pallas interpret mode (CPU): plumbing only, not a timing." if result["interpret"] else ""),
+        "",
+        common.markdown_table(["variant", "us per step", "max abs diff vs float64", "compile s"], rows),
+        "",
+        f"fused vs xla: {result['fused_speedup']:.3f}x. Generated by `benchmarks/experiments/fused_mlp.py`.",
+    ]
+
+    def plot(res, path):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3))
+        names = list(res["variants"])
+        ax.bar(names, [res["variants"][n]["us_per_step"] for n in names], color=["#888", "#2a7"])
+        ax.set_ylabel("us per chained forward pass")
+        ax.set_title(f"{' -> '.join(map(str, res['sizes']))}, {res['rows']} rows")
+        common.save_plot(fig, path)
+
+    common.write_markdown_and_plot(out_dir, lines, plot, result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=512, help="batch rows (SAC's published batch: 512)")
+    p.add_argument("--width-in", type=int, default=16, help="input and output width (a power of two)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden width (SAC's published: 256)")
+    p.add_argument("--steps", type=int, default=64, help="forward passes chained per timed call")
+    p.add_argument("--blocks", type=int, default=5, help="timed calls")
+    p.add_argument("--block-rows", type=int, default=32)
+    p.add_argument("--chunk", type=int, default=64)
+    p.add_argument("--num-warps", type=int, default=4)
+    p.add_argument("--options", default="concurrent_scheduling", help="an XLA option set for both (GPU)")
+    p.add_argument("--smoke", action="store_true", help="small sizes, Pallas interpret mode (CPU)")
+    p.add_argument("--out", default=os.path.join(common.RESULTS_DIR, "fused_mlp"))
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.rows, args.hidden, args.steps, args.blocks, args.block_rows, args.chunk = 64, 32, 4, 2, 16, 16
+    try:
+        result = measure(args)
+    except ValueError as e:
+        print(f"fused_mlp: {e}", file=sys.stderr)
+        return 2
+    write(args.out, result, "python -m benchmarks.experiments.fused_mlp " + " ".join(argv or sys.argv[1:]))
+    print(open(os.path.join(args.out, "results.md")).read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

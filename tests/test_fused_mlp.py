@@ -1,0 +1,40 @@
+"""benchmarks/experiments/fused_mlp.py: the one-kernel MLP computes the MLP (Pallas interpret mode
+on the CPU; the GPU timing is the probe's run, not a test)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from benchmarks.experiments import fused_mlp as F
+
+
+@pytest.mark.parametrize("seed, block_rows, chunk", [(0, 16, 16), (1, 32, 32), (2, 16, 64)])
+def test_the_fused_kernel_is_the_mlp_on_random_inputs(seed, block_rows, chunk):
+    """Random weights and inputs: the fused kernel (blocks of rows, layer 2 in column chunks summed
+    into layer 3) equals the layer-by-layer MLP up to the order of sums."""
+    params = F.init_params(jax.random.PRNGKey(seed), [16, 64, 64, 16])
+    x = jax.random.normal(jax.random.PRNGKey(seed + 10), (64, 16))
+    got = F.mlp_fused(params, x, block_rows=block_rows, chunk=chunk, interpret=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(F.mlp_xla(params, x)), rtol=1e-5, atol=1e-5)
+    # and it is not the identity of something simpler: a changed last layer changes the output
+    (w1, b1), (w2, b2), (w3, b3) = params
+    other = F.mlp_fused([(w1, b1), (w2, b2), (w3 * 2.0, b3)], x, block_rows=block_rows, chunk=chunk,
+                        interpret=True)
+    assert not np.allclose(np.asarray(other), np.asarray(got))
+
+
+def test_sizes_the_kernel_cannot_take_are_refused_in_one_line():
+    params = F.init_params(jax.random.PRNGKey(0), [12, 64, 64, 16])
+    with pytest.raises(ValueError, match="input size must be a power of two >= 16, got 12"):
+        F.mlp_fused(params, jax.numpy.ones((64, 12)), interpret=True)
+    params = F.init_params(jax.random.PRNGKey(0), [16, 64, 64, 16])
+    with pytest.raises(ValueError, match="rows 48 must divide by block_rows 32"):
+        F.mlp_fused(params, jax.numpy.ones((48, 16)), block_rows=32, interpret=True)
+
+
+def test_the_probe_writes_its_table_on_the_cpu(tmp_path):
+    assert F.main(["--smoke", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "results.md").read_text()
+    assert "| fused |" in md and "interpret mode" in md and (tmp_path / "results.png").exists()
