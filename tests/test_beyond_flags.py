@@ -753,3 +753,44 @@ def test_same_hold_needs_the_same_machine_where_rows_name_it():
     assert B._same_hold(b, a)
     assert not B._same_hold({**b, "host": "m2"}, a)  # a fresh machine on the same GPU
     assert B._same_hold({**b, "host": None}, a)  # older rows name no machine
+
+
+def test_acceptance_reads_the_runs_own_entry_and_profiles_under_its_option_set(tmp_path, monkeypatch):
+    """Stand-in runs (mock children: the plan search is not what is tested): with several programs'
+    entries in the carried plan cache, the row's plan columns come from the entry the run names
+    (run.json's optimize.cache_key), and --profile traces the plan under the option set that
+    entry's search kept, not --options."""
+    import argparse
+
+    from benchmarks.experiments import informed_peer as ip
+
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    mine = {"plan": [{"name": "offload_component", "label": "offload_component()", "tolerance": {}}],
+            "report": {"equal": True, "search_time_s": 397.0, "candidates": [],
+                       "base_options": {"name": "concurrent_no_loops"}}}
+    other = {"plan": [{"name": "offload_component", "label": "offload_component()", "tolerance": {}}],
+             "report": {"equal": True, "search_time_s": 401.7, "candidates": [],
+                        "base_options": {"name": "concurrent_scheduling"}}}
+    (plans / "plans.json").write_text(json.dumps({"11aa|ant|4096|H100": mine, "ffzz|ant|4096|H200": other}))
+
+    def rose(name, variant, steps, smoke, caches, timeout, extra, log_path):
+        return {"returncode": 0, "steady_env_steps_per_s": 100.0, "interval_rates": [100] * 3,
+                "end_to_end_s": 10.0, "optimize": {"cache_key": "11aa|ant|4096|H100"}}
+
+    profiled = []
+
+    def profile(name, args, options, plan, options_name=None):
+        profiled.append((name, options_name, [t["name"] for t in plan]))
+        return {"available": False, "reason": "stand-in"}
+
+    monkeypatch.setattr(ip, "rose_run", rose)
+    monkeypatch.setattr(B, "plan_profile", profile)
+    args = argparse.Namespace(smoke=True, acceptance_steps=None, peer_variants=[], plan_cache=str(plans),
+                              rose_variants=["rose_cached"], run_timeout_s=10.0, optimize_argv=[],
+                              cached_argv=None, profile=True, options="concurrent_scheduling",
+                              out=str(tmp_path / "out"))
+    B.run_acceptance(args, ["smoke"], [], [], "cmd")
+    (row,) = json.load(open(tmp_path / "out" / "results.json"))["acceptance"]
+    assert row["search_s"] == 397.0 and row["base_options"] == "concurrent_no_loops"  # not the last key's
+    assert profiled == [("smoke", "concurrent_no_loops", ["offload_component"])]
