@@ -25,6 +25,21 @@ def test_the_fused_kernel_is_the_mlp_on_random_inputs(seed, block_rows, chunk):
     assert not np.allclose(np.asarray(other), np.asarray(got))
 
 
+@pytest.mark.parametrize("seed, block_rows, chunk", [(0, 16, 16), (3, 32, 64)])
+def test_the_fused_input_gradient_is_the_backward_pass_on_random_inputs(seed, block_rows, chunk):
+    """The one-kernel input gradient equals jax.vjp of the MLP with respect to its input (masks of
+    the same forward pass), up to the order of sums; and the XLA reference is that vjp too."""
+    params = F.init_params(jax.random.PRNGKey(seed), [16, 64, 64, 16])
+    x = jax.random.normal(jax.random.PRNGKey(seed + 20), (64, 16))
+    g = jax.random.normal(jax.random.PRNGKey(seed + 30), (64, 16))
+    want = jax.vjp(lambda x: F.mlp_xla(params, x), x)[1](g)[0]
+    masks = F.relu_masks(params, x)
+    ref = F.dgrad_xla(params, masks, g)
+    np.testing.assert_allclose(np.asarray(ref), np.asarray(want), rtol=1e-5, atol=1e-5)
+    got = F.dgrad_fused(params, masks, g, block_rows=block_rows, chunk=chunk, interpret=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def test_sizes_the_kernel_cannot_take_are_refused_in_one_line():
     params = F.init_params(jax.random.PRNGKey(0), [12, 64, 64, 16])
     with pytest.raises(ValueError, match="input size must be a power of two >= 16, got 12"):
@@ -37,4 +52,5 @@ def test_sizes_the_kernel_cannot_take_are_refused_in_one_line():
 def test_the_probe_writes_its_table_on_the_cpu(tmp_path):
     assert F.main(["--smoke", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "results.md").read_text()
-    assert "| fused |" in md and "interpret mode" in md and (tmp_path / "results.png").exists()
+    assert "| fused | forward |" in md and "| fused_dgrad | input gradient |" in md and "interpret mode" in md
+    assert (tmp_path / "results.png").exists()

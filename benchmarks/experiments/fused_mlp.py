@@ -18,7 +18,9 @@ the time per step is the chain's latency, for
 - ``fused``: the same function as one ``pallas_call`` (Triton on the GPU): each program takes
   ``--block-rows`` rows through all three layers; the second layer is computed in column chunks of
   ``--chunk``, each chunk's ReLU output multiplied into the third layer at once, so no 256 x 256
-  weight tile has to fit on chip.
+  weight tile has to fit on chip;
+- ``xla_dgrad`` / ``fused_dgrad``: the input gradient back through the same layers (the
+  transposed products and ReLU masks of a backward pass), under XLA and as one kernel alike.
 
 Both compute the same function up to the order of floating-point sums (the third layer sums over
 chunks); the results file gives the largest difference from a float64 reference for each.
@@ -63,12 +65,9 @@ def mlp_fused(params: list[tuple[Any, Any]], x, *, block_rows: int = 32, chunk: 
     (w1, b1), (w2, b2), (w3, b3) = params
     rows, d_in = x.shape
     hidden, d_out = w2.shape[1], w3.shape[1]
-    for name, d in (("input", d_in), ("hidden", hidden), ("output", d_out), ("block_rows", block_rows)):
-        if d < 16 or d & (d - 1):
-            raise ValueError(f"mlp_fused: {name} size must be a power of two >= 16, got {d}")
-    if rows % block_rows or hidden % chunk or w1.shape[1] != hidden:
-        raise ValueError(f"mlp_fused: rows {rows} must divide by block_rows {block_rows}, hidden {hidden} "
-                         f"by chunk {chunk}, and both hidden layers be {hidden} wide")
+    if w1.shape[1] != hidden:
+        raise ValueError(f"mlp_fused: both hidden layers must be {hidden} wide, got {w1.shape[1]}")
+    _check_sizes("mlp_fused", rows, d_in, hidden, d_out, block_rows, chunk)
 
     def kernel(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, w3_ref, b3_ref, o_ref):
         h1 = jnp.maximum(jnp.dot(x_ref[...], w1_ref[...], preferred_element_type=jnp.float32)
@@ -97,6 +96,80 @@ def mlp_fused(params: list[tuple[Any, Any]], x, *, block_rows: int = 32, chunk: 
         interpret=interpret,
     )
     return call(x, w1, b1[None, :], w2, b2[None, :], w3, b3[None, :])
+
+
+def dgrad_xla(params: list[tuple[Any, Any]], masks, g):
+    """The MLP's input gradient, back through it as the backward pass computes it (the twin
+    critics' and the actor's input-gradient products are on SAC's critical path): ``g @ W3^T``,
+    times layer 2's ReLU mask, ``@ W2^T``, times layer 1's mask, ``@ W1^T``."""
+    import jax.numpy as jnp
+
+    (w1, _), (w2, _), (w3, _) = params
+    m1, m2 = masks
+    t = jnp.dot(g, w3.T) * m2
+    t = jnp.dot(t, w2.T) * m1
+    return jnp.dot(t, w1.T)
+
+
+def dgrad_fused(params: list[tuple[Any, Any]], masks, g, *, block_rows: int = 32, chunk: int = 64,
+                num_warps: int = 4, interpret: bool = False):
+    """:func:`dgrad_xla` as one Pallas kernel over blocks of rows (each row's gradient is its own):
+    layer 2's transposed product in chunks of its output columns, each chunk masked and multiplied
+    into layer 1's at once. The sizes as :func:`mlp_fused` takes them."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    (w1, _), (w2, _), (w3, _) = params
+    m1, m2 = masks
+    rows, d_out = g.shape
+    d_in, hidden = w1.shape
+    _check_sizes("dgrad_fused", rows, d_in, hidden, d_out, block_rows, chunk)
+
+    def kernel(g_ref, w1_ref, w2_ref, w3_ref, m1_ref, m2_ref, o_ref):
+        t2 = jnp.dot(g_ref[...], w3_ref[...].T, preferred_element_type=jnp.float32) * m2_ref[...]
+        acc = jnp.zeros((block_rows, d_in), jnp.float32)
+        for c in range(hidden // chunk):  # static: one chunk of layer 1's outputs at a time
+            cols = pl.dslice(c * chunk, chunk)
+            w2c = plgpu.load(w2_ref.at[cols, :])
+            t1c = jnp.dot(t2, w2c.T, preferred_element_type=jnp.float32) * plgpu.load(m1_ref.at[:, cols])
+            w1c = plgpu.load(w1_ref.at[:, cols])
+            acc = acc + jnp.dot(t1c, w1c.T, preferred_element_type=jnp.float32)
+        o_ref[...] = acc.astype(o_ref.dtype)
+
+    whole = lambda shape: pl.BlockSpec(shape, lambda i: (0, 0))  # noqa: E731 - every program reads it
+    by_rows = lambda width: pl.BlockSpec((block_rows, width), lambda i: (i, 0))  # noqa: E731
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((rows, d_in), g.dtype),
+        grid=(rows // block_rows,),
+        in_specs=[by_rows(d_out), whole((d_in, hidden)), whole((hidden, hidden)), whole((hidden, d_out)),
+                  by_rows(hidden), by_rows(hidden)],
+        out_specs=by_rows(d_in),
+        compiler_params=None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+    )
+    return call(g, w1, w2, w3, m1, m2)
+
+
+def _check_sizes(what: str, rows: int, d_in: int, hidden: int, d_out: int, block_rows: int, chunk: int):
+    for name, d in (("input", d_in), ("hidden", hidden), ("output", d_out), ("block_rows", block_rows)):
+        if d < 16 or d & (d - 1):
+            raise ValueError(f"{what}: {name} size must be a power of two >= 16, got {d}")
+    if rows % block_rows or hidden % chunk:
+        raise ValueError(f"{what}: rows {rows} must divide by block_rows {block_rows}, hidden {hidden} "
+                         f"by chunk {chunk}")
+
+
+def relu_masks(params: list[tuple[Any, Any]], x):
+    """The two hidden layers' ReLU masks (1 where the pre-activation is positive) of a forward pass."""
+    import jax.numpy as jnp
+
+    (w1, b1), (w2, b2), _ = params
+    a1 = jnp.dot(x, w1) + b1
+    a2 = jnp.dot(jnp.maximum(a1, 0.0), w2) + b2
+    return (a1 > 0).astype(x.dtype), (a2 > 0).astype(x.dtype)
 
 
 def init_params(key, sizes: list[int]):
@@ -130,18 +203,26 @@ def measure(args) -> dict[str, Any]:
     params = init_params(jax.random.PRNGKey(0), sizes)
     x = jax.random.normal(jax.random.PRNGKey(1), (args.rows, args.width_in))
     options = xla_options.SETS.get(args.options) if not interpret else None
-    fused = functools.partial(mlp_fused, block_rows=args.block_rows, chunk=args.chunk,
-                              num_warps=args.num_warps, interpret=interpret)
-    variants = {"xla": mlp_xla, "fused": fused}
+    kw = dict(block_rows=args.block_rows, chunk=args.chunk, num_warps=args.num_warps, interpret=interpret)
+    masks = relu_masks(params, x)
     # one pass each against float64 on the host (the order of sums differs: a tolerance, not bitwise)
     p64 = [(np.asarray(w, np.float64), np.asarray(b, np.float64)) for w, b in params]
     h = np.asarray(x, np.float64)
     for w, b in p64[:-1]:
         h = np.maximum(h @ w + b, 0.0)
-    want = h @ p64[-1][0] + p64[-1][1]
+    m1, m2 = (np.asarray(m, np.float64) for m in masks)
+    g64 = np.asarray(x, np.float64)  # the gradient probe's input: any (rows, output) array
+    want = {"forward": h @ p64[-1][0] + p64[-1][1],
+            "input gradient": ((g64 @ p64[2][0].T) * m2 @ p64[1][0].T) * m1 @ p64[0][0].T}
+    variants = {  # name: (what, function of (params, x))
+        "xla": ("forward", mlp_xla),
+        "fused": ("forward", functools.partial(mlp_fused, **kw)),
+        "xla_dgrad": ("input gradient", lambda p, g: dgrad_xla(p, masks, g)),
+        "fused_dgrad": ("input gradient", lambda p, g: dgrad_fused(p, masks, g, **kw)),
+    }
     out: dict[str, Any] = {"sizes": sizes, "rows": args.rows, "steps": args.steps, "interpret": interpret,
                            "options": args.options if options else None, "variants": {}}
-    for name, fwd in variants.items():
+    for name, (what, fwd) in variants.items():
         one = jax.jit(fwd, compiler_options=options)
         got = np.asarray(one(params, x), np.float64)
         run = jax.jit(chained(fwd, args.steps), compiler_options=options)
@@ -154,13 +235,15 @@ def measure(args) -> dict[str, Any]:
             jax.block_until_ready(run(params, x))
             per_step.append((time.perf_counter() - t0) / args.steps * 1e6)
         out["variants"][name] = {
+            "computes": what,
             "us_per_step": statistics.median(per_step), "spread_us": [min(per_step), max(per_step)],
-            "compile_s": round(compile_s, 2), "max_abs_diff_vs_f64": float(np.max(np.abs(got - want))),
+            "compile_s": round(compile_s, 2), "max_abs_diff_vs_f64": float(np.max(np.abs(got - want[what]))),
         }
         common.log(f"{name}: {out['variants'][name]['us_per_step']:.1f} us per step "
                    f"(max |diff| vs float64 {out['variants'][name]['max_abs_diff_vs_f64']:.2e})")
-    x_us, f_us = out["variants"]["xla"]["us_per_step"], out["variants"]["fused"]["us_per_step"]
-    out["fused_speedup"] = round(x_us / f_us, 3)
+    us = {n: v["us_per_step"] for n, v in out["variants"].items()}
+    out["fused_speedup"] = round(us["xla"] / us["fused"], 3)
+    out["dgrad_speedup"] = round(us["xla_dgrad"] / us["fused_dgrad"], 3)
     return out
 
 
@@ -170,7 +253,7 @@ def write(out_dir: str, result: dict[str, Any], command: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     info = common.machine_info()
     atomic_write_json(os.path.join(out_dir, "results.json"), {"machine": info, "command": command, **result})
-    rows = [[n, f"{v['us_per_step']:.1f} ({v['spread_us'][0]:.1f}-{v['spread_us'][1]:.1f})",
+    rows = [[n, v["computes"], f"{v['us_per_step']:.1f} ({v['spread_us'][0]:.1f}-{v['spread_us'][1]:.1f})",
              f"{v['max_abs_diff_vs_f64']:.2e}", f"{v['compile_s']:.1f}"]
             for n, v in result["variants"].items()]
     lines = [
@@ -181,9 +264,12 @@ def write(out_dir: str, result: dict[str, Any], command: str) -> None:
         "passes chained in one scan; median over timed blocks (min-max)."
         + (" Pallas interpret mode (CPU): plumbing only, not a timing." if result["interpret"] else ""),
         "",
-        common.markdown_table(["variant", "us per step", "max abs diff vs float64", "compile s"], rows),
+        common.markdown_table(["variant", "computes", "us per step", "max abs diff vs float64", "compile s"],
+                              rows),
         "",
-        f"fused vs xla: {result['fused_speedup']:.3f}x. Generated by `benchmarks/experiments/fused_mlp.py`.",
+        f"fused vs xla: forward {result['fused_speedup']:.3f}x, "
+        f"input gradient {result['dgrad_speedup']:.3f}x. "
+        "Generated by `benchmarks/experiments/fused_mlp.py`.",
     ]
 
     def plot(res, path):
@@ -194,7 +280,7 @@ def write(out_dir: str, result: dict[str, Any], command: str) -> None:
 
         fig, ax = plt.subplots(figsize=(5, 3))
         names = list(res["variants"])
-        ax.bar(names, [res["variants"][n]["us_per_step"] for n in names], color=["#888", "#2a7"])
+        ax.bar(names, [res["variants"][n]["us_per_step"] for n in names], color=["#888", "#2a7"] * 2)
         ax.set_ylabel("us per chained forward pass")
         ax.set_title(f"{' -> '.join(map(str, res['sizes']))}, {res['rows']} rows")
         common.save_plot(fig, path)
