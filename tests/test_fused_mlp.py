@@ -54,3 +54,19 @@ def test_the_probe_writes_its_table_on_the_cpu(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "| fused | forward |" in md and "| fused_dgrad | input gradient |" in md and "interpret mode" in md
     assert (tmp_path / "results.png").exists()
+
+
+def test_several_kernel_configurations_in_one_run_and_a_failed_one_is_a_row(tmp_path):
+    """--configs ROWSxWARPS,...: each configuration its own row; one the kernel cannot take (8 rows
+    per block: Triton's dot needs 16) is reported in its row and the others are still measured."""
+    import argparse
+
+    assert F._configs("16x4,32x8") == [(16, 4), (32, 8)]
+    for bad in ("16", "16x", "x4", "16x0", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="ROWSxWARPS"):
+            F._configs(bad)
+    assert F.main(["--smoke", "--configs", "16x4,8x4", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "results.md").read_text()
+    assert "| fused[16x4] | forward |" in md and "| fused_dgrad[16x4] | input gradient |" in md
+    assert "| fused[8x4] | forward | failed: ValueError: mlp_fused: block_rows size must be" in md
+    assert "best kernel configuration vs xla: forward" in md

@@ -203,7 +203,6 @@ def measure(args) -> dict[str, Any]:
     params = init_params(jax.random.PRNGKey(0), sizes)
     x = jax.random.normal(jax.random.PRNGKey(1), (args.rows, args.width_in))
     options = xla_options.SETS.get(args.options) if not interpret else None
-    kw = dict(block_rows=args.block_rows, chunk=args.chunk, num_warps=args.num_warps, interpret=interpret)
     masks = relu_masks(params, x)
     # one pass each against float64 on the host (the order of sums differs: a tolerance, not bitwise)
     p64 = [(np.asarray(w, np.float64), np.asarray(b, np.float64)) for w, b in params]
@@ -214,15 +213,28 @@ def measure(args) -> dict[str, Any]:
     g64 = np.asarray(x, np.float64)  # the gradient probe's input: any (rows, output) array
     want = {"forward": h @ p64[-1][0] + p64[-1][1],
             "input gradient": ((g64 @ p64[2][0].T) * m2 @ p64[1][0].T) * m1 @ p64[0][0].T}
-    variants = {  # name: (what, function of (params, x))
-        "xla": ("forward", mlp_xla),
-        "fused": ("forward", functools.partial(mlp_fused, **kw)),
-        "xla_dgrad": ("input gradient", lambda p, g: dgrad_xla(p, masks, g)),
-        "fused_dgrad": ("input gradient", lambda p, g: dgrad_fused(p, masks, g, **kw)),
-    }
+    configs = args.configs or [(args.block_rows, args.num_warps)]
+    variants: dict[str, tuple[str, Any]] = {"xla": ("forward", mlp_xla)}  # name: (what, fn(params, x))
+    for rows_per, warps in configs:  # each kernel configuration: its own name where there are several
+        kw = dict(block_rows=rows_per, chunk=args.chunk, num_warps=warps, interpret=interpret)
+        tag = "" if len(configs) == 1 else f"[{rows_per}x{warps}]"
+        variants[f"fused{tag}"] = ("forward", functools.partial(mlp_fused, **kw))
+    variants["xla_dgrad"] = ("input gradient", lambda p, g: dgrad_xla(p, masks, g))
+    for rows_per, warps in configs:
+        kw = dict(block_rows=rows_per, chunk=args.chunk, num_warps=warps, interpret=interpret)
+        tag = "" if len(configs) == 1 else f"[{rows_per}x{warps}]"
+        dgrad = functools.partial(lambda p, g, kw: dgrad_fused(p, masks, g, **kw), kw=kw)
+        variants[f"fused_dgrad{tag}"] = ("input gradient", dgrad)
     out: dict[str, Any] = {"sizes": sizes, "rows": args.rows, "steps": args.steps, "interpret": interpret,
                            "options": args.options if options else None, "variants": {}}
     for name, (what, fwd) in variants.items():
+        if not name.startswith("xla"):  # a kernel configuration Triton cannot build is a row, not a crash
+            try:
+                jax.jit(fwd).lower(params, x).compile()
+            except Exception as e:  # noqa: BLE001 - reported in its row
+                out["variants"][name] = {"computes": what, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+                common.log(f"{name}: failed to build: {type(e).__name__}: {str(e)[:200]}")
+                continue
         one = jax.jit(fwd, compiler_options=options)
         got = np.asarray(one(params, x), np.float64)
         run = jax.jit(chained(fwd, args.steps), compiler_options=options)
@@ -241,9 +253,12 @@ def measure(args) -> dict[str, Any]:
         }
         common.log(f"{name}: {out['variants'][name]['us_per_step']:.1f} us per step "
                    f"(max |diff| vs float64 {out['variants'][name]['max_abs_diff_vs_f64']:.2e})")
-    us = {n: v["us_per_step"] for n, v in out["variants"].items()}
-    out["fused_speedup"] = round(us["xla"] / us["fused"], 3)
-    out["dgrad_speedup"] = round(us["xla_dgrad"] / us["fused_dgrad"], 3)
+    us = {n: v["us_per_step"] for n, v in out["variants"].items() if "us_per_step" in v}
+    best = {what: min((us[n] for n, (w, _) in variants.items() if w == what and n in us and
+                       not n.startswith("xla")), default=None) for what in ("forward", "input gradient")}
+    ratio = {what: round(us[ref] / best[what], 3) if best[what] else None
+             for what, ref in (("forward", "xla"), ("input gradient", "xla_dgrad"))}
+    out["fused_speedup"], out["dgrad_speedup"] = ratio["forward"], ratio["input gradient"]
     return out
 
 
@@ -254,8 +269,10 @@ def write(out_dir: str, result: dict[str, Any], command: str) -> None:
     info = common.machine_info()
     atomic_write_json(os.path.join(out_dir, "results.json"), {"machine": info, "command": command, **result})
     rows = [[n, v["computes"], f"{v['us_per_step']:.1f} ({v['spread_us'][0]:.1f}-{v['spread_us'][1]:.1f})",
-             f"{v['max_abs_diff_vs_f64']:.2e}", f"{v['compile_s']:.1f}"]
+             f"{v['max_abs_diff_vs_f64']:.2e}", f"{v['compile_s']:.1f}"] if "error" not in v
+            else [n, v["computes"], f"failed: {v['error']}", "-", "-"]
             for n, v in result["variants"].items()]
+    ratio = lambda x: "-" if x is None else f"{x:.3f}x"  # noqa: E731
     lines = [
         "# Fused small-MLP probe (issue 32: SAC's latency-bound layer chain)",
         "",
@@ -267,8 +284,8 @@ def write(out_dir: str, result: dict[str, Any], command: str) -> None:
         common.markdown_table(["variant", "computes", "us per step", "max abs diff vs float64", "compile s"],
                               rows),
         "",
-        f"fused vs xla: forward {result['fused_speedup']:.3f}x, "
-        f"input gradient {result['dgrad_speedup']:.3f}x. "
+        f"best kernel configuration vs xla: forward {ratio(result['fused_speedup'])}, "
+        f"input gradient {ratio(result['dgrad_speedup'])}. "
         "Generated by `benchmarks/experiments/fused_mlp.py`.",
     ]
 
@@ -279,13 +296,26 @@ def write(out_dir: str, result: dict[str, Any], command: str) -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(5, 3))
-        names = list(res["variants"])
-        ax.bar(names, [res["variants"][n]["us_per_step"] for n in names], color=["#888", "#2a7"] * 2)
+        names = [n for n, v in res["variants"].items() if "us_per_step" in v]
+        ax.bar(names, [res["variants"][n]["us_per_step"] for n in names],
+               color=["#888" if n.startswith("xla") else "#2a7" for n in names])
+        ax.tick_params(axis="x", labelrotation=45)
         ax.set_ylabel("us per chained forward pass")
         ax.set_title(f"{' -> '.join(map(str, res['sizes']))}, {res['rows']} rows")
         common.save_plot(fig, path)
 
     common.write_markdown_and_plot(out_dir, lines, plot, result)
+
+
+def _configs(text: str) -> list[tuple[int, int]]:
+    """``"16x4,32x8"`` -> ``[(16, 4), (32, 8)]`` (block rows x warps)."""
+    try:
+        pairs = [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or min(p) < 1 for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected ROWSxWARPS[,ROWSxWARPS...], got {text!r}")
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,12 +328,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-rows", type=int, default=32)
     p.add_argument("--chunk", type=int, default=64)
     p.add_argument("--num-warps", type=int, default=4)
+    p.add_argument("--configs", type=_configs, default=None,
+                   help="several kernel configurations in one run, ROWSxWARPS comma-separated "
+                   "(e.g. 16x4,32x4,32x8,64x8); overrides --block-rows/--num-warps")
     p.add_argument("--options", default="concurrent_scheduling", help="an XLA option set for both (GPU)")
     p.add_argument("--smoke", action="store_true", help="small sizes, Pallas interpret mode (CPU)")
     p.add_argument("--out", default=os.path.join(common.RESULTS_DIR, "fused_mlp"))
     args = p.parse_args(argv)
     if args.smoke:
         args.rows, args.hidden, args.steps, args.blocks, args.block_rows, args.chunk = 64, 32, 4, 2, 16, 16
+        args.configs = [c for c in (args.configs or []) if 64 % c[0] == 0] or None
     try:
         result = measure(args)
     except ValueError as e:
