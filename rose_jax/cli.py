@@ -739,6 +739,9 @@ class _PlanFound(Exception):
     """Raised by ``--plan-only``'s step maker once the plan is cached: no training follows."""
 
 
+PLAN_KEY_LINE = "rose-jax train --plan-only: plan cache key "  # then the key, alone on its line
+
+
 def _plan_only(job: Job, trial_sets, budget: dict[str, Any]) -> int:
     """``train --optimize --plan-only``: the search ``train --optimize`` would run (or resume, or
     its cache hit) on the state training would start from, its plan written to the plan cache, and
@@ -773,6 +776,8 @@ def _plan_only(job: Job, trial_sets, budget: dict[str, Any]) -> int:
     print(f"rose-jax train --plan-only: plan {', '.join(labels)} (XLA options: {rec.get('base_options')}; "
           f"{where}; {time.perf_counter() - t0:.1f}s in all) cached in {plan_cache_dir()}; the same command "
           "without --plan-only trains with it, and a search its budget stopped resumes there", flush=True)
+    if rec.get("cache_key"):  # which entry: a plan-only run has no run.json to say so
+        print(f"{PLAN_KEY_LINE}{rec['cache_key']}", flush=True)
     return 0
 
 

@@ -709,7 +709,8 @@ def test_run_plan_entry_is_the_one_the_run_used_not_the_last_key():
     resumed = {**before, "57e1|ant|4096|H100": {**ant, "report": {"search_time_s": 500.0}}}
     assert B.run_plan_entry(before, resumed, {}) == [resumed["57e1|ant|4096|H100"]]
     assert B.run_plan_entry(before, before, {}) == []  # a cache hit that names no key: not guessed
-    assert B.run_plan_entry({}, {"k": ant}, None) == [ant]
+    assert B.run_plan_entry({}, {"k": ant}, None) == [ant]  # written by this run
+    assert B.run_plan_entry({"k": ant}, {"k": ant}, None) == []  # carried in, maybe another program's
 
 
 def test_fold_rose_leaves_rows_that_ran_ours_and_keeps_borrowed_failures():

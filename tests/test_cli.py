@@ -191,6 +191,11 @@ def test_train_plan_only_caches_the_plan_and_trains_nothing(tmp_path, capsys, mo
     assert not (tmp_path / "runs").exists()  # no run directory
     data = json.loads((tmp_path / "plans" / "plans.json").read_text())
     (entry,) = [e for e in data.values() if "plan" in e]
+    (key,) = [k for k, e in data.items() if "plan" in e]
+    assert f"{cli.PLAN_KEY_LINE}{key}\n" in out  # which entry (no run.json): what a harness reads
+    from benchmarks.experiments import informed_peer
+
+    assert informed_peer._plan_key(out) == {"cache_key": key} and informed_peer._plan_key("x") is None
     # the budget stopped it before its first candidate: the pending ones are in the cache
     assert any(c["reason"] == search.BUDGET_SPENT for c in entry["report"]["candidates"])
     assert cli.main([*argv, "--optimize-budget", "none", "--run-dir", str(tmp_path / "b")]) == 0

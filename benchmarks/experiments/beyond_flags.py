@@ -444,18 +444,16 @@ def run_plan_entry(
     before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], optimize: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     """The plan-cache entry a ``rose-jax train --optimize`` run used, as a one-element list (empty
-    where it cannot be told): the key its ``run.json`` names (``optimize.cache_key``), else the one
-    entry its search wrote or changed (``before`` -> ``after``: a ``--plan-only`` search has no run
-    directory), else the only entry. Never the last one: the cache is written with sorted keys,
-    so the last entry is the one whose hash sorts last (2026-12-07 08:54: ppo-ant-6ep's row took
-    the H200 ppo-ant search's record that way)."""
+    where it cannot be told): the key the run names (``run.json``'s ``optimize.cache_key``; a
+    ``--plan-only`` search prints it), else the one entry the run wrote or changed (``before`` ->
+    ``after``: a run cut before it said). Never a guess: the cache is written with sorted keys, so
+    its last entry is the one whose hash sorts last (2026-12-07 08:54: ppo-ant-6ep's row took the
+    H200 ppo-ant search's record that way), and an only entry may be another program's, carried in."""
     key = (optimize or {}).get("cache_key")
     if key in after:
         return [after[key]]
     changed = [k for k, e in after.items() if before.get(k) != e]
-    if len(changed) == 1:
-        return [after[changed[0]]]
-    return list(after.values()) if len(after) == 1 else []
+    return [after[changed[0]]] if len(changed) == 1 else []
 
 
 def _verdict(

@@ -558,6 +558,15 @@ def peer_run(
     }
 
 
+def _plan_key(out: str) -> dict[str, Any] | None:
+    """``{"cache_key": KEY}`` from a ``--plan-only`` run's output (its plan-cache key line), else None."""
+    from rose_jax.cli import PLAN_KEY_LINE
+
+    keys = [ln[len(PLAN_KEY_LINE):].strip() for ln in (out or "").splitlines()
+            if ln.startswith(PLAN_KEY_LINE)]
+    return {"cache_key": keys[-1]} if keys else None
+
+
 def rose_run(
     name: str,
     variant: str,
@@ -605,7 +614,8 @@ def rose_run(
         else None,
         "checkpoint": checkpoint.latest_step(run.checkpoint_dir),
         "xla_options": info.get("xla_options"),
-        "optimize": info.get("optimize"),
+        # the plan a run trained with (run.json); a plan-only search has no run.json: its key line
+        "optimize": info.get("optimize") or _plan_key(out),
         "trial_cost_s": _trial_cost_s(info),
         "xla_options_line": next((ln.strip() for ln in out.splitlines() if "XLA options" in ln), None),
         "command": "python -m rose_jax.cli train " + " ".join(argv),
