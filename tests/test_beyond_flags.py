@@ -607,10 +607,13 @@ def test_plan_profile_keeps_the_transforms_legal_on_one_iteration_and_names_the_
 
     state = {"w": jnp.float32(1.0)}
     plan = [offload_component("evaluate").to_json(), unroll_scans(factor=2).to_json()]
-    apply, skipped = B.plan_on(train_only, state, plan)
+    from rose_jax import trace as rtrace
+
+    traced = lambda fn: rtrace.trace(fn, state, arg_names=["state"])  # noqa: E731
+    apply, skipped = B.plan_on(traced(train_only), plan)
     assert [t.name for t in apply] == ["unroll_scans"]
     assert len(skipped) == 1 and skipped[0].startswith("offload_component(") and "evaluate" in skipped[0]
-    apply, skipped = B.plan_on(with_eval, state, plan)
+    apply, skipped = B.plan_on(traced(with_eval), plan)
     assert [t.name for t in apply] == ["offload_component", "unroll_scans"] and skipped == []
 
 
@@ -689,7 +692,9 @@ def test_hottest_chains_of_the_sac_iteration_start_with_its_gradient_step():
                            min_replay_size=64, policy_hidden_sizes=(16, 16), q_hidden_sizes=(16, 16),
                            num_evals=4, num_eval_envs=0)
     state = sac.init(config, env, jax.random.PRNGKey(0))
-    chains = B.hottest_chains(sac.iteration(config, env), state)
+    from rose_jax import trace as rtrace
+
+    chains = B.hottest_chains(rtrace.trace(sac.iteration(config, env), state, arg_names=["state"]))
     assert chains[0]["loop"].endswith("_grad_step") and chains[0]["trips"] == 3
     assert 0 < chains[0]["longest_matmuls"] < chains[0]["matmuls"]
     assert "matrix products in series" in chains[0]["describe"]

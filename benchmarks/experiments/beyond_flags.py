@@ -775,16 +775,14 @@ def fold_rose(row: dict[str, Any], earlier: list[dict[str, Any]]) -> dict[str, A
     return row
 
 
-def plan_on(fn, state, plan: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
-    """``(the plan's transforms legal on fn, "label: why not" for the others)``: a transform of the
-    search's unit that ``fn`` lacks (the offloaded evaluation: the unit evaluates, one training
-    iteration does not) is left out and named, so a profile of ``fn`` runs what of the plan runs on
-    this GPU each iteration."""
-    from rose_jax import trace as rtrace
+def plan_on(tree, plan: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
+    """``(the plan's transforms legal on the program traced as tree, "label: why not" for the
+    others)``: a transform of the search's unit that the program lacks (the offloaded evaluation:
+    the unit evaluates, one training iteration does not) is left out and named, so a profile of the
+    program runs what of the plan runs on this GPU each iteration."""
     from rose_jax.optimize.registry import transform_by_name
 
     ts = [transform_by_name(t["name"], t.get("params") or {}) for t in plan]
-    tree = rtrace.trace(fn, state, arg_names=["state"])
     legal = [(t, *t.legal(tree)) for t in ts]
     return [t for t, ok, _ in legal if ok], [f"{t.label}: {why[:100]}" for t, ok, why in legal if not ok]
 
@@ -800,11 +798,14 @@ def plan_profile(
     options_name = options_name or args.options
     from rose_jax.optimize import search
 
+    from rose_jax import trace as rtrace
+
     job, fn, state0, env_steps, _ = build(name, args.smoke)
+    tree = rtrace.trace(fn, state0, arg_names=["state"])  # for the plan's legality and the chains
     program, step = f"one iteration under {options_name}", None
     if plan:
         try:
-            apply, skipped = plan_on(fn, state0, plan)
+            apply, skipped = plan_on(tree, plan)
             note = f"; not on one iteration: {'; '.join(skipped)}" if skipped else ""
             if apply:
                 host = any(t.level == "host" for t in apply)
@@ -828,18 +829,16 @@ def plan_profile(
     state, prof = kernel_profile(step, state, args.profile_calls)
     ms = statistics.median(per) * 1e3
     prof.update(program=program, ms_per_iteration=round(ms, 3), env_steps_per_s=env_steps / (ms / 1e3))
-    prof["chains"] = hottest_chains(fn, state0)
+    prof["chains"] = hottest_chains(tree)
     prof["floor"] = floor_of(prof)
     return prof
 
 
-def hottest_chains(fn, state, n: int = 2) -> list[dict[str, Any]]:
-    """The ``n`` hottest loops of ``fn`` (by flops) with their body's longest dependency chain
-    (:mod:`rose_jax.trace.depth`): where a loop is latency-bound, its floor."""
-    from rose_jax import trace as rtrace
+def hottest_chains(tree, n: int = 2) -> list[dict[str, Any]]:
+    """The ``n`` hottest loops of the program traced as ``tree`` (by flops) with their body's
+    longest dependency chain (:mod:`rose_jax.trace.depth`): where a loop is latency-bound, its floor."""
     from rose_jax.trace import depth
 
-    tree = rtrace.trace(fn, state, arg_names=["state"])
     return [{"loop": path, "trips": trips, **c._asdict(), "describe": c.describe()}
             for path, trips, c in depth.loop_chains(tree)[:n]]
 
