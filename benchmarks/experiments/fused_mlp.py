@@ -162,6 +162,12 @@ def _check_sizes(what: str, rows: int, d_in: int, hidden: int, d_out: int, block
                          f"by chunk {chunk}")
 
 
+def _with_masks(fn, masks, params, g, **kw):
+    """``fn(params, masks, g, **kw)``: an input-gradient function with one forward pass's masks
+    fixed, in the probe's ``(params, x)`` shape."""
+    return fn(params, masks, g, **kw)
+
+
 def relu_masks(params: list[tuple[Any, Any]], x):
     """The two hidden layers' ReLU masks (1 where the pre-activation is positive) of a forward pass."""
     import jax.numpy as jnp
@@ -214,29 +220,28 @@ def measure(args) -> dict[str, Any]:
     want = {"forward": h @ p64[-1][0] + p64[-1][1],
             "input gradient": ((g64 @ p64[2][0].T) * m2 @ p64[1][0].T) * m1 @ p64[0][0].T}
     configs = args.configs or [(args.block_rows, args.num_warps)]
-    variants: dict[str, tuple[str, Any]] = {"xla": ("forward", mlp_xla)}  # name: (what, fn(params, x))
-    for rows_per, warps in configs:  # each kernel configuration: its own name where there are several
-        kw = dict(block_rows=rows_per, chunk=args.chunk, num_warps=warps, interpret=interpret)
-        tag = "" if len(configs) == 1 else f"[{rows_per}x{warps}]"
-        variants[f"fused{tag}"] = ("forward", functools.partial(mlp_fused, **kw))
-    variants["xla_dgrad"] = ("input gradient", lambda p, g: dgrad_xla(p, masks, g))
-    for rows_per, warps in configs:
-        kw = dict(block_rows=rows_per, chunk=args.chunk, num_warps=warps, interpret=interpret)
-        tag = "" if len(configs) == 1 else f"[{rows_per}x{warps}]"
-        dgrad = functools.partial(lambda p, g, kw: dgrad_fused(p, masks, g, **kw), kw=kw)
-        variants[f"fused_dgrad{tag}"] = ("input gradient", dgrad)
+    variants: dict[str, tuple[str, Any]] = {}  # name: (what it computes, fn(params, x))
+    for what, ref, ref_fn, kernel in (
+        ("forward", "xla", mlp_xla, mlp_fused),
+        ("input gradient", "xla_dgrad", functools.partial(_with_masks, dgrad_xla, masks),
+         functools.partial(_with_masks, dgrad_fused, masks)),
+    ):
+        variants[ref] = (what, ref_fn)
+        for rows_per, warps in configs:  # each kernel configuration: its own name where there are several
+            tag = "" if len(configs) == 1 else f"[{rows_per}x{warps}]"
+            kw = dict(block_rows=rows_per, chunk=args.chunk, num_warps=warps, interpret=interpret)
+            variants[f"{ref.replace('xla', 'fused')}{tag}"] = (what, functools.partial(kernel, **kw))
     out: dict[str, Any] = {"sizes": sizes, "rows": args.rows, "steps": args.steps, "interpret": interpret,
                            "options": args.options if options else None, "variants": {}}
     for name, (what, fwd) in variants.items():
-        if not name.startswith("xla"):  # a kernel configuration Triton cannot build is a row, not a crash
-            try:
-                jax.jit(fwd).lower(params, x).compile()
-            except Exception as e:  # noqa: BLE001 - reported in its row
-                out["variants"][name] = {"computes": what, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-                common.log(f"{name}: failed to build: {type(e).__name__}: {str(e)[:200]}")
-                continue
-        one = jax.jit(fwd, compiler_options=options)
-        got = np.asarray(one(params, x), np.float64)
+        try:  # a kernel configuration Triton cannot build is a row, not a crash
+            got = np.asarray(jax.jit(fwd, compiler_options=options)(params, x), np.float64)
+        except Exception as e:  # noqa: BLE001 - reported in its row
+            if name.startswith("xla"):
+                raise
+            out["variants"][name] = {"computes": what, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+            common.log(f"{name}: failed to build: {type(e).__name__}: {str(e)[:200]}")
+            continue
         run = jax.jit(chained(fwd, args.steps), compiler_options=options)
         t0 = time.perf_counter()
         jax.block_until_ready(run(params, x))
