@@ -4,6 +4,7 @@ child that compiles XLA programs keeps about one of them busy), each with its ow
 from __future__ import annotations
 
 import subprocess
+import time
 
 # XLA's fast compile, for children that test plumbing, not numerics, and spend their time compiling
 # (MJX steps, Brax's trainers): less LLVM optimisation, so runtime-bound children get slower.
@@ -33,3 +34,23 @@ def run_together(commands: dict[str, tuple[list[str], dict]], cwd: str, timeout:
                 proc.kill()
                 proc.communicate()
     return done
+
+
+def gone(pid: int) -> bool:
+    """The process has exited: no such process, or a zombie nobody reaped (a container's init). Reads
+    ``/proc`` (Linux): tests using it skip elsewhere."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid: int, within_s: float = 10.0) -> bool:
+    """Whether the process has exited within ``within_s`` seconds (:func:`gone`)."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        if gone(pid):
+            return True
+        time.sleep(0.05)
+    return gone(pid)

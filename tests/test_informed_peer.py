@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from helpers_children import wait_gone
+
 from algos import bench
 from benchmarks.experiments import informed_peer as ip
 
@@ -247,26 +249,6 @@ def test_run_streams_the_log_and_keeps_it_on_timeout(tmp_path):
     assert err.strip().splitlines()[-1] == "timed out after 2s"
 
 
-def _gone(pid: int) -> bool:
-    """The process has exited: no such process, or a zombie nobody reaped (a container's init)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
-    except FileNotFoundError:
-        return True
-
-
-def _wait_gone(pid: int, within_s: float = 10.0) -> bool:
-    import time
-
-    end = time.monotonic() + within_s
-    while time.monotonic() < end:
-        if _gone(pid):
-            return True
-        time.sleep(0.05)
-    return _gone(pid)
-
-
 _GRANDCHILD = (  # a wrapper whose child (the trainer of `train --mps-client`) does the work
     "import subprocess, sys; subprocess.call([sys.executable, '-c', "
     "\"import os, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)\", sys.argv[1]])"
@@ -289,7 +271,7 @@ def test_run_timeout_ends_the_grandchild_too(tmp_path, monkeypatch):
         if pid_file.exists() and pid_file.read_text():
             break
         time.sleep(0.1)
-    assert _wait_gone(int(pid_file.read_text())), "the grandchild outlived the timeout"
+    assert wait_gone(int(pid_file.read_text())), "the grandchild outlived the timeout"
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
@@ -322,7 +304,7 @@ def test_a_harness_stopped_by_sigterm_ends_its_runs_session(tmp_path):
         grandchild = int(pid_file.read_text())
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-        assert _wait_gone(grandchild), "the run's grandchild outlived the harness"
+        assert wait_gone(grandchild), "the run's grandchild outlived the harness"
     finally:
         proc.kill()
 

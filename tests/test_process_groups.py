@@ -10,18 +10,11 @@ import time
 
 import pytest
 
+from helpers_children import gone, wait_gone
+
 from rose_jax.runtime.process import group_alive, stop_groups
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc")
-
-
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie nobody reaped (a container's init)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
-    except FileNotFoundError:
-        return True
 
 
 def _wrapper(pid_file, child_ignores_term: bool, leader_ignores_term: bool = False) -> subprocess.Popen:
@@ -55,11 +48,7 @@ def test_stop_groups_ends_the_leader_and_its_children(tmp_path, child_ignores, l
     assert all(p.returncode is not None for p in procs)
     assert time.monotonic() - t0 < 15
     for c in children:
-        for _ in range(100):
-            if _gone(c):
-                break
-            time.sleep(0.05)
-        assert _gone(c), "a run's child outlived the stop"
+        assert wait_gone(c, within_s=5.0), "a run's child outlived the stop"
     assert not any(group_alive(p.pid) for p in procs)  # no member left but zombies init may not reap
 
 
@@ -86,11 +75,7 @@ def test_a_sweep_stop_ends_each_runs_children(tmp_path, monkeypatch):
     sweep.ProcessSweep._stop_all(table)
     assert table._stopping == {"r0", "r1"} and all(p.returncode is not None for p in procs.values())
     for c in children:
-        for _ in range(100):
-            if _gone(c):
-                break
-            time.sleep(0.05)
-        assert _gone(c), "a run's child outlived the sweep's stop"
+        assert wait_gone(c, within_s=5.0), "a run's child outlived the sweep's stop"
 
 
 def test_a_sweep_run_whose_process_died_has_its_children_stopped(tmp_path, monkeypatch):
@@ -107,14 +92,10 @@ def test_a_sweep_run_whose_process_died_has_its_children_stopped(tmp_path, monke
     p = subprocess.Popen([sys.executable, "-c", leader], start_new_session=True)
     orphan = _pid(pid_file)
     p.wait()
-    assert group_alive(p.pid) and not _gone(orphan)
+    assert group_alive(p.pid) and not gone(orphan)
     finished = []
     table = types.SimpleNamespace(runs=[types.SimpleNamespace(name="r0")], _procs={"r0": p}, _outcomes={},
                                   _finish=lambda run, rc: finished.append((run.name, rc)))
     sweep.ProcessSweep.poll(table)
     assert finished == [("r0", 0)]
-    for _ in range(100):
-        if _gone(orphan):
-            break
-        time.sleep(0.05)
-    assert _gone(orphan) and not group_alive(p.pid)
+    assert wait_gone(orphan, within_s=5.0) and not group_alive(p.pid)
