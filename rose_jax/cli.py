@@ -813,10 +813,10 @@ def _first_call_falls_back(step, baseline, log):
 def plan_record(report, step) -> dict[str, Any]:
     """``run.json``'s ``optimize`` entry: the plan a run trained with (transform names and
     parameters, its XLA options, the plan cache's key), where it came from (a cache hit or a
-    search of ``search_s``
-    seconds, or ``skipped`` with the reason), and ``defers_metrics``: whether ``step``, what the run
-    trains with, returns metrics that a worker finishes behind the next call (``HostStep.pipelined``;
-    then the interval up to the run's last report times that trailing work alone, not a unit)."""
+    search of ``search_s`` seconds, or ``skipped`` with the reason), and ``defers_metrics``:
+    whether ``step``, what the run trains with, returns metrics that a worker finishes behind the
+    next call (``HostStep.pipelined``; then the interval up to the run's last report times that
+    trailing work alone, not a unit)."""
     return {
         "plan": list(report.plan or []),
         "base_options": (report.base_options or {}).get("name"),

@@ -461,11 +461,8 @@ def _end_group(proc: subprocess.Popen, grace_s: float) -> tuple[str, str]:
 
     from rose_jax.runtime.process import group_alive, signal_group
 
-    def group(sig: int) -> bool:
-        return signal_group(proc.pid, sig)
-
     end = time.monotonic() + grace_s
-    group(signal.SIGTERM)
+    signal_group(proc.pid, signal.SIGTERM)
     out = err = None
     try:
         out, err = proc.communicate(timeout=grace_s)
@@ -474,7 +471,7 @@ def _end_group(proc: subprocess.Popen, grace_s: float) -> tuple[str, str]:
     except subprocess.TimeoutExpired:
         pass
     if proc.poll() is None or group_alive(proc.pid):  # never a group id another session may own now
-        group(signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
     if out is None:
         try:
             out, err = proc.communicate(timeout=10.0)
