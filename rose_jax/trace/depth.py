@@ -50,6 +50,11 @@ def _trips(eqn: Any) -> int:
     return while_trip_count(eqn) or 1
 
 
+def _in_series(chains: list[Chain]) -> Chain:
+    """Jaxprs run one after another (a loop's condition and body): every count adds up."""
+    return Chain(*(sum(c[i] for c in chains) for i in range(4)))
+
+
 def _eqn(eqn: Any) -> Chain:
     """The chain one equation adds where its operands are ready."""
     name = eqn.primitive.name
@@ -60,7 +65,7 @@ def _eqn(eqn: Any) -> Chain:
     inner = [chain(j) for j in subs]
     if name in _LOOPS:  # the body (and a while's condition) once per trip, one trip after another
         k = _trips(eqn)
-        total = Chain(*(sum(c[i] for c in inner) for i in range(4)))
+        total = _in_series(inner)
         return Chain(total.ops * k, total.matmuls * k, total.longest_ops * k, total.longest_matmuls * k)
     if name == "cond":  # one branch runs: the longest
         return Chain(max(c.ops for c in inner), max(c.matmuls for c in inner),
@@ -100,8 +105,7 @@ def loop_chains(tree: Any) -> list[tuple[str, int | None, Chain]]:
         bodies = [lv.jaxpr for lv in node.bodies]
         if not bodies:
             continue
-        total = [chain(b) for b in bodies]
-        body = Chain(*(sum(c[i] for c in total) for i in range(4)))
+        body = _in_series([chain(b) for b in bodies])
         found.append((node.cost.flops, "/".join(path), node.trip_count, body))
     found.sort(key=lambda x: -x[0])
     return [(p, k, c) for _, p, k, c in found]
