@@ -15,7 +15,8 @@ import pytest
 import helpers_optimize as H
 from rose_jax import trace as rtrace
 from rose_jax.compare import compare_trees
-from rose_jax.optimize import registry, twins
+from rose_jax.jaxpr import dataflow
+from rose_jax.optimize import interpret, registry, twins
 from rose_jax.optimize.predict import CandidateContext
 
 
@@ -276,9 +277,9 @@ def test_two_draws_of_xlas_generator_stay_two():
 
 
 def _order_by_ancestors(eqns, regions):
-    """The reference ``twins._order`` is checked against: repeatedly place the first pending item
-    whose transitive ancestors (``_ancestors``' bit sets) are all placed."""
-    anc = twins._ancestors(eqns)
+    """The reference ``twins.region_order`` is checked against: repeatedly place the first pending item
+    whose transitive ancestors (``ancestors``' bit sets) are all placed."""
+    anc = dataflow.ancestors(eqns)
     item_of = {i: ("region", r) for r, (sa, sb) in enumerate(regions) for i in sa | sb}
     items = list(dict.fromkeys(item_of.get(i, i) for i in range(len(eqns))))
     deps = {}
@@ -304,8 +305,8 @@ def _order_by_ancestors(eqns, regions):
 def test_order_is_the_ancestor_order_on_random_regions(fn, args):
     """The linear-time schedule places the same items in the same order as the ancestor walk, and
     finds the same cycles, for the body's own regions and for random pairs of equation sets."""
-    eqns = list(twins.inline_calls(H.first_scan(fn, *args)).body.eqns)
-    prod = twins._producers(eqns)
+    eqns = list(interpret.inline_calls(H.first_scan(fn, *args)).body.eqns)
+    prod = dataflow.producers(eqns)
     rng = np.random.default_rng(0)
     cycles = 0
     for trial in range(60):
@@ -320,7 +321,7 @@ def test_order_is_the_ancestor_order_on_random_regions(fn, args):
         flat = [i for sa, sb in regions for i in sa | sb]
         if len(flat) != len(set(flat)):
             continue
-        got = twins._order(eqns, regions, prod)
+        got = dataflow.region_order(eqns, regions, prod)
         assert got == _order_by_ancestors(eqns, regions)
         cycles += got is None
     assert 0 < cycles < 60  # both outcomes were exercised

@@ -18,6 +18,9 @@ iteration ``rose-jax train`` runs (``cli.train_job``) and compiles it under the 
 - ``twins`` / ``twins:WHERE``: ``batch_twins()`` (two same-shaped independent networks of a loop
   body, SAC's twin critics, run as one vmap with their carried weights stacked, see
   ``rose_jax/optimize/twins.py``), on every scan or the matching ones;
+- ``dense`` / ``dense:WHERE``: ``fuse_dense_chains()`` (each chain of two or three dense layers of
+  a loop body, an MLP's forward pass or its input gradient, as one Pallas kernel per block of rows,
+  see ``rose_jax/optimize/dense_chains.py``), on every scan or the matching ones;
 - ``exit`` / ``exit:K``: ``exit_idle_loops()`` (a carry-only scan proven idle once a carried flag is
   all false, MJX's line search, run as a while loop that stops there, checking every K steps,
   default 5; see ``rose_jax/optimize/early_exit.py``);
@@ -65,7 +68,10 @@ UNROLL_LOOPS = ("_grad_step", "minibatch_step")
 
 
 # the parameterised variant forms beside VARIANTS (what both unknown-variant errors list)
-VARIANT_FORMS = "hoist:WHERE, inplace, inplace:WHERE, twins, twins:WHERE, exit, exit:K, unroll:N, set:NAME"
+VARIANT_FORMS = (
+    "hoist:WHERE, inplace, inplace:WHERE, twins, twins:WHERE, dense, dense:WHERE, exit, exit:K, "
+    "unroll:N, set:NAME"
+)
 
 
 def UNROLL_WHERE(site) -> bool:  # noqa: N802 - a where spec, named like the constants it replaces
@@ -92,6 +98,7 @@ def transform_of(variant: str):
     from rose_jax.optimize import (
         batch_twins,
         exit_idle_loops,
+        fuse_dense_chains,
         hoist_independent,
         unroll_scans,
         update_in_place,
@@ -111,6 +118,10 @@ def transform_of(variant: str):
         return batch_twins()
     if variant.startswith("twins:"):
         return batch_twins(where=variant[6:])
+    if variant == "dense":
+        return fuse_dense_chains()
+    if variant.startswith("dense:"):
+        return fuse_dense_chains(where=variant[6:])
     if variant == "exit":
         return exit_idle_loops()
     if variant.startswith("exit:"):  # the flag checked every K steps
@@ -1417,6 +1428,7 @@ def main(argv: list[str] | None = None) -> int:
             and not (v.startswith("hoist:") and len(v) > 6)
             and not (v == "inplace" or (v.startswith("inplace:") and len(v) > 8))
             and not (v == "twins" or (v.startswith("twins:") and len(v) > 6))
+            and not (v == "dense" or (v.startswith("dense:") and len(v) > 6))
             and not (v == "exit" or (v.startswith("exit:") and v[5:].isdigit() and int(v[5:]) >= 1))
         ):
             p.error(

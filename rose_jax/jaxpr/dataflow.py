@@ -124,3 +124,109 @@ def liveness(
         out[k] = (reads, outs)
         live = (live - set(defined)) | set(reads)
     return out
+
+
+def producers(eqns: list) -> dict[Any, int]:
+    """Each value's producing equation (its index in ``eqns``)."""
+    return {
+        v: i for i, e in enumerate(eqns) for v in e.outvars if compat.is_var(v) and not compat.is_dropvar(v)
+    }
+
+
+def ancestors(eqns: list) -> list[int]:
+    """Per equation, the bit set of the equations it depends on (transitively); an equation with
+    effects also depends on the previous one with effects, so the schedule keeps their order."""
+    prod: dict[Any, int] = {}
+    anc: list[int] = []
+    last = None
+    for i, e in enumerate(eqns):
+        bits = 0
+        for a in e.invars:
+            if compat.is_var(a) and a in prod:
+                p = prod[a]
+                bits |= anc[p] | (1 << p)
+        if compat.has_effects(e):
+            if last is not None:
+                bits |= anc[last] | (1 << last)
+            last = i
+        anc.append(bits)
+        for v in e.outvars:
+            if compat.is_var(v) and not compat.is_dropvar(v):
+                prod[v] = i
+    return anc
+
+
+def bits_of(idx) -> int:
+    """The bit set of the equation indices ``idx``."""
+    m = 0
+    for i in idx:
+        m |= 1 << i
+    return m
+
+
+def convex(members: set[int], anc: list[int]) -> bool:
+    """No equation outside ``members`` both depends on one of them and feeds one of them."""
+    rmask = bits_of(members)
+    up = 0
+    for i in members:
+        up |= anc[i]
+    up &= ~rmask
+    j = 0
+    while up:
+        if up & 1 and anc[j] & rmask:
+            return False
+        up >>= 1
+        j += 1
+    return True
+
+
+def region_order(eqns: list, regions: list[tuple[set[int], set[int]]], prod: dict) -> list | None:
+    """A topological order of the body with each region one item, else None (a cycle); ``prod``:
+    each value's producing equation (:func:`producers`).
+
+    Kahn's algorithm over the items' direct dependencies (the producers of their members'
+    operands and, for an equation with effects, the previous one with effects), always taking the
+    ready item that comes first in the body: the order of taking the first pending item whose
+    ancestors (:func:`ancestors`) are all placed, in time about linear in the body (walking the
+    ancestor bit sets took 68 s of a search on MJX humanoid's PPO epoch, 2026-12-06)."""
+    import heapq
+
+    item_of: dict[int, Any] = {}
+    for r, (sa, sb) in enumerate(regions):
+        for i in sa | sb:
+            item_of[i] = ("region", r)
+    items: list[Any] = []
+    position: dict[Any, int] = {}
+    for i in range(len(eqns)):
+        it = item_of.get(i, i)
+        if it not in position:
+            position[it] = len(items)
+            items.append(it)
+    deps: list[set[int]] = [set() for _ in items]
+    users: list[list[int]] = [[] for _ in items]
+    last_effect = None  # an equation with effects also follows the previous one (as in ancestors)
+    for i, e in enumerate(eqns):
+        me = position[item_of.get(i, i)]
+        sources = [prod.get(v) if compat.is_var(v) else None for v in e.invars]
+        if compat.has_effects(e):
+            sources.append(last_effect)
+            last_effect = i
+        for j in sources:
+            if j is None:
+                continue
+            other = position[item_of.get(j, j)]
+            if other != me and other not in deps[me]:
+                deps[me].add(other)
+                users[other].append(me)
+    waiting = [len(d) for d in deps]
+    ready = [p for p, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    out: list[Any] = []
+    while ready:
+        p = heapq.heappop(ready)
+        out.append(items[p])
+        for u in users[p]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    return out if len(out) == len(items) else None

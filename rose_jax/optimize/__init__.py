@@ -14,9 +14,10 @@ as its own recurrence and one batched pass ahead of it), :mod:`~.inplace` (``upd
 a loop's reads of its old carry ordered before the updates that overwrite it, so XLA stops
 copying the carry every step), :mod:`~.twins` (``batch_twins``: two same-shaped independent
 networks of a loop body, SAC's twin critics, run as one vmap with their weights carried
-stacked), :mod:`~.early_exit` (``exit_idle_loops``: a fixed-length scan that idles once a
-carried flag is all false, MJX's line search, stopped there), :mod:`~.fuse`
-(``overlap_independent``), :mod:`~.offload`
+stacked), :mod:`~.dense_chains` (``fuse_dense_chains``: a chain of dense layers of a loop body, an
+MLP's forward pass or its input gradient, as one Pallas kernel per block of rows),
+:mod:`~.early_exit` (``exit_idle_loops``: a fixed-length scan that idles once a carried flag is
+all false, MJX's line search, stopped there), :mod:`~.fuse` (``overlap_independent``), :mod:`~.offload`
 (``offload_component``: a metrics-only component, e.g. the evaluation, in a worker process
 behind the next call), :mod:`~.group_rollout` (env groups, in one process or in worker
 processes via :mod:`~.processes`), :mod:`~.split_compile` (per-component compilation with
@@ -28,6 +29,7 @@ names their transforms for cached plans and workers; :mod:`~.candidates` asks ev
 
 from rose_jax.compare import Comparison, compare_trees
 from rose_jax.optimize.base import EXACT, FUSION_TOLERANCE, HostStep, Tolerance, Transform, compose
+from rose_jax.optimize.dense_chains import find_chains, fuse_dense_chains
 from rose_jax.optimize.early_exit import exit_idle_loops, idle_flag
 from rose_jax.optimize.fuse import overlap_independent
 from rose_jax.optimize.env_groups import ProgramTree, trace_program
@@ -61,8 +63,10 @@ __all__ = [
     "compile_step",
     "compose",
     "exit_idle_loops",
+    "find_chains",
     "find_twins",
     "format_report",
+    "fuse_dense_chains",
     "group_rollout",
     "hoist_independent",
     "hoist_invariants",

@@ -392,3 +392,43 @@ def rewriting(fn: Callable, make_interpreter: Callable[[], "Interpreter"], check
 def rewrite(fn: Callable, select: Callable[[Site], bool], on_scan: ScanRule) -> Callable:
     """``fn`` with the chosen scans evaluated by ``on_scan`` (see the module docstring)."""
     return rewriting(fn, lambda: Interpreter(select, on_scan))
+
+
+def _eval_inlined(jaxpr: Any, env: dict) -> None:
+    for eqn in jaxpr.eqns:
+        invals = [C.read_atom(env, a) for a in eqn.invars]
+        with scopes_of(eqn), C.eqn_context(eqn):
+            if eqn.primitive.name in C.PLAIN_CALL_PRIMITIVES and not C.has_effects(eqn):
+                sub, consts = C.call_jaxpr(eqn.params)
+                inner = dict(zip(sub.constvars, consts, strict=True))
+                inner.update(zip(sub.invars, invals, strict=True))
+                _eval_inlined(sub, inner)
+                outs = [C.read_atom(inner, v) for v in sub.outvars]
+            else:
+                outs = C.bind_eqn(eqn, invals)
+        bind_results(env, eqn.outvars, outs)
+
+
+def inline_calls(scan: C.ScanParams) -> C.ScanParams:
+    """``scan`` with the jit calls of its body inlined (re-traced): optax's jitted tree functions
+    (``tree_bias_correction``) take both networks' leaves in one call, and the outer jit inlines
+    the calls anyway. Returned unchanged when the body has none."""
+    body = scan.body
+    if not any(e.primitive.name in C.PLAIN_CALL_PRIMITIVES for e in body.eqns):
+        return scan
+
+    def flat(*args):
+        env = dict(zip(body.constvars, scan.body_consts, strict=True))
+        env.update(zip(body.invars, args, strict=True))
+        _eval_inlined(body, env)
+        return [C.read_atom(env, v) for v in body.outvars]
+
+    avals = [
+        jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=getattr(v.aval, "weak_type", False))
+        for v in body.invars
+    ]
+    try:
+        closed = jax.make_jaxpr(flat)(*avals)
+    except Exception:  # noqa: BLE001 - e.g. a collective's axis name unbound outside its shard_map
+        return scan  # matched as it is: its jit calls stay whole
+    return scan._replace(body=closed.jaxpr, body_consts=tuple(closed.consts))

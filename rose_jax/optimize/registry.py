@@ -28,6 +28,7 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "rose_jax.optimize.early_exit": ("exit_idle_loops",),
     "rose_jax.optimize.inplace": ("update_in_place",),
     "rose_jax.optimize.twins": ("batch_twins",),
+    "rose_jax.optimize.dense_chains": ("fuse_dense_chains",),
     "rose_jax.optimize.fuse": ("overlap_independent",),
     "rose_jax.optimize.offload": ("offload_component",),
     "rose_jax.optimize.group_rollout": ("group_rollout",),

@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rose_jax.jaxpr import compat as C
+from rose_jax.jaxpr.dataflow import ancestors, bits_of, convex, producers, region_order
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import REASSOCIATION_TOLERANCE, Transform
 from rose_jax.optimize.predict import (
@@ -339,81 +340,6 @@ def _pair_equations(eqns: list, anc: list[int]) -> tuple[dict[int, int], dict[An
     return peq, pvar, canon
 
 
-def _producers(eqns: list) -> dict[Any, int]:
-    """Each value's producing equation (its index in ``eqns``)."""
-    return {v: i for i, e in enumerate(eqns) for v in e.outvars if C.is_var(v) and not C.is_dropvar(v)}
-
-
-def _ancestors(eqns: list) -> list[int]:
-    """Per equation, the bit set of the equations it depends on (transitively); an equation with
-    effects also depends on the previous one with effects, so the schedule keeps their order."""
-    prod: dict[Any, int] = {}
-    anc: list[int] = []
-    last = None
-    for i, e in enumerate(eqns):
-        bits = 0
-        for a in e.invars:
-            if C.is_var(a) and a in prod:
-                p = prod[a]
-                bits |= anc[p] | (1 << p)
-        if C.has_effects(e):
-            if last is not None:
-                bits |= anc[last] | (1 << last)
-            last = i
-        anc.append(bits)
-        for v in e.outvars:
-            if C.is_var(v) and not C.is_dropvar(v):
-                prod[v] = i
-    return anc
-
-
-def _mask(idx) -> int:
-    m = 0
-    for i in idx:
-        m |= 1 << i
-    return m
-
-
-def _eval_inlined(jaxpr: Any, env: dict) -> None:
-    for eqn in jaxpr.eqns:
-        invals = [C.read_atom(env, a) for a in eqn.invars]
-        with I.scopes_of(eqn), C.eqn_context(eqn):
-            if eqn.primitive.name in C.PLAIN_CALL_PRIMITIVES and not C.has_effects(eqn):
-                sub, consts = C.call_jaxpr(eqn.params)
-                inner = dict(zip(sub.constvars, consts, strict=True))
-                inner.update(zip(sub.invars, invals, strict=True))
-                _eval_inlined(sub, inner)
-                outs = [C.read_atom(inner, v) for v in sub.outvars]
-            else:
-                outs = C.bind_eqn(eqn, invals)
-        I.bind_results(env, eqn.outvars, outs)
-
-
-def inline_calls(scan: C.ScanParams) -> C.ScanParams:
-    """``scan`` with the jit calls of its body inlined (re-traced): optax's jitted tree functions
-    (``tree_bias_correction``) take both networks' leaves in one call, and the outer jit inlines
-    the calls anyway. Returned unchanged when the body has none."""
-    body = scan.body
-    if not any(e.primitive.name in C.PLAIN_CALL_PRIMITIVES for e in body.eqns):
-        return scan
-
-    def flat(*args):
-        env = dict(zip(body.constvars, scan.body_consts, strict=True))
-        env.update(zip(body.invars, args, strict=True))
-        _eval_inlined(body, env)
-        return [C.read_atom(env, v) for v in body.outvars]
-
-    avals = [
-        jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=getattr(v.aval, "weak_type", False))
-        for v in body.invars
-    ]
-    try:
-        closed = jax.make_jaxpr(flat)(*avals)
-    except Exception:  # noqa: BLE001 - e.g. a collective's axis name unbound outside its shard_map
-        return scan  # matched as it is: its jit calls stay whole
-    return scan._replace(body=closed.jaxpr, body_consts=tuple(closed.consts))
-
-
 def _grow_regions(
     eqns: list, anc: list[int], peq: dict[int, int], prod: dict
 ) -> list[tuple[set[int], set[int]]]:
@@ -425,7 +351,7 @@ def _grow_regions(
 
     def fits(r: int, first, second) -> bool:
         ma, mb, ua, ub = masks[r]
-        fa, fb = _mask(first), _mask(second)
+        fa, fb = bits_of(first), bits_of(second)
         up_a = up_b = 0
         for i in first:
             up_a |= anc[i]
@@ -484,22 +410,6 @@ def _reads_its_own_value(eqns: list, sa: set[int], sb: set[int], peq: dict, prod
                 if prod.get(x) in members or prod.get(y) in members:
                     return True
     return False
-
-
-def _convex(members: set[int], anc: list[int]) -> bool:
-    """No equation outside ``members`` both depends on one of them and feeds one of them."""
-    rmask = _mask(members)
-    up = 0
-    for i in members:
-        up |= anc[i]
-    up &= ~rmask
-    j = 0
-    while up:
-        if up & 1 and anc[j] & rmask:
-            return False
-        up >>= 1
-        j += 1
-    return True
 
 
 def _regions_io(eqns: list, body: Any, keep: list, peq: dict, prod: dict, canon: dict) -> list[Region]:
@@ -600,17 +510,17 @@ def _carried_pairs(scan: C.ScanParams, regions: list[Region], pvar: dict) -> lis
 
 def find_twins(scan: C.ScanParams) -> Twins:
     """Pair, group and order the twin computations of ``scan``'s body, its jit calls inlined
-    (:func:`inline_calls`; module docstring)."""
-    scan = inline_calls(scan)
+    (:func:`rose_jax.optimize.interpret.inline_calls`; module docstring)."""
+    scan = I.inline_calls(scan)
     body = scan.body
     eqns = list(body.eqns)
     unchanged = tuple(range(len(eqns)))
-    anc = _ancestors(eqns)
+    anc = ancestors(eqns)
     peq, pvar, canon = _pair_equations(eqns, anc)
     none = "no two same-shaped, independent matrix products read a common operand: no twins to batch"
     if not peq:
         return Twins((), unchanged, (), 0, none, scan)
-    prod = _producers(eqns)
+    prod = producers(eqns)
 
     # keep convex regions with a kernel pair or that write a pair of carried values (an optimizer's
     # update of both networks: with it the pair is carried stacked and its reads need no stacking)
@@ -622,18 +532,18 @@ def find_twins(scan: C.ScanParams) -> Twins:
             any(eqns[i].primitive.name in KERNEL_PRIMITIVES for i in sa)
             or any(v in carried_out for i in sa for v in eqns[i].outvars)
         )
-        and _convex(sa | sb, anc)
+        and convex(sa | sb, anc)
         and not _reads_its_own_value(eqns, sa, sb, peq, prod, canon)
     ]
     keep.sort(key=lambda s: min(s[0] | s[1]))
     if not keep:
         return Twins((), unchanged, (), 0, none + " (twin pairs found, but none convex with a kernel)", scan)
-    schedule = _order(eqns, keep, prod)
+    schedule = region_order(eqns, keep, prod)
     while schedule is None:  # a cycle between regions: drop the last one
         keep.pop()
         if not keep:
             return Twins((), unchanged, (), 0, "the twin regions cannot be ordered with the rest", scan)
-        schedule = _order(eqns, keep, prod)
+        schedule = region_order(eqns, keep, prod)
 
     # regions in the order they run (``_order`` may run a later region first), numbered so
     order = [item[1] for item in schedule if isinstance(item, tuple)]
@@ -648,58 +558,6 @@ def find_twins(scan: C.ScanParams) -> Twins:
     _, stacks, reverses = _stacking(regions, carried, orient=False)
     stacks += reverses  # a reversed operand is a copy per step too
     return Twins(tuple(regions), tuple(schedule), tuple(stacked_carry), stacks, "", scan, reverses)
-
-
-def _order(eqns: list, regions: list[tuple[set[int], set[int]]], prod: dict) -> list | None:
-    """A topological order of the body with each region one item, else None (a cycle); ``prod``:
-    each value's producing equation (:func:`_producers`).
-
-    Kahn's algorithm over the items' direct dependencies (the producers of their members'
-    operands and, for an equation with effects, the previous one with effects), always taking the
-    ready item that comes first in the body: the order of taking the first pending item whose
-    ancestors (:func:`_ancestors`) are all placed, in time about linear in the body (walking the
-    ancestor bit sets took 68 s of a search on MJX humanoid's PPO epoch, 2026-12-06)."""
-    import heapq
-
-    item_of: dict[int, Any] = {}
-    for r, (sa, sb) in enumerate(regions):
-        for i in sa | sb:
-            item_of[i] = ("region", r)
-    items: list[Any] = []
-    position: dict[Any, int] = {}
-    for i in range(len(eqns)):
-        it = item_of.get(i, i)
-        if it not in position:
-            position[it] = len(items)
-            items.append(it)
-    deps: list[set[int]] = [set() for _ in items]
-    users: list[list[int]] = [[] for _ in items]
-    last_effect = None  # an equation with effects also follows the previous one (as in _ancestors)
-    for i, e in enumerate(eqns):
-        me = position[item_of.get(i, i)]
-        sources = [prod.get(v) if C.is_var(v) else None for v in e.invars]
-        if C.has_effects(e):
-            sources.append(last_effect)
-            last_effect = i
-        for j in sources:
-            if j is None:
-                continue
-            other = position[item_of.get(j, j)]
-            if other != me and other not in deps[me]:
-                deps[me].add(other)
-                users[other].append(me)
-    waiting = [len(d) for d in deps]
-    ready = [p for p, n in enumerate(waiting) if n == 0]
-    heapq.heapify(ready)
-    out: list[Any] = []
-    while ready:
-        p = heapq.heappop(ready)
-        out.append(items[p])
-        for u in users[p]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, u)
-    return out if len(out) == len(items) else None
 
 
 def describe(twins: Twins, scan: C.ScanParams) -> str:
