@@ -188,3 +188,38 @@ def test_real_sac_iteration_same_state_and_offered_on_gpu_only():
     cmp = compare_trees(out, ref, rtol=t.tolerance.rtol, atol=t.tolerance.atol)
     assert cmp.equal, cmp
     assert "_grad_step" in [n.name for n in rtrace.trace(t.apply(it), state).walk() if n.kind == "scan"]
+
+
+def test_the_kernels_lower_to_triton_for_an_h100():
+    """The kernels as a GPU compiles them (Triton, not the interpreter), lowered on this CPU for an
+    H100 (sm_90): every operation of the kernel has a Triton lowering at these shapes. Whether it
+    is fast is the GPU's to say (benchmarks/experiments/beyond_flags.py --variants dense)."""
+    try:
+        from jax._src import gpu_info
+        from jax._src.pallas.triton import pallas_call_registration as registration
+
+        h100 = gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H100)
+    except (ImportError, AttributeError) as e:  # private modules of this jax: the check needs them
+        pytest.skip(f"this jax has no way to name an H100 without one: {e}")
+    state, xs = _inputs(0, dims=(11, 256, 256, 6), rows=512, steps=2)
+
+    class _H100:  # the GPU the lowering asks about (a CPU has none)
+        @staticmethod
+        def get_gpu_info():
+            return h100
+
+    real = dc.fused_chain
+    old = registration.gpu_info_lib
+    registration.gpu_info_lib = _H100
+    dc.fused_chain = lambda chain, env, **kw: real(chain, env, **{**kw, "interpret": False})
+    try:
+        lowered = (
+            jax.jit(dc.fuse_dense_chains().apply(training))
+            .trace(state, xs)
+            .lower(lowering_platforms=("cuda",))
+        )
+    finally:
+        registration.gpu_info_lib = old
+        dc.fused_chain = real
+    text = lowered.as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 5
