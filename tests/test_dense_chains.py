@@ -71,6 +71,8 @@ def test_same_function_on_random_inputs(seed):
     # to x (3 layers), the metric's forward pass
     assert [len(c.layers) for c in found.chains] == [3, 2, 3, 3, 3], dc.describe(found, None)
     assert found.chains[1].widths == (3, 128, 128)
+    # the ReLU derivatives' predicates (z > 0) are compared in the kernel from z
+    assert found.chains[1].describe().count("positive") == 2, found.chains[1].describe()
     ref = jax.jit(training)(state, xs)
     out = jax.jit(t.apply(training))(state, xs)
     cmp = compare_trees(out, ref, rtol=1e-5, atol=1e-6)
@@ -85,6 +87,35 @@ def test_widths_padded_and_rows_not_a_multiple_of_the_block():
     cmp = compare_trees(
         jax.jit(t.apply(training))(state, xs), jax.jit(training)(state, xs), rtol=1e-5, atol=1e-6
     )
+    assert cmp.equal, cmp
+
+
+def _masked(w, xs):
+    """A mask that is not a ReLU's derivative (its predicate another comparison), kept where false."""
+
+    def body(w, x):
+        m = jnp.sin(x @ w[0]) < 0.3
+        h = jax.nn.relu(x @ w[0])
+        y = jnp.where(m, 0.0, h @ w[1])
+        return w, (y @ w[2]).sum(-1)
+
+    return jax.lax.scan(body, w, xs)
+
+
+def test_other_masks_are_loaded():
+    k = jax.random.split(jax.random.PRNGKey(3), 4)
+    w = (
+        jax.random.normal(k[0], (8, 128)),
+        jax.random.normal(k[1], (128, 128)) / 11,
+        jax.random.normal(k[2], (128, 4)),
+    )
+    xs = jax.random.normal(k[3], (3, 32, 8))
+    found = dc.find_chains(H.first_scan(_masked, w, xs))
+    assert [o.kind for L in found.chains[0].layers for o in L.ops] == ["relu", "mask"], dc.describe(
+        found, None
+    )
+    t = dc.fuse_dense_chains()
+    cmp = compare_trees(jax.jit(t.apply(_masked))(w, xs), jax.jit(_masked)(w, xs), rtol=1e-5, atol=1e-5)
     assert cmp.equal, cmp
 
 

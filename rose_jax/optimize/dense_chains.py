@@ -18,7 +18,7 @@ axis of a 2-D one (the weight, or its transpose), joined by column-local epilogu
   value computed outside the chain;
 * ``relu`` (``jax.nn.relu``'s custom_jvp call, or ``max(v, 0)``);
 * ``select_n(p, 0, v)`` / ``select_n(p, v, 0)`` with a ``(rows, n)`` predicate computed outside
-  (the ReLU derivative of a backward pass).
+  (the ReLU derivative of a backward pass; a predicate ``z > 0`` is compared in the kernel from z).
 
 The shape is the one of a two-hidden-layer MLP and of its input gradient: layer A narrow -> wide
 (its weight fits on chip), layer B wide -> wide (its weight does not: computed in column chunks),
@@ -81,8 +81,10 @@ FUSED_S = 12e-6
 class Op:
     """One column-local epilogue operation: ``kind`` ``"add"`` / ``"mul"`` (``operand``: a
     literal's value, or a variable of shape ``()``, ``(n,)``, ``(1, n)`` or ``(rows, n)``),
-    ``"relu"``, or ``"mask"`` (``operand``: the ``(rows, n)`` predicate; ``keep_true``: the value
-    is kept where it is true, else where it is false). ``out``: the variable it produces."""
+    ``"relu"``, ``"mask"`` (``operand``: the ``(rows, n)`` predicate; ``keep_true``: the value
+    is kept where it is true, else where it is false) or ``"positive"`` (the same with the
+    predicate ``operand > 0`` of a float32 ``(rows, n)`` operand). ``out``: the variable it
+    produces."""
 
     kind: str
     eqn: int
@@ -240,10 +242,27 @@ def _epilogue_op(e: Any, i: int, v: Any, prod: dict, eqns: list) -> Op | None:
         p, f, t = e.invars
         if not C.is_var(p) or tuple(p.aval.shape) != (rows, n) or p.aval.dtype != jnp.bool_:
             return None
-        if t is v and f is not v and _is_zero(f, prod, eqns):
-            return Op("mask", i, out, p, True)
-        if f is v and t is not v and _is_zero(t, prod, eqns):
-            return Op("mask", i, out, p, False)
+        keep = (
+            True
+            if t is v and f is not v and _is_zero(f, prod, eqns)
+            else (False if f is v and t is not v and _is_zero(t, prod, eqns) else None)
+        )
+        if keep is None:
+            return None
+        # a ReLU's derivative: the predicate is ``z > 0`` of a float32 value; the kernel reads z
+        # and compares (one kernel fewer than converting the predicate for it to load)
+        j = prod.get(p)
+        g = eqns[j] if j is not None else None
+        if (
+            g is not None
+            and g.primitive.name == "gt"
+            and C.is_var(g.invars[0])
+            and tuple(g.invars[0].aval.shape) == (rows, n)
+            and g.invars[0].aval.dtype == jnp.float32
+            and _is_zero(g.invars[1], prod, eqns)
+        ):
+            return Op("positive", i, out, g.invars[0], keep)
+        return Op("mask", i, out, p, keep)
     return None
 
 
@@ -357,7 +376,7 @@ def _operand_kind(op: Op) -> str | None:
     if op.kind in ("relu",) or not C.is_var(op.operand) and op.kind != "mask":
         return None
     shape = tuple(op.operand.aval.shape)
-    if op.kind == "mask" or len(shape) == 2 and shape[0] > 1:
+    if op.kind in ("mask", "positive") or len(shape) == 2 and shape[0] > 1:
         return _BLOCK
     return _SCALAR if shape == () else _ROW
 
@@ -384,6 +403,8 @@ def fused_chain(
     n_chunks = pw[2] // chunk
 
     def pad2(a, r, c):
+        if a.shape == (r, c):
+            return a
         return jnp.pad(a, ((0, r - a.shape[0]), (0, c - a.shape[1])))
 
     inputs: list[Any] = [pad2(env[chain.x], rp, pw[0])]
@@ -445,8 +466,8 @@ def fused_chain(
                     v = v + operand(o, cols)
                 elif o.kind == "mul":
                     v = v * operand(o, cols)
-                else:  # mask
-                    m = operand(o, cols) != 0.0
+                else:  # mask, positive
+                    m = operand(o, cols) > 0.0 if o.kind == "positive" else operand(o, cols) != 0.0
                     v = jnp.where(m, v, 0.0) if o.keep_true else jnp.where(m, 0.0, v)
                 _store(o.out, v, cols)
             return v
