@@ -34,8 +34,8 @@ equation of the chain computes each row of its output from the same row of its o
 per equation above), so one kernel per block of rows computes what the equations did. Only
 float32 chains.
 
-**Tolerance**: the kernel sums each product's terms in another order than XLA's GEMM (chunked,
-and TF32 inside Triton's ``dot`` as in XLA's default GPU matmul precision), so
+**Tolerance**: the kernel sums each product's terms in another order than XLA's GEMM (chunked;
+each product at the precision the equation asked for, TF32 at the default on both), so
 :data:`rose_jax.optimize.base.REASSOCIATION_TOLERANCE` with the learning check, as ``batch_twins``.
 On the CPU the kernel runs in Pallas's interpret mode (for tests; no candidate is offered there).
 
@@ -95,13 +95,16 @@ class Op:
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """``x @ W`` (``transposed``: ``x @ W.T``) at equation ``eqn``, then its epilogue ``ops``."""
+    """``x @ W`` (``transposed``: ``x @ W.T``) at equation ``eqn``, then its epilogue ``ops``;
+    ``precision``: the product's (the kernel's product takes it: DEFAULT is TF32 in Triton's
+    ``dot`` and in XLA's GEMMs alike, HIGHEST full float32 in both)."""
 
     eqn: int
     weight: Any
     transposed: bool
     out: Any  # the product's variable
     ops: tuple[Op, ...]
+    precision: Any = None
 
     @property
     def value(self) -> Any:
@@ -326,7 +329,7 @@ def find_chains(scan: Any) -> Chains:
             local.add(j)
             ops, nxt = _follow(out, users, eqns, prod, local, rows)
             local.update(o.eqn for o in ops)
-            layers.append(Layer(j, w, tr, out, tuple(ops)))
+            layers.append(Layer(j, w, tr, out, tuple(ops), eqns[j].params.get("precision")))
             if nxt is None:
                 break
             j = nxt
@@ -481,34 +484,35 @@ def fused_chain(
             else:
                 _store_cols(outs[k], cols, v)
 
-        def dot(a, w_ref, transposed, cols=None, contract_cols=None):
-            if transposed:  # W stored (out, in)
+        def dot(a, w_ref, L: Layer, cols=None, contract_cols=None):
+            kw = dict(preferred_element_type=jnp.float32, precision=L.precision)
+            if L.transposed:  # W stored (out, in)
                 w = (
                     _load_rows(w_ref, cols)
                     if cols is not None
                     else (_load(w_ref, contract_cols) if contract_cols is not None else w_ref[...])
                 )
-                return jnp.dot(a, w.T, preferred_element_type=jnp.float32)
+                return jnp.dot(a, w.T, **kw)
             w = (
                 _load(w_ref, cols)
                 if cols is not None
                 else (_load_rows(w_ref, contract_cols) if contract_cols is not None else w_ref[...])
             )
-            return jnp.dot(a, w, preferred_element_type=jnp.float32)
+            return jnp.dot(a, w, **kw)
 
         A, B = chain.layers[0], chain.layers[1]
         Cl = chain.layers[2] if len(chain.layers) == 3 else None
-        h = dot(by_spec[("x", None)][...], by_spec[("w", 0)], A.transposed)
+        h = dot(by_spec[("x", None)][...], by_spec[("w", 0)], A)
         _store(A.out, h, None)
         h = epilogue(h, A)
         acc = jnp.zeros((block_rows, pw[3]), jnp.float32) if Cl is not None else None
         for c in range(n_chunks):  # static: one chunk of layer B's output columns at a time
             cols = pl.dslice(c * chunk, chunk)
-            hb = dot(h, by_spec[("w", 1)], B.transposed, cols=cols)
+            hb = dot(h, by_spec[("w", 1)], B, cols=cols)
             _store(B.out, hb, cols)
             hb = epilogue(hb, B, cols)
             if Cl is not None:
-                acc = acc + dot(hb, by_spec[("w", 2)], Cl.transposed, contract_cols=cols)
+                acc = acc + dot(hb, by_spec[("w", 2)], Cl, contract_cols=cols)
         if Cl is not None:
             _store(Cl.out, acc, None)
             epilogue(acc, Cl)
