@@ -410,13 +410,20 @@ def fused_chain(
             return a
         return jnp.pad(a, ((0, r - a.shape[0]), (0, c - a.shape[1])))
 
-    inputs: list[Any] = [pad2(env[chain.x], rp, pw[0])]
-    specs: list[Any] = [("x", None)]
+    # the kernel's operands: each one's slot (by "x", ("w", layer), or its Op's id) and kind
+    inputs: list[Any] = []
+    kinds: list[str] = []
+    slot: dict[Any, int] = {}
+
+    def operand_in(key, kind, value):
+        slot[key] = len(inputs)
+        inputs.append(value)
+        kinds.append(kind)
+
+    operand_in("x", _BLOCK, pad2(env[chain.x], rp, pw[0]))
     for n, L in enumerate(chain.layers):
-        w = env[L.weight]
         shape = (pw[n + 1], pw[n]) if L.transposed else (pw[n], pw[n + 1])
-        inputs.append(pad2(w, *shape))
-        specs.append(("w", n))
+        operand_in(("w", n), _ROW, pad2(env[L.weight], *shape))
         width = pw[n + 1]
         for o in L.ops:
             kind = _operand_kind(o)
@@ -431,35 +438,26 @@ def fused_chain(
                 val = pad2(jnp.reshape(val, (1, -1)), 1, width)
             else:
                 val = pad2(val, rp, width)
-            inputs.append(val)
-            specs.append((kind, o))
+            operand_in(id(o), kind, val)
     esc_index = {v: k for k, (v, _) in enumerate(chain.escapes)}
 
-    def block_spec(kind, shape):
-        if kind in ("x", _BLOCK):
+    def block_spec(kind, shape):  # a block of rows, or the whole operand for every program
+        if kind == _BLOCK:
             return pl.BlockSpec((block_rows, shape[1]), lambda i: (i, 0))
         return pl.BlockSpec(shape, lambda i: (0, 0))
 
-    in_specs = [block_spec(s[0], a.shape) for s, a in zip(specs, inputs, strict=True)]
+    in_specs = [block_spec(k, a.shape) for k, a in zip(kinds, inputs, strict=True)]
     out_shapes = [jax.ShapeDtypeStruct((rp, pw[n + 1]), jnp.float32) for _, n in chain.escapes]
     out_specs = [pl.BlockSpec((block_rows, s.shape[1]), lambda i: (i, 0)) for s in out_shapes]
 
     def kernel(*refs):
         ins, outs = refs[: len(inputs)], refs[len(inputs) :]
-        by_spec = dict(
-            zip([id(s[1]) if s[0] not in ("x", "w") else (s[0], s[1]) for s in specs], ins, strict=True)
-        )
 
         def operand(o: Op, cols=None):
-            if C.is_literal(o.operand) or isinstance(o.operand, float):
+            if not C.is_var(o.operand):  # a literal's value
                 return o.operand
-            ref = by_spec[id(o)]
-            kind = _operand_kind(o)
-            if kind == _SCALAR:
-                return ref[...]
-            if cols is None:
-                return ref[...]
-            return _load(ref, cols)
+            ref = ins[slot[id(o)]]
+            return ref[...] if cols is None or _operand_kind(o) == _SCALAR else _load(ref, cols)
 
         def epilogue(v, L: Layer, cols=None):
             for o in L.ops:
@@ -502,17 +500,17 @@ def fused_chain(
 
         A, B = chain.layers[0], chain.layers[1]
         Cl = chain.layers[2] if len(chain.layers) == 3 else None
-        h = dot(by_spec[("x", None)][...], by_spec[("w", 0)], A)
+        h = dot(ins[slot["x"]][...], ins[slot[("w", 0)]], A)
         _store(A.out, h, None)
         h = epilogue(h, A)
         acc = jnp.zeros((block_rows, pw[3]), jnp.float32) if Cl is not None else None
         for c in range(n_chunks):  # static: one chunk of layer B's output columns at a time
             cols = pl.dslice(c * chunk, chunk)
-            hb = dot(h, by_spec[("w", 1)], B, cols=cols)
+            hb = dot(h, ins[slot[("w", 1)]], B, cols=cols)
             _store(B.out, hb, cols)
             hb = epilogue(hb, B, cols)
             if Cl is not None:
-                acc = acc + dot(hb, by_spec[("w", 2)], Cl, contract_cols=cols)
+                acc = acc + dot(hb, ins[slot[("w", 2)]], Cl, contract_cols=cols)
         if Cl is not None:
             _store(Cl.out, acc, None)
             epilogue(acc, Cl)
