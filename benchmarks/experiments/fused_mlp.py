@@ -8,29 +8,29 @@ Why (issue 32): Brax's SAC hopper gradient step runs 12 of its 48 matrix product
 (``rose_jax.trace.depth``), about 18 us each on an H100 with the elementwise work between them, and
 no candidate of the search shortens that path: XLA fuses elementwise work into a matrix product,
 never two matrix products. Each row of a batch goes through a layer stack independently, so the
-whole stack can run as one kernel per block of rows, the hidden activations staying on chip. This
-probe measures that on its own before any transform is built: ``steps`` forward passes chained one
-after another in a ``lax.scan`` (each input the last output, as the gradient steps are chained), so
-the time per step is the chain's latency, for
+whole stack can run as one kernel per block of rows, the hidden activations staying on chip
+(``rose_jax.optimize.fuse_dense_chains``). This probe measures that kernel on its own: ``steps``
+passes chained one after another in a ``lax.scan`` (each input the last output through tanh, as the
+gradient steps are chained), so the time per step is the chain's latency, for
 
 - ``xla``: ``relu(x @ W1 + b1)``, ``relu(. @ W2 + b2)``, ``. @ W3 + b3`` under XLA (its best
   option set where given: ``--options``);
-- ``fused``: the same function as one ``pallas_call`` (Triton on the GPU): each program takes
-  ``--block-rows`` rows through all three layers; the second layer is computed in column chunks of
-  ``--chunk``, each chunk's ReLU output multiplied into the third layer at once, so no 256 x 256
-  weight tile has to fit on chip;
+- ``fused``: the same scan with ``fuse_dense_chains`` applied (the transform the search measures,
+  its kernel configured by ``--block-rows``, ``--chunk``, ``--num-warps`` or ``--configs``): each
+  pass as one ``pallas_call`` (Triton on the GPU) whose programs take a block of rows through all
+  three layers, the second layer in column chunks each multiplied into the third at once, so no
+  256 x 256 weight tile has to fit on chip;
 - ``xla_dgrad`` / ``fused_dgrad``: the input gradient back through the same layers (the
-  transposed products and ReLU masks of a backward pass), under XLA and as one kernel alike.
+  transposed products and ReLU masks of a backward pass), under XLA and as the transform's kernel.
 
 Both compute the same function up to the order of floating-point sums (the third layer sums over
-chunks); the results file gives the largest difference from a float64 reference for each.
+chunks); the results file gives the largest difference of one pass from a float64 reference.
 Results: ``benchmarks/results/fused_mlp/`` (``results.json``, ``results.md``, ``results.png``).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import statistics
 import sys
@@ -51,53 +51,6 @@ def mlp_xla(params: list[tuple[Any, Any]], x):
     return jnp.dot(x, w) + b
 
 
-def mlp_fused(params: list[tuple[Any, Any]], x, *, block_rows: int = 32, chunk: int = 64,
-              num_warps: int = 4, interpret: bool = False):
-    """A 3-layer ReLU MLP (``x @ W1 -> W2 -> W3``, biases added) as one Pallas kernel over blocks
-    of ``block_rows`` rows. Every dimension must be a power of two of at least 16 (Triton's dot),
-    the rows a multiple of ``block_rows`` and the hidden width a multiple of ``chunk``: this is a
-    probe of the kernel, the padding a real transform would add is left out."""
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
-
-    (w1, b1), (w2, b2), (w3, b3) = params
-    rows, d_in = x.shape
-    hidden, d_out = w2.shape[1], w3.shape[1]
-    if w1.shape[1] != hidden:
-        raise ValueError(f"mlp_fused: both hidden layers must be {hidden} wide, got {w1.shape[1]}")
-    _check_sizes("mlp_fused", rows, d_in, hidden, d_out, block_rows, chunk)
-
-    def kernel(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, w3_ref, b3_ref, o_ref):
-        h1 = jnp.maximum(jnp.dot(x_ref[...], w1_ref[...], preferred_element_type=jnp.float32)
-                         + b1_ref[...], 0.0)
-        acc = jnp.zeros((block_rows, d_out), jnp.float32)
-        for c in range(hidden // chunk):  # static: one chunk of layer 2's columns at a time
-            cols = pl.dslice(c * chunk, chunk)
-            w2c = plgpu.load(w2_ref.at[:, cols])
-            b2c = plgpu.load(b2_ref.at[:, cols])
-            h2c = jnp.maximum(jnp.dot(h1, w2c, preferred_element_type=jnp.float32) + b2c, 0.0)
-            w3c = plgpu.load(w3_ref.at[cols, :])
-            acc = acc + jnp.dot(h2c, w3c, preferred_element_type=jnp.float32)
-        o_ref[...] = (acc + b3_ref[...]).astype(o_ref.dtype)
-
-    whole = lambda shape: pl.BlockSpec(shape, lambda i: (0, 0))  # noqa: E731 - every program reads it
-    call = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((rows, d_out), x.dtype),
-        grid=(rows // block_rows,),
-        in_specs=[pl.BlockSpec((block_rows, d_in), lambda i: (i, 0)),
-                  whole((d_in, hidden)), whole((1, hidden)),
-                  whole((hidden, hidden)), whole((1, hidden)),
-                  whole((hidden, d_out)), whole((1, d_out))],
-        out_specs=pl.BlockSpec((block_rows, d_out), lambda i: (i, 0)),
-        compiler_params=None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-        interpret=interpret,
-    )
-    return call(x, w1, b1[None, :], w2, b2[None, :], w3, b3[None, :])
-
-
 def dgrad_xla(params: list[tuple[Any, Any]], masks, g):
     """The MLP's input gradient, back through it as the backward pass computes it (the twin
     critics' and the actor's input-gradient products are on SAC's critical path): ``g @ W3^T``,
@@ -111,61 +64,23 @@ def dgrad_xla(params: list[tuple[Any, Any]], masks, g):
     return jnp.dot(t, w1.T)
 
 
-def dgrad_fused(params: list[tuple[Any, Any]], masks, g, *, block_rows: int = 32, chunk: int = 64,
-                num_warps: int = 4, interpret: bool = False):
-    """:func:`dgrad_xla` as one Pallas kernel over blocks of rows (each row's gradient is its own):
-    layer 2's transposed product in chunks of its output columns, each chunk masked and multiplied
-    into layer 1's at once. The sizes as :func:`mlp_fused` takes them."""
+def fused(run, block_rows: int, chunk: int, num_warps: int):
+    """``run`` (a chained scan) with ``fuse_dense_chains`` applied: each pass's chain of products
+    as the transform's kernel (the one the search measures), configured as given. Raises
+    ``ValueError`` when the transform finds no chain in it."""
     import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plgpu
 
-    (w1, _), (w2, _), (w3, _) = params
-    m1, m2 = masks
-    rows, d_out = g.shape
-    d_in, hidden = w1.shape
-    _check_sizes("dgrad_fused", rows, d_in, hidden, d_out, block_rows, chunk)
+    from rose_jax.optimize import fuse_dense_chains
 
-    def kernel(g_ref, w1_ref, w2_ref, w3_ref, m1_ref, m2_ref, o_ref):
-        t2 = jnp.dot(g_ref[...], w3_ref[...].T, preferred_element_type=jnp.float32) * m2_ref[...]
-        acc = jnp.zeros((block_rows, d_in), jnp.float32)
-        for c in range(hidden // chunk):  # static: one chunk of layer 1's outputs at a time
-            cols = pl.dslice(c * chunk, chunk)
-            w2c = plgpu.load(w2_ref.at[cols, :])
-            t1c = jnp.dot(t2, w2c.T, preferred_element_type=jnp.float32) * plgpu.load(m1_ref.at[:, cols])
-            w1c = plgpu.load(w1_ref.at[:, cols])
-            acc = acc + jnp.dot(t1c, w1c.T, preferred_element_type=jnp.float32)
-        o_ref[...] = acc.astype(o_ref.dtype)
+    t = fuse_dense_chains(block_rows=block_rows, chunk=chunk, num_warps=num_warps)
+    out = t.apply(run)
 
-    whole = lambda shape: pl.BlockSpec(shape, lambda i: (0, 0))  # noqa: E731 - every program reads it
-    by_rows = lambda width: pl.BlockSpec((block_rows, width), lambda i: (i, 0))  # noqa: E731
-    call = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((rows, d_in), g.dtype),
-        grid=(rows // block_rows,),
-        in_specs=[by_rows(d_out), whole((d_in, hidden)), whole((hidden, hidden)), whole((hidden, d_out)),
-                  by_rows(hidden), by_rows(hidden)],
-        out_specs=by_rows(d_in),
-        compiler_params=None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-        interpret=interpret,
-    )
-    return call(g, w1, w2, w3, m1, m2)
+    def checked(params, x):
+        if "pallas_call" not in str(jax.make_jaxpr(out)(params, x)):
+            raise ValueError("fuse_dense_chains found no chain of products in the chained passes")
+        return out(params, x)
 
-
-def _check_sizes(what: str, rows: int, d_in: int, hidden: int, d_out: int, block_rows: int, chunk: int):
-    for name, d in (("input", d_in), ("hidden", hidden), ("output", d_out), ("block_rows", block_rows)):
-        if d < 16 or d & (d - 1):
-            raise ValueError(f"{what}: {name} size must be a power of two >= 16, got {d}")
-    if rows % block_rows or hidden % chunk:
-        raise ValueError(f"{what}: rows {rows} must divide by block_rows {block_rows}, hidden {hidden} "
-                         f"by chunk {chunk}")
-
-
-def _with_masks(fn, masks, params, g, **kw):
-    """``fn(params, masks, g, **kw)``: an input-gradient function with one forward pass's masks
-    fixed, in the probe's ``(params, x)`` shape."""
-    return fn(params, masks, g, **kw)
+    return checked
 
 
 def relu_masks(params: list[tuple[Any, Any]], x):
@@ -204,7 +119,7 @@ def measure(args) -> dict[str, Any]:
 
     from rose_jax.optimize import xla_options
 
-    interpret = args.smoke or jax.default_backend() != "gpu"
+    interpret = jax.default_backend() != "gpu"  # the transform's kernel runs interpreted there
     sizes = [args.width_in, args.hidden, args.hidden, args.width_in]
     params = init_params(jax.random.PRNGKey(0), sizes)
     x = jax.random.normal(jax.random.PRNGKey(1), (args.rows, args.width_in))
@@ -217,32 +132,37 @@ def measure(args) -> dict[str, Any]:
         h = np.maximum(h @ w + b, 0.0)
     m1, m2 = (np.asarray(m, np.float64) for m in masks)
     g64 = np.asarray(x, np.float64)  # the gradient probe's input: any (rows, output) array
-    want = {"forward": h @ p64[-1][0] + p64[-1][1],
-            "input gradient": ((g64 @ p64[2][0].T) * m2 @ p64[1][0].T) * m1 @ p64[0][0].T}
+    # one chained pass: the function, then tanh (the chain's link)
+    want = {"forward": np.tanh(h @ p64[-1][0] + p64[-1][1]),
+            "input gradient": np.tanh(((g64 @ p64[2][0].T) * m2 @ p64[1][0].T) * m1 @ p64[0][0].T)}
     configs = args.configs or [(args.block_rows, args.num_warps)]
-    variants: dict[str, tuple[str, Any]] = {}  # name: (what it computes, fn(params, x))
-    for what, ref, ref_fn, kernel in (
-        ("forward", "xla", mlp_xla, mlp_fused),
-        ("input gradient", "xla_dgrad", functools.partial(_with_masks, dgrad_xla, masks),
-         functools.partial(_with_masks, dgrad_fused, masks)),
+    # name: (what it computes, one pass fn(params, x), kernel configuration or None for XLA's)
+    variants: dict[str, tuple[str, Any, tuple[int, int] | None]] = {}
+    for what, ref, ref_fn in (
+        ("forward", "xla", mlp_xla),
+        ("input gradient", "xla_dgrad", lambda p, g: dgrad_xla(p, masks, g)),
     ):
-        variants[ref] = (what, ref_fn)
-        for rows_per, warps in configs:  # each kernel configuration: its own name where there are several
-            tag = "" if len(configs) == 1 else f"[{rows_per}x{warps}]"
-            kw = dict(block_rows=rows_per, chunk=args.chunk, num_warps=warps, interpret=interpret)
-            variants[f"{ref.replace('xla', 'fused')}{tag}"] = (what, functools.partial(kernel, **kw))
+        variants[ref] = (what, ref_fn, None)
+        for config in configs:  # each kernel configuration: its own name where there are several
+            tag = "" if len(configs) == 1 else f"[{config[0]}x{config[1]}]"
+            variants[f"{ref.replace('xla', 'fused')}{tag}"] = (what, ref_fn, config)
     out: dict[str, Any] = {"sizes": sizes, "rows": args.rows, "steps": args.steps, "interpret": interpret,
                            "options": args.options if options else None, "variants": {}}
-    for name, (what, fwd) in variants.items():
+    for name, (what, fwd, config) in variants.items():
+
+        def build(steps, fwd=fwd, config=config):
+            run = chained(fwd, steps)
+            return run if config is None else fused(run, config[0], args.chunk, config[1])
+
         try:  # a kernel configuration Triton cannot build is a row, not a crash
-            got = np.asarray(jax.jit(fwd, compiler_options=options)(params, x), np.float64)
+            got = np.asarray(jax.jit(build(1), compiler_options=options)(params, x), np.float64)
         except Exception as e:  # noqa: BLE001 - reported in its row
-            if name.startswith("xla"):
+            if config is None:
                 raise
             out["variants"][name] = {"computes": what, "error": f"{type(e).__name__}: {str(e)[:200]}"}
             common.log(f"{name}: failed to build: {type(e).__name__}: {str(e)[:200]}")
             continue
-        run = jax.jit(chained(fwd, args.steps), compiler_options=options)
+        run = jax.jit(build(args.steps), compiler_options=options)
         t0 = time.perf_counter()
         jax.block_until_ready(run(params, x))
         compile_s = time.perf_counter() - t0
@@ -259,7 +179,7 @@ def measure(args) -> dict[str, Any]:
         common.log(f"{name}: {out['variants'][name]['us_per_step']:.1f} us per step "
                    f"(max |diff| vs float64 {out['variants'][name]['max_abs_diff_vs_f64']:.2e})")
     us = {n: v["us_per_step"] for n, v in out["variants"].items() if "us_per_step" in v}
-    best = {what: min((us[n] for n, (w, _) in variants.items() if w == what and n in us and
+    best = {what: min((us[n] for n, (w, _, _) in variants.items() if w == what and n in us and
                        not n.startswith("xla")), default=None) for what in ("forward", "input gradient")}
     ratio = {what: round(us[ref] / best[what], 3) if best[what] else None
              for what, ref in (("forward", "xla"), ("input gradient", "xla_dgrad"))}
@@ -341,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.path.join(common.RESULTS_DIR, "fused_mlp"))
     args = p.parse_args(argv)
     if args.smoke:
-        args.rows, args.hidden, args.steps, args.blocks, args.block_rows, args.chunk = 64, 32, 4, 2, 16, 16
-        args.configs = [c for c in (args.configs or []) if 64 % c[0] == 0] or None
+        # wide enough for the transform (more than 64), not a power of two (padded)
+        args.rows, args.hidden, args.steps, args.blocks, args.block_rows, args.chunk = 64, 96, 4, 2, 16, 16
     try:
         result = measure(args)
     except ValueError as e:
