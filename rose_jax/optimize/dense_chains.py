@@ -60,9 +60,9 @@ from rose_jax.optimize.predict import (
     candidate_scans,
     outer_trips,
     scan_of,
-    scans_legal,
+    split_scan_transform,
 )
-from rose_jax.optimize.where import Where, scan_transform, where_label
+from rose_jax.optimize.where import Where, where_label
 
 # The widest operand a chain may start from and end in (padded): layer A's weight (k x wide) is
 # loaded whole by every program, and so is layer C's (wide x n) chunk by chunk.
@@ -595,32 +595,19 @@ def fuse_dense_chains(
         )
     kw = dict(block_rows=block_rows, chunk=chunk, num_warps=num_warps)
 
-    def legal(tree):
-        return scans_legal(
-            tree,
-            where,
-            find_chains,
-            describe,
-            "each chain convex in its body and row-parallel equation by equation; ",
-        )
-
-    def on_scan(site, scan, invals, interp):
-        found = find_chains(scan)
-        if not found.moves:
-            return interp.rebuild_scan(scan, invals, site.body_ctx)
-        return _run_fused(found, invals, site, interp, kw)
-
     params: tuple = (("where", where),)
     if (block_rows, chunk, num_warps) != (BLOCK_ROWS, CHUNK, NUM_WARPS):
         params += (("block_rows", block_rows), ("chunk", chunk), ("num_warps", num_warps))
-    return scan_transform(
+    return split_scan_transform(
         "fuse_dense_chains",
         params,
         REASSOCIATION_TOLERANCE,
         where,
-        legal,
-        on_scan,
-        summary=f"run the dense-layer chains of the scan(s) at {where_label(where)} as one kernel each",
+        find_chains,
+        describe,
+        "each chain convex in its body and row-parallel equation by equation; ",
+        lambda found, scan, invals, site, interp: _run_fused(found, invals, site, interp, kw),
+        f"run the dense-layer chains of the scan(s) at {where_label(where)} as one kernel each",
     )
 
 

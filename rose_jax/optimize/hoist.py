@@ -48,9 +48,9 @@ from rose_jax.optimize.predict import (
     moved_out_gain,
     outer_trips,
     scan_of,
-    scans_legal,
+    split_scan_transform,
 )
-from rose_jax.optimize.where import Where, scan_transform, where_label
+from rose_jax.optimize.where import Where, where_label
 
 # The largest total size of the values batched out of one loop (every iteration's at once).
 MAX_HOIST_BYTES = 2 << 30
@@ -354,29 +354,16 @@ def hoist_independent(where: Where = None) -> Transform:
     the carry-independent work batched over all iterations at once (``jax.vmap``), then the
     remaining loop. See the module docstring for legality and tolerance."""
 
-    def legal(tree):
-        return scans_legal(
-            tree,
-            where,
-            split_scan,
-            lambda split, scan: describe(split, scan.body),
-            "reads nothing the loop writes; ",
-        )
-
-    def on_scan(site, scan, invals, interp):
-        split = split_scan(scan)
-        if not split.moves:
-            return interp.rebuild_scan(scan, invals, site.body_ctx)
-        return _run_split(scan, split, invals, site, interp)
-
-    return scan_transform(
+    return split_scan_transform(
         "hoist_independent",
         (("where", where),),
         HOIST_TOLERANCE,
         where,
-        legal,
-        on_scan,
-        summary=f"hoist and batch the carry-independent work of the scan(s) at {where_label(where)}",
+        split_scan,
+        lambda split, scan: describe(split, scan.body),
+        "reads nothing the loop writes; ",
+        lambda split, scan, invals, site, interp: _run_split(scan, split, invals, site, interp),
+        f"hoist and batch the carry-independent work of the scan(s) at {where_label(where)}",
     )
 
 

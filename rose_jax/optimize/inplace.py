@@ -53,9 +53,9 @@ from rose_jax.optimize.predict import (
     candidate_scans,
     outer_trips,
     scan_of,
-    scans_legal,
+    split_scan_transform,
 )
-from rose_jax.optimize.where import Where, scan_transform, where_label
+from rose_jax.optimize.where import Where, where_label
 
 # Pure elementwise primitives (and shape-only ones, which XLA fuses into them): what an optimizer's
 # update tail is made of. Anything else (dots, reductions, gathers, RNG, loops) stays in A.
@@ -249,29 +249,16 @@ def update_in_place(where: Where = None, mode: str = "reads") -> Transform:
     if mode not in MODES:
         raise ValueError(f"update_in_place: mode must be one of {MODES}, got {mode!r}")
 
-    def legal(tree):
-        return scans_legal(
-            tree,
-            where,
-            lambda scan: split_tail(scan, mode),
-            describe,
-            "the tail reads nothing the rest of the body computes after it; ",
-        )
-
-    def on_scan(site, scan, invals, interp):
-        split = split_tail(scan, mode)
-        if not split.moves:
-            return interp.rebuild_scan(scan, invals, site.body_ctx)
-        return _run_ordered(scan, split, invals, site, interp)
-
-    return scan_transform(
+    return split_scan_transform(
         "update_in_place",
         (("where", where), ("mode", mode)),
         FUSION_TOLERANCE,
         where,
-        legal,
-        on_scan,
-        summary=f"update the carry of the scan(s) at {where_label(where)} in place, after its reads",
+        lambda scan: split_tail(scan, mode),
+        describe,
+        "the tail reads nothing the rest of the body computes after it; ",
+        lambda split, scan, invals, site, interp: _run_ordered(scan, split, invals, site, interp),
+        f"update the carry of the scan(s) at {where_label(where)} in place, after its reads",
     )
 
 

@@ -24,8 +24,8 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from rose_jax.jaxpr import compat as C
-from rose_jax.optimize.base import Transform
-from rose_jax.optimize.where import tree_loops, where_label
+from rose_jax.optimize.base import Tolerance, Transform
+from rose_jax.optimize.where import Where, scan_transform, tree_loops, where_label
 from rose_jax.program import Program
 
 # Per-iteration cost of a compiled loop (s) used to predict unrolling gains: on GPU a while loop
@@ -182,6 +182,34 @@ def scans_legal(
     if not found:
         return False, "; ".join(refused) or f"no scan body readable at {where_label(where)}"
     return True, ok_prefix + "; ".join(found)
+
+
+def split_scan_transform(
+    name: str,
+    params: tuple[tuple[str, Any], ...],
+    tolerance: Tolerance,
+    where: Where,
+    split: Callable[[Any], Any],
+    label: Callable[[Any, Any], str],
+    ok_prefix: str,
+    run: Callable[..., list],
+    summary: str,
+) -> Transform:
+    """The ``Transform`` of a loop family that splits each chosen scan's body: ``split(scan)`` (an
+    object with ``moves`` and ``why``) decides legality (:func:`scans_legal`, ``label`` and
+    ``ok_prefix`` its reason) and, at apply time, ``run(split, scan, invals, site, interp)``
+    rebuilds a scan whose split moves; one whose split does not is rebuilt as it was."""
+
+    def legal(tree):
+        return scans_legal(tree, where, split, label, ok_prefix)
+
+    def on_scan(site, scan, invals, interp):
+        s = split(scan)
+        if not s.moves:
+            return interp.rebuild_scan(scan, invals, site.body_ctx)
+        return run(s, scan, invals, site, interp)
+
+    return scan_transform(name, params, tolerance, where, legal, on_scan, summary=summary)
 
 
 def candidate_scans(ctx: "CandidateContext") -> list[tuple[Any, str]]:

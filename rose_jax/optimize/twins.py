@@ -71,9 +71,9 @@ from rose_jax.optimize.predict import (
     candidate_scans,
     outer_trips,
     scan_of,
-    scans_legal,
+    split_scan_transform,
 )
-from rose_jax.optimize.where import Where, scan_transform, where_label
+from rose_jax.optimize.where import Where, where_label
 
 # Equations that launch a kernel of their own on a GPU (XLA fuses elementwise work into them or
 # around them): a pair of these run batched is one kernel fewer.
@@ -671,29 +671,16 @@ def batch_twins(where: Where = None) -> Transform:
     over stacked pairs, carrying stacked pairs stacked. See the module docstring for legality and
     tolerance."""
 
-    def legal(tree):
-        return scans_legal(
-            tree,
-            where,
-            find_twins,
-            describe,
-            "each region's two sides are independent and the region convex in its body; ",
-        )
-
-    def on_scan(site, scan, invals, interp):
-        twins = find_twins(scan)
-        if not twins.moves:
-            return interp.rebuild_scan(scan, invals, site.body_ctx)
-        return _run_batched(twins, invals, site, interp)
-
-    return scan_transform(
+    return split_scan_transform(
         "batch_twins",
         (("where", where),),
         REASSOCIATION_TOLERANCE,
         where,
-        legal,
-        on_scan,
-        summary=f"batch the twin computations of the scan(s) at {where_label(where)} as one vmap",
+        find_twins,
+        describe,
+        "each region's two sides are independent and the region convex in its body; ",
+        lambda twins, scan, invals, site, interp: _run_batched(twins, invals, site, interp),
+        f"batch the twin computations of the scan(s) at {where_label(where)} as one vmap",
     )
 
 
