@@ -57,10 +57,8 @@ from rose_jax.optimize.base import REASSOCIATION_TOLERANCE, Transform
 from rose_jax.optimize.predict import (
     Candidate,
     CandidateContext,
-    candidate_scans,
-    outer_trips,
-    scan_of,
     split_scan_transform,
+    split_scans,
 )
 from rose_jax.optimize.where import Where, where_label
 
@@ -618,14 +616,7 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
     if ctx.platform != "gpu":
         return []
     out: list[Candidate] = []
-    for node, where in candidate_scans(ctx):
-        scan = scan_of(node)
-        if scan is None:
-            continue
-        found = find_chains(scan)
-        if not found.moves:
-            continue
-        trips = node.trip_count * outer_trips(ctx.tree, node)
+    for _, where, found, trips in split_scans(ctx, find_chains):
         gain = trips * (found.kernels_saved * KERNEL_S - len(found.chains) * FUSED_S)
         if gain > 0:
             out.append(

@@ -50,10 +50,8 @@ from rose_jax.optimize.base import FUSION_TOLERANCE, Transform
 from rose_jax.optimize.predict import (
     Candidate,
     CandidateContext,
-    candidate_scans,
-    outer_trips,
-    scan_of,
     split_scan_transform,
+    split_scans,
 )
 from rose_jax.optimize.where import Where, where_label
 
@@ -273,14 +271,7 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
     """
     out: list[Candidate] = []
     per_copy = COPY_S.get(ctx.platform, COPY_S["gpu"])
-    for node, where in candidate_scans(ctx):
-        scan = scan_of(node)
-        if scan is None:
-            continue
-        split = split_tail(scan)
-        if not split.moves:
-            continue
-        trips = node.trip_count * outer_trips(ctx.tree, node)
+    for _, where, split, trips in split_scans(ctx, split_tail):
         copied, held = len(split.in_place), len(split.barrier) - len(split.in_place)
         gain = trips * (copied - held * BARRIER_VALUE_SHARE) * per_copy
         if gain <= 0:

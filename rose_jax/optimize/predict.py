@@ -184,6 +184,19 @@ def scans_legal(
     return True, ok_prefix + "; ".join(found)
 
 
+def split_scans(ctx: "CandidateContext", split: Callable[[Any], Any]):
+    """``(node, where spec, split(scan), trips)`` for each scan :func:`candidate_scans` offers whose
+    body ``split`` moves (``trips``: its steps per iteration, outer loops included): what a loop
+    family's ``candidates`` models its gain from."""
+    for node, where in candidate_scans(ctx):
+        scan = scan_of(node)
+        if scan is None:
+            continue
+        s = split(scan)
+        if s.moves:
+            yield node, where, s, node.trip_count * outer_trips(ctx.tree, node)
+
+
 def split_scan_transform(
     name: str,
     params: tuple[tuple[str, Any], ...],

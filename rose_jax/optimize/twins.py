@@ -68,10 +68,8 @@ from rose_jax.optimize.base import REASSOCIATION_TOLERANCE, Transform
 from rose_jax.optimize.predict import (
     Candidate,
     CandidateContext,
-    candidate_scans,
-    outer_trips,
-    scan_of,
     split_scan_transform,
+    split_scans,
 )
 from rose_jax.optimize.where import Where, where_label
 
@@ -694,14 +692,7 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
     out: list[Candidate] = []
     k_s = KERNEL_S.get(ctx.platform, KERNEL_S["gpu"])
     s_s = STACK_S.get(ctx.platform, STACK_S["gpu"])
-    for node, where in candidate_scans(ctx):
-        scan = scan_of(node)
-        if scan is None:
-            continue
-        twins = find_twins(scan)
-        if not twins.moves:
-            continue
-        trips = node.trip_count * outer_trips(ctx.tree, node)
+    for _, where, twins, trips in split_scans(ctx, find_twins):
         gain = trips * (twins.kernels * k_s - twins.stacks * s_s)
         if gain <= 0:
             continue
