@@ -121,7 +121,7 @@ class Chain:
 
     @property
     def eqns(self) -> frozenset[int]:
-        return frozenset(i for L in self.layers for i in (L.eqn, *(o.eqn for o in L.ops)))
+        return _members(self.layers)
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -151,6 +151,11 @@ class Chains:
         """Per step: the kernels XLA would launch on each chain's path (a product and its
         epilogue's fusion per layer) less the fused kernel."""
         return sum(2 * len(c.layers) - 1 for c in self.chains)
+
+
+def _members(layers) -> frozenset[int]:
+    """The equations of ``layers``: each product and its epilogue's operations."""
+    return frozenset(i for L in layers for i in (L.eqn, *(o.eqn for o in L.ops)))
 
 
 def _pow2(n: int) -> int:
@@ -185,7 +190,7 @@ def _relu_body(jaxpr: Any) -> bool:
         return False
     a, b = e.invars
     other = b if a is jx.invars[0] else a if b is jx.invars[0] else None
-    return other is not None and C.is_literal(other) and float(other.val) == 0.0
+    return other is not None and C.is_literal(other) and _is_zero(other, {}, [])
 
 
 def _row_dot(e: Any, rows: int | None = None) -> tuple[Any, bool] | None:
@@ -337,7 +342,7 @@ def find_chains(scan: Any) -> Chains:
             continue  # not the narrow -> wide -> wide (-> narrow) shape: left to XLA
         if len(layers) == 3 and widths[3] > NARROW_MAX:
             layers = layers[:2]
-        members = {L.eqn for L in layers} | {o.eqn for L in layers for o in L.ops}
+        members = _members(layers)
         # (no operand of the chain is one of its own values: such a value would have had two
         # continuations where _follow reached it, which ends a chain there)
         if anc is None:
@@ -374,7 +379,7 @@ _SCALAR, _ROW, _BLOCK = "scalar", "row", "block"
 
 
 def _operand_kind(op: Op) -> str | None:
-    if op.kind in ("relu",) or not C.is_var(op.operand) and op.kind != "mask":
+    if not C.is_var(op.operand):  # ReLU, or a literal's value baked into the kernel
         return None
     shape = tuple(op.operand.aval.shape)
     if op.kind in ("mask", "positive") or len(shape) == 2 and shape[0] > 1:
@@ -481,20 +486,17 @@ def fused_chain(
                 _store_cols(outs[k], cols, v)
 
         def dot(a, w_ref, L: Layer, cols=None, contract_cols=None):
-            kw = dict(preferred_element_type=jnp.float32, precision=L.precision)
-            if L.transposed:  # W stored (out, in)
-                w = (
-                    _load_rows(w_ref, cols)
-                    if cols is not None
-                    else (_load(w_ref, contract_cols) if contract_cols is not None else w_ref[...])
-                )
-                return jnp.dot(a, w.T, **kw)
-            w = (
-                _load(w_ref, cols)
-                if cols is not None
-                else (_load_rows(w_ref, contract_cols) if contract_cols is not None else w_ref[...])
-            )
-            return jnp.dot(a, w, **kw)
+            """``a @ W`` with W's output (``cols``) or input (``contract_cols``) axis in a chunk;
+            W is stored (in, out), or (out, in) where the layer reads it transposed."""
+            chunk_of = cols if cols is not None else contract_cols
+            if chunk_of is None:
+                w = w_ref[...]
+            elif (cols is not None) == L.transposed:  # the chunked axis is the stored rows
+                w = _load_rows(w_ref, chunk_of)
+            else:
+                w = _load(w_ref, chunk_of)
+            w = w.T if L.transposed else w
+            return jnp.dot(a, w, preferred_element_type=jnp.float32, precision=L.precision)
 
         A, B = chain.layers[0], chain.layers[1]
         Cl = chain.layers[2] if len(chain.layers) == 3 else None
