@@ -128,9 +128,7 @@ def liveness(
 
 def producers(eqns: list) -> dict[Any, int]:
     """Each value's producing equation (its index in ``eqns``)."""
-    return {
-        v: i for i, e in enumerate(eqns) for v in e.outvars if compat.is_var(v) and not compat.is_dropvar(v)
-    }
+    return {v: i for i, e in enumerate(eqns) for v in e.outvars if compat.is_var(v)}
 
 
 def ancestors(eqns: list) -> list[int]:
@@ -151,7 +149,7 @@ def ancestors(eqns: list) -> list[int]:
             last = i
         anc.append(bits)
         for v in e.outvars:
-            if compat.is_var(v) and not compat.is_dropvar(v):
+            if compat.is_var(v):
                 prod[v] = i
     return anc
 

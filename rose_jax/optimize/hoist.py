@@ -39,6 +39,7 @@ from typing import Any
 import jax
 
 from rose_jax.jaxpr import compat as C
+from rose_jax.jaxpr.dataflow import producers
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import Tolerance, Transform
 from rose_jax.optimize.predict import (
@@ -135,11 +136,7 @@ def split_scan(scan: C.ScanParams) -> ScanSplit:
     carry_in = list(body.invars[nc : nc + nk])
     xs_in = list(body.invars[nc + nk :])
     carry_out = list(body.outvars[:nk])
-    producer: dict[Any, int] = {}
-    for i, eqn in enumerate(body.eqns):
-        for v in eqn.outvars:
-            if C.is_var(v):
-                producer[v] = i
+    producer = producers(body.eqns)
 
     # forward: which carried inputs each value reads, whether it varies per iteration, effects
     reads: dict[Any, frozenset[int]] = {v: frozenset({k}) for k, v in enumerate(carry_in)}
