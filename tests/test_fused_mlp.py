@@ -17,8 +17,8 @@ def test_the_fused_chain_is_the_chained_mlp_on_random_inputs(seed, block_rows, c
     MLP up to the order of sums, for the forward pass and the input gradient alike."""
     params = F.init_params(jax.random.PRNGKey(seed), [16, 96, 96, 16])
     x = jax.random.normal(jax.random.PRNGKey(seed + 10), (64, 16))
-    masks = F.relu_masks(params, x)
-    for fwd in (F.mlp_xla, lambda p, g: F.dgrad_xla(p, masks, g)):
+    pre = F.pre_activations(params, x)
+    for fwd in (F.mlp_xla, lambda p, g: F.dgrad_xla(p, pre, g)):
         run = F.chained(fwd, 3)
         got = F.fused(run, block_rows, chunk, 4)(params, x)
         np.testing.assert_allclose(np.asarray(got), np.asarray(run(params, x)), rtol=1e-5, atol=1e-5)
@@ -29,7 +29,7 @@ def test_the_xla_input_gradient_is_the_backward_pass():
     x = jax.random.normal(jax.random.PRNGKey(20), (64, 16))
     g = jax.random.normal(jax.random.PRNGKey(30), (64, 16))
     want = jax.vjp(lambda x: F.mlp_xla(params, x), x)[1](g)[0]
-    got = F.dgrad_xla(params, F.relu_masks(params, x), g)
+    got = F.dgrad_xla(params, F.pre_activations(params, x), g)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 

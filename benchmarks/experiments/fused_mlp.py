@@ -51,16 +51,17 @@ def mlp_xla(params: list[tuple[Any, Any]], x):
     return jnp.dot(x, w) + b
 
 
-def dgrad_xla(params: list[tuple[Any, Any]], masks, g):
+def dgrad_xla(params: list[tuple[Any, Any]], pre, g):
     """The MLP's input gradient, back through it as the backward pass computes it (the twin
     critics' and the actor's input-gradient products are on SAC's critical path): ``g @ W3^T``,
-    times layer 2's ReLU mask, ``@ W2^T``, times layer 1's mask, ``@ W1^T``."""
+    kept where layer 2's pre-activation is positive (ReLU's derivative, as JAX's backward pass
+    writes it: ``select_n(z > 0, 0, t)``), ``@ W2^T``, the same with layer 1's, ``@ W1^T``."""
     import jax.numpy as jnp
 
     (w1, _), (w2, _), (w3, _) = params
-    m1, m2 = masks
-    t = jnp.dot(g, w3.T) * m2
-    t = jnp.dot(t, w2.T) * m1
+    a1, a2 = pre
+    t = jnp.where(a2 > 0, jnp.dot(g, w3.T), 0.0)
+    t = jnp.where(a1 > 0, jnp.dot(t, w2.T), 0.0)
     return jnp.dot(t, w1.T)
 
 
@@ -83,14 +84,15 @@ def fused(run, block_rows: int, chunk: int, num_warps: int):
     return checked
 
 
-def relu_masks(params: list[tuple[Any, Any]], x):
-    """The two hidden layers' ReLU masks (1 where the pre-activation is positive) of a forward pass."""
+def pre_activations(params: list[tuple[Any, Any]], x):
+    """The two hidden layers' pre-activations of a forward pass (what the backward pass's ReLU
+    derivatives compare with 0)."""
     import jax.numpy as jnp
 
     (w1, b1), (w2, b2), _ = params
     a1 = jnp.dot(x, w1) + b1
     a2 = jnp.dot(jnp.maximum(a1, 0.0), w2) + b2
-    return (a1 > 0).astype(x.dtype), (a2 > 0).astype(x.dtype)
+    return a1, a2
 
 
 def init_params(key, sizes: list[int]):
@@ -124,13 +126,13 @@ def measure(args) -> dict[str, Any]:
     params = init_params(jax.random.PRNGKey(0), sizes)
     x = jax.random.normal(jax.random.PRNGKey(1), (args.rows, args.width_in))
     options = xla_options.SETS.get(args.options) if not interpret else None
-    masks = relu_masks(params, x)
+    pre = pre_activations(params, x)
     # one pass each against float64 on the host (the order of sums differs: a tolerance, not bitwise)
     p64 = [(np.asarray(w, np.float64), np.asarray(b, np.float64)) for w, b in params]
     h = np.asarray(x, np.float64)
     for w, b in p64[:-1]:
         h = np.maximum(h @ w + b, 0.0)
-    m1, m2 = (np.asarray(m, np.float64) for m in masks)
+    m1, m2 = (np.asarray(a, np.float64) > 0 for a in pre)
     g64 = np.asarray(x, np.float64)  # the gradient probe's input: any (rows, output) array
     # one chained pass: the function, then tanh (the chain's link)
     want = {"forward": np.tanh(h @ p64[-1][0] + p64[-1][1]),
@@ -140,7 +142,7 @@ def measure(args) -> dict[str, Any]:
     variants: dict[str, tuple[str, Any, tuple[int, int] | None]] = {}
     for what, ref, ref_fn in (
         ("forward", "xla", mlp_xla),
-        ("input gradient", "xla_dgrad", lambda p, g: dgrad_xla(p, masks, g)),
+        ("input gradient", "xla_dgrad", lambda p, g: dgrad_xla(p, pre, g)),
     ):
         variants[ref] = (what, ref_fn, None)
         for config in configs:  # each kernel configuration: its own name where there are several
