@@ -40,6 +40,15 @@ each product at the precision the equation asked for, TF32 at the default on bot
 On the CPU the kernel runs in Pallas's interpret mode (for tests; no candidate is offered there).
 
 Probe of the kernel alone: ``benchmarks/experiments/fused_mlp.py``.
+
+**Measured** (H100, 2026-12-07): slower than XLA's chain. The probe's best configuration runs a
+three-layer pass at SAC's sizes in 34.8 us where XLA's GEMMs take 13.3 us, and Brax's SAC hopper
+and ant iterations with their 14 chains fused run 0.28x of the same program under the flag alone.
+Why is not profiled; a likely part: 512 rows make 8-16 programs, so most SMs idle while each
+program multiplies its whole 256 x 256 layer in series, where XLA's GEMM spreads it over more. So
+:func:`candidates` offers none at the measured :data:`FUSED_S`; the transform stays for explicit
+use and for a faster kernel (e.g. one splitting the wide layer's columns over programs), which
+would show in the probe first.
 """
 
 from __future__ import annotations
@@ -65,14 +74,22 @@ from rose_jax.optimize.where import Where, where_label
 # The widest operand a chain may start from and end in (padded): layer A's weight (k x wide) is
 # loaded whole by every program, and so is layer C's (wide x n) chunk by chunk.
 NARROW_MAX = 64
-# Kernel configuration (the probe's default: benchmarks/experiments/fused_mlp.py)
-BLOCK_ROWS = 32
+# Kernel configuration: the fastest the probe measured at SAC's sizes, for the forward pass and
+# the input gradient alike (benchmarks/results/fused_mlp/, H100, 2026-12-07: 64 rows x 8 warps
+# 34.8 / 34.5 us per pass; 32 x 4 42.7 / 286 us, the input gradient's accumulator spilling).
+BLOCK_ROWS = 64
 CHUNK = 64
-NUM_WARPS = 4
+NUM_WARPS = 8
 # Seconds a kernel of the chain costs XLA on a GPU (a latency-bound small GEMM or elementwise
-# fusion in a command buffer, as twins.KERNEL_S) and what the fused kernel and its padding add.
+# fusion in a command buffer, as twins.KERNEL_S) and what one fused kernel costs. FUSED_S is
+# measured, not guessed: the probe's best kernel for a three-layer pass at SAC's sizes (512 rows,
+# 256 wide) took 34.8 us where XLA's chain took 13.3 us (benchmarks/results/fused_mlp/, H100,
+# 2026-12-07), and SAC's iteration with its 14 chains fused (32 rows x 4 warps) ran 0.28x of the
+# flag alone (beyond_flags `dense`, same day). With it the model offers no chain of two or three
+# layers: the search does not spend its budget on a measured loss. A faster kernel (its measured
+# time here) brings it back.
 KERNEL_S = 6e-6
-FUSED_S = 12e-6
+FUSED_S = 35e-6
 
 
 @dataclasses.dataclass(frozen=True)
