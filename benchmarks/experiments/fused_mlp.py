@@ -246,15 +246,18 @@ def _configs(text: str) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rose_jax.optimize import dense_chains as dc
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=512, help="batch rows (SAC's published batch: 512)")
     p.add_argument("--width-in", type=int, default=16, help="input and output width (a power of two)")
     p.add_argument("--hidden", type=int, default=256, help="hidden width (SAC's published: 256)")
     p.add_argument("--steps", type=int, default=64, help="forward passes chained per timed call")
     p.add_argument("--blocks", type=int, default=5, help="timed calls")
-    p.add_argument("--block-rows", type=int, default=32)
-    p.add_argument("--chunk", type=int, default=64)
-    p.add_argument("--num-warps", type=int, default=4)
+    # by default the transform's own configuration: what the search would run
+    p.add_argument("--block-rows", type=int, default=dc.BLOCK_ROWS)
+    p.add_argument("--chunk", type=int, default=dc.CHUNK)
+    p.add_argument("--num-warps", type=int, default=dc.NUM_WARPS)
     p.add_argument("--configs", type=_configs, default=None,
                    help="several kernel configurations in one run, ROWSxWARPS comma-separated "
                    "(e.g. 16x4,32x4,32x8,64x8); overrides --block-rows/--num-warps")
