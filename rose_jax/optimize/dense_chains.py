@@ -76,18 +76,14 @@ from rose_jax.optimize.where import Where, where_label
 NARROW_MAX = 64
 # Kernel configuration: the fastest the probe measured at SAC's sizes, for the forward pass and
 # the input gradient alike (benchmarks/results/fused_mlp/, H100, 2026-12-07: 64 rows x 8 warps
-# 34.8 / 34.5 us per pass; 32 x 4 42.7 / 286 us, the input gradient's accumulator spilling).
+# 34.8 / 34.5 us per pass; 32 x 4 42.7 / 286 us: the input gradient's accumulator likely spills).
 BLOCK_ROWS = 64
 CHUNK = 64
 NUM_WARPS = 8
 # Seconds a kernel of the chain costs XLA on a GPU (a latency-bound small GEMM or elementwise
-# fusion in a command buffer, as twins.KERNEL_S) and what one fused kernel costs. FUSED_S is
-# measured, not guessed: the probe's best kernel for a three-layer pass at SAC's sizes (512 rows,
-# 256 wide) took 34.8 us where XLA's chain took 13.3 us (benchmarks/results/fused_mlp/, H100,
-# 2026-12-07), and SAC's iteration with its 14 chains fused (32 rows x 4 warps) ran 0.28x of the
-# flag alone (beyond_flags `dense`, same day). With it the model offers no chain of two or three
-# layers: the search does not spend its budget on a measured loss. A faster kernel (its measured
-# time here) brings it back.
+# fusion in a command buffer, as twins.KERNEL_S) and what one fused kernel costs: measured, the
+# probe's best three-layer pass (the module docstring's **Measured**). At it no chain of two or
+# three layers gains, so none is offered; a faster kernel's measured time here brings them back.
 KERNEL_S = 6e-6
 FUSED_S = 35e-6
 
