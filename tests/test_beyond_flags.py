@@ -800,3 +800,73 @@ def test_acceptance_reads_the_runs_own_entry_and_profiles_under_its_option_set(t
     (row,) = json.load(open(tmp_path / "out" / "results.json"))["acceptance"]
     assert row["search_s"] == 397.0 and row["base_options"] == "concurrent_no_loops"  # not the last key's
     assert profiled == [("smoke", "concurrent_no_loops", ["offload_component"])]
+
+
+def test_missed_rows_to_profile_take_their_plan_from_the_cache_of_their_gpu_model(tmp_path):
+    """--profile-missed: the missed rows without an available profile, of the asked workloads and
+    this GPU model, grouped by plan and option set (one trace each, newest first); a baseline row
+    needs no entry; a row whose plan no entry of its GPU model holds, a row of another GPU, a met
+    row and a row already traced are left as they were."""
+    h100 = "NVIDIA H100 80GB HBM3, 580.1, 81559 MiB"
+    off = {"label": "offload_component(component='evaluate', quota=None)", "name": "offload_component",
+           "params": {"component": "evaluate", "quota": None}}
+    ext = {"label": "exit_idle_loops(where=None, check_every=5)", "name": "exit_idle_loops",
+           "params": {"where": None, "check_every": 5}}
+    os.makedirs(tmp_path / "cache")
+    with open(tmp_path / "cache" / "plans.json", "w") as f:
+        json.dump({"c4ea|hopper|128|NVIDIA H100 80GB HBM3|0.11.2": {"plan": [off]},
+                   "623b|hopper|128|NVIDIA H200|0.11.2": {"plan": [ext]}}, f)
+    with open(tmp_path / "copy.json", "w") as f:
+        json.dump({"2e07|reacher|2048|NVIDIA H100 80GB HBM3|0.11.2": {"plan": [ext]}}, f)
+    with open(tmp_path / "broken.json", "w") as f:
+        f.write("{")
+    entries = B.plan_entries([str(tmp_path / "cache"), str(tmp_path)])
+    assert len(entries) == 3
+
+    def row(date, w, plan, met=False, device=h100, **kw):
+        return {"date": date, "workload": w, "plan": plan, "target_met": met, "device": device,
+                "base_options": "concurrent_scheduling", **kw}
+
+    acc = [
+        row("d1", "ppo-ant", ["baseline (no candidate kept)"], base_options=None),
+        row("d2", "sac-hopper-5ep", [off["label"]]),
+        row("d3", "sac-hopper-5ep", [off["label"]], profile={"available": False, "reason": "x"}),
+        row("d4", "ppo-reacher", [ext["label"]]),
+        row("d5", "ppo-reacher", [off["label"]]),  # no H100 reacher entry with the offload
+        row("d6", "sac-hopper-5ep", [off["label"]], device="NVIDIA H200, 580.1"),
+        row("d7", "sac-hopper-5ep", [off["label"]], met=True),
+        row("d8", "sac-hopper-5ep", [off["label"]], profile={"available": True}),
+        row("d9", "sac-ant-5ep", [off["label"]]),  # not asked for
+    ]
+    names = ["ppo-ant", "sac-hopper-5ep", "ppo-reacher"]
+    todo, skipped = B.missed_to_profile(acc, names, "NVIDIA H100 80GB HBM3", entries)
+    assert [(w, base, idx) for w, _, base, idx in todo] == [
+        ("ppo-reacher", "concurrent_scheduling", [3]),
+        ("sac-hopper-5ep", "concurrent_scheduling", [2, 1]),
+        ("ppo-ant", None, [0]),
+    ]
+    assert todo[1][1] == [off] and todo[2][1] == []
+    assert len(skipped) == 2
+    assert skipped[0].startswith("d6 sac-hopper-5ep: measured on NVIDIA H200, not this NVIDIA H100")
+    assert skipped[1].startswith("d5 ppo-reacher: no plan-cache entry of its GPU model has its plan")
+    # on a CPU (no GPU model) nothing is traced: every candidate row is named as skipped
+    todo, skipped = B.missed_to_profile(acc, names, "", entries)
+    assert todo == [] and len(skipped) == 6
+
+
+def test_profile_missed_on_a_cpu_leaves_the_rows_and_needs_an_earlier_call(tmp_path, capsys):
+    """``--profile-missed`` runs nothing: without ``--acceptance --merge`` it is a one-line usage
+    error; on a CPU it traces no row (their GPU model is not this machine's) and rewrites the
+    results unchanged."""
+    with pytest.raises(SystemExit):
+        B.main(["--profile-missed", "--out", str(tmp_path)])
+    assert "--profile-missed traces the rows of an earlier --acceptance call" in capsys.readouterr().err
+    acc = [{"date": "2026-12-07 10:32 UTC", "workload": "sac-hopper-5ep", "target_met": False,
+            "device": "NVIDIA H100 80GB HBM3, 580.1", "plan": ["baseline (no candidate kept)"]}]
+    B.write(str(tmp_path), [], "cmd", acc, jax_devices=False)
+    assert B.main(["--acceptance", "--merge", "--profile-missed", "--workloads", "sac-hopper-5ep",
+                   "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "results.json") as f:
+        assert json.load(f)["acceptance"] == acc
+    out = capsys.readouterr().out
+    assert "not profiled: 2026-12-07 10:32 UTC sac-hopper-5ep: measured on NVIDIA H100" in out

@@ -1144,7 +1144,9 @@ def acceptance_lines(acc: list[dict[str, Any]]) -> list[str]:
     for r in acc:
         prof = r.get("profile") or {}
         if prof:
-            lines.append(f"- {r['workload']} ({r.get('date')}): profiled {prof.get('program', '-')}: "
+            later = prof.get("traced") or {}
+            when = f" (traced later, {later.get('date')}, same GPU model)" if later else ""
+            lines.append(f"- {r['workload']} ({r.get('date')}): profiled{when} {prof.get('program', '-')}: "
                          f"{prof.get('floor') or prof.get('reason')}.")
         if r.get("errors"):
             lines.append(f"- {r['workload']} ({r.get('date')}): errors: {r['errors']}")
@@ -1328,6 +1330,107 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
     return 0
 
 
+def plan_entries(dirs: list[str]) -> list[tuple[str, dict]]:
+    """``(key, entry)`` of every plan-cache entry under ``dirs``: a plan cache's ``plans.json`` and
+    the committed copies of single entries (``benchmarks/results/beyond_flags/plans/*.json``, each
+    ``{key: entry}``); a file that does not parse is skipped (a copy is not the run's record)."""
+    import glob
+
+    out: list[tuple[str, dict]] = []
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "*.json"))):
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                continue
+            out += [(k, e) for k, e in data.items()
+                    if isinstance(e, dict) and isinstance(e.get("plan"), list)]
+    return out
+
+
+def plan_for_row(row: dict[str, Any], entries: list[tuple[str, dict]]) -> list[dict] | None:
+    """The plan (transform records) a row's run trained with, from plan-cache entries: ``[]`` for
+    a row whose search kept no candidate, else an entry of the row's environment and GPU model
+    (its key: ``digest|env|envs|GPU model|jax...``) whose plan has the row's labels; ``None`` where
+    none matches (the row's plan is then not known here)."""
+    from benchmarks.experiments import informed_peer
+
+    labels = list(row.get("plan") or [])
+    if not labels or labels == ["baseline (no candidate kept)"]:
+        return []
+    env = (informed_peer.workloads().get(row.get("workload")) or {}).get("env")
+    for key, e in entries:
+        parts = key.split("|")
+        if len(parts) < 4 or parts[1] != env or parts[3] not in (row.get("device") or ""):
+            continue
+        if [t.get("label") for t in e["plan"]] == labels:
+            return list(e["plan"])
+    return None
+
+
+def missed_to_profile(
+    accepted: list[dict[str, Any]], names: list[str], gpu_model: str, entries: list[tuple[str, dict]]
+) -> tuple[list[tuple[str, list[dict], str | None, list[int]]], list[str]]:
+    """The missed rows (``target_met`` False) of workloads ``names`` whose profile is missing or
+    failed, measured on ``gpu_model`` (a profile is of the GPU model the row ran on), grouped by
+    workload, plan and option set (one trace each), newest row's group first:
+    ``([(workload, plan, base options, row indices)], "date workload: why skipped")``."""
+    groups: dict[tuple, tuple[str, list[dict], str | None, list[int]]] = {}
+    skipped: list[str] = []
+    for i in sorted(range(len(accepted)), key=lambda i: accepted[i].get("date") or "", reverse=True):
+        r = accepted[i]
+        if r.get("workload") not in names or r.get("target_met") is not False:
+            continue
+        if (r.get("profile") or {}).get("available"):
+            continue
+        what = f"{r.get('date')} {r.get('workload')}"
+        if not gpu_model or gpu_model not in (r.get("device") or ""):
+            on = (r.get("device") or "?").split(",")[0]
+            skipped.append(f"{what}: measured on {on}, not this {gpu_model or 'GPU'}")
+            continue
+        plan = plan_for_row(r, entries)
+        if plan is None:
+            skipped.append(f"{what}: no plan-cache entry of its GPU model has its plan {r.get('plan')}")
+            continue
+        key = (r["workload"], json.dumps(plan, sort_keys=True), r.get("base_options"))
+        groups.setdefault(key, (r["workload"], plan, r.get("base_options"), []))[3].append(i)
+    return list(groups.values()), skipped
+
+
+def profile_missed(args, names: list[str], rows: list[dict], accepted: list[dict], command: str) -> int:
+    """``--acceptance --profile-missed``: no runs; each missed row's plan (from ``--plan-cache`` and
+    the committed plan copies) traced on this GPU, one iteration per group of rows
+    (:func:`missed_to_profile`, :func:`plan_profile`), the profile marked as traced in this later
+    call; rows are written after each trace, so a call cut short keeps the traces it finished."""
+    import jax
+
+    from rose_jax.optimize import xla_options
+
+    gpu = jax.default_backend() == "gpu"
+    model = jax.devices()[0].device_kind if gpu else ""
+    dirs = [d for d in (args.plan_cache, os.path.join(OUT_DIR, "plans")) if d]
+    todo, skipped = missed_to_profile(accepted, names, model, plan_entries(dirs))
+    for s in skipped:
+        common.log(f"not profiled: {s}")
+    info = common.machine_info(jax_devices=False)
+    for workload, plan, base, idx in todo:
+        name = base if base in xla_options.SETS else args.options
+        common.log(f"{workload}: tracing the plan of {len(idx)} missed row(s) under {name}")
+        try:
+            prof = plan_profile(workload, args, xla_options.SETS[name] if gpu else {}, plan, name)
+        except Exception as e:  # noqa: BLE001 - one failed trace is that row's note, never the others'
+            prof = {"available": False, "reason": f"{type(e).__name__}: {e}"[:300]}
+        prof["traced"] = {"date": info.get("date"), "gpu_uuid": info.get("gpu_uuid"), "call_command": command,
+                          "why": "a later call: the row's plan, from the plan cache, on the same GPU model"}
+        for i in idx:
+            accepted[i] = {**accepted[i], "profile": prof}
+        write(args.out, rows, command, accepted)
+    common.log(f"profiled {sum(len(g[3]) for g in todo)} missed row(s) in {len(todo)} trace(s); "
+               f"{len(skipped)} left as they were")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -1354,6 +1457,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="issue 32's table: Brax's trainer, rose-jax train (flags only) and rose-jax train --optimize, "
         "whole runs in their own processes, then (with --profile) the plan's iteration traced",
+    )
+    p.add_argument(
+        "--profile-missed",
+        action="store_true",
+        help="with --acceptance --merge: no runs; the plan of each missed row of --workloads whose profile "
+        "is missing or failed, traced on this GPU (rows of its GPU model; plans from --plan-cache and "
+        "the committed copies in plans/)",
     )
     p.add_argument("--peer-variants", default="peer_default,peer_flags", help="with --acceptance")
     p.add_argument(
@@ -1415,6 +1525,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if "rose_cached" in args.rose_variants and not has_plans:
         p.error("--rose-variants rose_cached needs --plan-cache DIR with a plans.json (or a rose run first)")
+    if args.profile_missed and not (args.acceptance and args.merge):
+        p.error("--profile-missed traces the rows of an earlier --acceptance call: give --acceptance --merge")
     from benchmarks.experiments import informed_peer
     from rose_jax.optimize import xla_options
 
@@ -1456,6 +1568,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = list(earlier.get("rows", []))  # every earlier call's rows, each with its call
         accepted = list(earlier.get("acceptance", []))
     command = "python -m benchmarks.experiments.beyond_flags " + " ".join(argv)
+    if args.profile_missed:
+        return profile_missed(args, names, rows, accepted, command)
     if args.acceptance:  # children first: this process holds no GPU until every run has ended
         return run_acceptance(args, names, rows, accepted, command)
     import jax
