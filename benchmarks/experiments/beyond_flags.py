@@ -44,6 +44,11 @@ iteration, GPU busy share, median kernel and gap (:func:`kernel_profile`). Learn
 within 5 %), recorded as the row's ``learning_check``. Writes
 ``results.json``, ``results.md`` and ``results.png`` into
 ``--out`` (default ``benchmarks/results/beyond_flags``); ``--merge`` adds to an earlier call's rows.
+
+``--acceptance --merge --profile-missed --workloads ...`` runs nothing: each missed acceptance row
+without a profile gets its plan's iteration traced on this GPU (rows of its GPU model; the plan
+from ``--plan-cache`` or the committed copies in ``plans/``), marked as traced in this later call
+(:func:`profile_missed`).
 """
 
 from __future__ import annotations
