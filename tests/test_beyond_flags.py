@@ -856,8 +856,8 @@ def test_missed_rows_to_profile_take_their_plan_from_the_cache_of_their_gpu_mode
 
 def test_profile_missed_on_a_cpu_leaves_the_rows_and_needs_an_earlier_call(tmp_path, capsys):
     """``--profile-missed`` runs nothing: without ``--acceptance --merge`` it is a one-line usage
-    error; on a CPU it traces no row (their GPU model is not this machine's) and rewrites the
-    results unchanged."""
+    error; on a CPU it traces no row (their GPU model is not this machine's), names each one it
+    left, and leaves the results file as it was."""
     with pytest.raises(SystemExit):
         B.main(["--profile-missed", "--out", str(tmp_path)])
     assert "--profile-missed traces the rows of an earlier --acceptance call" in capsys.readouterr().err
