@@ -870,3 +870,39 @@ def test_profile_missed_on_a_cpu_leaves_the_rows_and_needs_an_earlier_call(tmp_p
         assert json.load(f)["acceptance"] == acc
     out = capsys.readouterr().out
     assert "not profiled: 2026-12-07 10:32 UTC sac-hopper-5ep: measured on NVIDIA H100" in out
+
+
+def test_plan_profile_traces_a_program_once_for_two_plans_that_leave_it(monkeypatch):
+    """--profile-missed's memo: a plan whose only transform is not on one iteration (the offloaded
+    evaluation) and no plan at all leave the same program, so the second is not compiled and traced
+    again; each keeps its own description. A plan with a transform that applies is its own trace.
+    (``build`` is replaced by a tiny scan program here, a stand-in for a workload; the compile,
+    timing and CPU profile path are the real ones.)"""
+    import argparse
+
+    import jax
+    import jax.numpy as jnp
+
+    from rose_jax.optimize import offload_component, unroll_scans
+
+    def fn(state):
+        w = jax.lax.scan(lambda w, x: (jnp.tanh(w * 0.9 + x), None), state["w"], jnp.ones(4))[0]
+        return {"w": w}, {"w": w}
+
+    monkeypatch.setattr(B, "build", lambda name, smoke: (None, fn, {"w": jnp.float32(0.5)}, 8, []))
+    compiles = []
+    real = B._compile
+    monkeypatch.setattr(B, "_compile", lambda *a, **k: compiles.append(1) or real(*a, **k))
+    args = argparse.Namespace(blocks=3, calls=1, profile_calls=1, smoke=True, options="concurrent_scheduling")
+    memo: dict = {}
+    cs = "concurrent_scheduling"
+    off = B.plan_profile("w", args, {}, [offload_component("evaluate").to_json()], cs, memo)
+    base = B.plan_profile("w", args, {}, [], cs, memo)
+    assert len(compiles) == 1 and len(memo) == 1
+    assert "not on one iteration: offload_component(" in off["program"]
+    assert base["program"] == "one iteration under concurrent_scheduling"
+    assert base["ms_per_iteration"] == off["ms_per_iteration"]
+    unrolled = B.plan_profile("w", args, {}, [unroll_scans(factor=2).to_json()], cs, memo)
+    assert len(memo) == 2 and unrolled["program"].startswith("one iteration with the plan (unroll_scans(")
+    other = B.plan_profile("w", args, {}, [], "default", memo)  # another option set: its own trace
+    assert len(compiles) == 2 and len(memo) == 3 and other["program"] == "one iteration under default"

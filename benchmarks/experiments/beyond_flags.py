@@ -804,13 +804,20 @@ def plan_on(tree, plan: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
 
 
 def plan_profile(
-    name: str, args, options: dict[str, Any], plan: list[dict[str, Any]], options_name: str | None = None
+    name: str,
+    args,
+    options: dict[str, Any],
+    plan: list[dict[str, Any]],
+    options_name: str | None = None,
+    memo: dict | None = None,
 ) -> dict[str, Any]:
     """Where the optimized program's time goes: the plan's transforms (from the plan cache) applied
     to one iteration (those legal on it; the plan was found on ``train``'s unit, and the others are
     named), compiled under ``options`` (``options_name``: the set the search's baseline ran under,
     else ``args.options``), its unprofiled seconds per iteration (``args.blocks`` blocks) and its
-    kernel trace (:func:`kernel_profile`), and the floor that trace names."""
+    kernel trace (:func:`kernel_profile`), and the floor that trace names. ``memo``: traces by
+    (workload, transforms applied, option set), so two plans that leave the same program on one
+    iteration (an offload not in it, and no candidate) are traced once."""
     options_name = options_name or args.options
     from rose_jax.optimize import search
 
@@ -818,23 +825,33 @@ def plan_profile(
 
     job, fn, state0, env_steps, _ = build(name, args.smoke)
     tree = rtrace.trace(fn, state0, arg_names=["state"])  # for the plan's legality and the chains
-    program, step = f"one iteration under {options_name}", None
+    program, apply = f"one iteration under {options_name}", []
     if plan:
         try:
             apply, skipped = plan_on(tree, plan)
             note = f"; not on one iteration: {'; '.join(skipped)}" if skipped else ""
             if apply:
-                host = any(t.level == "host" for t in apply)
-                step = search.compile_step(
-                    search.apply_plan(fn, apply), host=host, compiler_options=options or None
-                )
                 labels = ", ".join(t.label for t in apply)
                 program = f"one iteration with the plan ({labels}) under {options_name}{note}"
             else:
                 program += f" (no transform of the plan applies to one iteration{note})"
         except Exception as e:  # noqa: BLE001 - the plan may not apply to one iteration: say so
             program += f" (the plan did not apply to one iteration: {type(e).__name__}: {str(e)[:120]})"
-            step = None
+            apply = []
+    key = (name, tuple(t.label for t in apply), options_name)
+    if memo is not None and key in memo:
+        return {**memo[key], "program": program}
+    step = None
+    if apply:
+        try:
+            host = any(t.level == "host" for t in apply)
+            step = search.compile_step(
+                search.apply_plan(fn, apply), host=host, compiler_options=options or None
+            )
+        except Exception as e:  # noqa: BLE001 - the plan may not apply to one iteration: say so
+            why = f"{type(e).__name__}: {str(e)[:120]}"
+            program = f"one iteration under {options_name} (the plan did not apply to one iteration: {why})"
+            key = (name, (), options_name)
     if step is None:
         step, _ = _compile(fn, state0, options)
     state, _ = _block(step, state0, 2)
@@ -847,6 +864,8 @@ def plan_profile(
     prof.update(program=program, ms_per_iteration=round(ms, 3), env_steps_per_s=env_steps / (ms / 1e3))
     prof["chains"] = hottest_chains(tree)
     prof["floor"] = floor_of(prof)
+    if memo is not None:
+        memo[key] = prof
     return prof
 
 
@@ -1419,11 +1438,12 @@ def profile_missed(args, names: list[str], rows: list[dict], accepted: list[dict
     for s in skipped:
         common.log(f"not profiled: {s}")
     info = common.machine_info(jax_devices=False)
+    memo: dict = {}  # one trace per program (two plans may leave the same one on an iteration)
     for workload, plan, base, idx in todo:
         name = base if base in xla_options.SETS else args.options
         common.log(f"{workload}: tracing the plan of {len(idx)} missed row(s) under {name}")
         try:
-            prof = plan_profile(workload, args, xla_options.SETS[name] if gpu else {}, plan, name)
+            prof = plan_profile(workload, args, xla_options.SETS[name] if gpu else {}, plan, name, memo)
         except Exception as e:  # noqa: BLE001 - one failed trace is that row's note, never the others'
             prof = {"available": False, "reason": f"{type(e).__name__}: {e}"[:300]}
         prof["traced"] = {"date": info.get("date"), "gpu_uuid": info.get("gpu_uuid"), "call_command": command,
