@@ -820,7 +820,7 @@ def test_missed_rows_to_profile_take_their_plan_from_the_cache_of_their_gpu_mode
         json.dump({"2e07|reacher|2048|NVIDIA H100 80GB HBM3|0.11.2": {"plan": [ext]}}, f)
     with open(tmp_path / "broken.json", "w") as f:
         f.write("{")
-    entries = B.plan_entries([str(tmp_path / "cache"), str(tmp_path)])
+    entries = B.plan_entries(str(tmp_path / "cache"), str(tmp_path))
     assert len(entries) == 3
 
     def row(date, w, plan, met=False, device=h100, **kw):

@@ -446,14 +446,19 @@ def _log_path(args, name: str, variant: str) -> str:
     return os.path.join(args.out, "logs", f"{name}-{variant}.log")
 
 
-def _plan_cache(cache_dir: str) -> dict[str, dict[str, Any]]:
-    """The plan cache's entries by key (``{}`` where there is none)."""
-    path = os.path.join(cache_dir, "plans.json")
+def _plan_file(path: str) -> dict[str, dict[str, Any]]:
+    """The plan entries by key of one file of the plan cache's format (``{}`` where there is none):
+    a cache's ``plans.json`` or a committed copy (``plans/*.json``)."""
     if not os.path.exists(path):
         return {}
     with open(path) as f:
         data = json.load(f)
     return {k: e for k, e in data.items() if isinstance(e, dict) and "plan" in e}
+
+
+def _plan_cache(cache_dir: str) -> dict[str, dict[str, Any]]:
+    """The plan cache's entries by key (``{}`` where there is none)."""
+    return _plan_file(os.path.join(cache_dir, "plans.json"))
 
 
 def run_plan_entry(
@@ -1354,22 +1359,18 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
     return 0
 
 
-def plan_entries(dirs: list[str]) -> list[tuple[str, dict]]:
-    """``(key, entry)`` of every plan-cache entry under ``dirs``: a plan cache's ``plans.json`` and
-    the committed copies of single entries (``benchmarks/results/beyond_flags/plans/*.json``, each
-    ``{key: entry}``); a file that does not parse is skipped (a copy is not the run's record)."""
+def plan_entries(cache_dir: str | None, copies_dir: str) -> list[tuple[str, dict]]:
+    """``(key, entry)`` of every plan entry in the plan cache ``cache_dir`` (its ``plans.json``)
+    and in the committed copies under ``copies_dir`` (``benchmarks/results/beyond_flags/plans/``,
+    each ``{key: entry}``); a copy that does not parse is skipped (a copy is not the run's record)."""
     import glob
 
-    out: list[tuple[str, dict]] = []
-    for d in dirs:
-        for path in sorted(glob.glob(os.path.join(d, "*.json"))):
-            try:
-                with open(path) as f:
-                    data = json.load(f)
-            except (OSError, ValueError):
-                continue
-            out += [(k, e) for k, e in data.items()
-                    if isinstance(e, dict) and isinstance(e.get("plan"), list)]
+    out = list(_plan_cache(cache_dir).items()) if cache_dir else []
+    for path in sorted(glob.glob(os.path.join(copies_dir, "*.json"))):
+        try:
+            out += list(_plan_file(path).items())
+        except (OSError, ValueError):
+            continue
     return out
 
 
@@ -1433,8 +1434,8 @@ def profile_missed(args, names: list[str], rows: list[dict], accepted: list[dict
 
     gpu = jax.default_backend() == "gpu"
     model = jax.devices()[0].device_kind if gpu else ""
-    dirs = [d for d in (args.plan_cache, os.path.join(OUT_DIR, "plans")) if d]
-    todo, skipped = missed_to_profile(accepted, names, model, plan_entries(dirs))
+    entries = plan_entries(args.plan_cache, os.path.join(OUT_DIR, "plans"))
+    todo, skipped = missed_to_profile(accepted, names, model, entries)
     for s in skipped:
         common.log(f"not profiled: {s}")
     info = common.machine_info(jax_devices=False)
