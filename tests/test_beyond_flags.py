@@ -786,8 +786,8 @@ def test_acceptance_reads_the_runs_own_entry_and_profiles_under_its_option_set(t
 
     profiled = []
 
-    def profile(name, args, options, plan, options_name=None):
-        profiled.append((name, options_name, [t["name"] for t in plan]))
+    def profile(name, args, plan, base_options=None, memo=None):
+        profiled.append((name, base_options, [t["name"] for t in plan]))
         return {"available": False, "reason": "stand-in"}
 
     monkeypatch.setattr(ip, "rose_run", rose)
@@ -896,13 +896,13 @@ def test_plan_profile_traces_a_program_once_for_two_plans_that_leave_it(monkeypa
     args = argparse.Namespace(blocks=3, calls=1, profile_calls=1, smoke=True, options="concurrent_scheduling")
     memo: dict = {}
     cs = "concurrent_scheduling"
-    off = B.plan_profile("w", args, {}, [offload_component("evaluate").to_json()], cs, memo)
-    base = B.plan_profile("w", args, {}, [], cs, memo)
+    off = B.plan_profile("w", args, [offload_component("evaluate").to_json()], cs, memo)
+    base = B.plan_profile("w", args, [], cs, memo)
     assert len(compiles) == 1 and len(memo) == 1
     assert "not on one iteration: offload_component(" in off["program"]
     assert base["program"] == "one iteration under concurrent_scheduling"
     assert base["ms_per_iteration"] == off["ms_per_iteration"]
-    unrolled = B.plan_profile("w", args, {}, [unroll_scans(factor=2).to_json()], cs, memo)
+    unrolled = B.plan_profile("w", args, [unroll_scans(factor=2).to_json()], cs, memo)
     assert len(memo) == 2 and unrolled["program"].startswith("one iteration with the plan (unroll_scans(")
-    other = B.plan_profile("w", args, {}, [], "default", memo)  # another option set: its own trace
+    other = B.plan_profile("w", args, [], "default", memo)  # another option set: its own trace
     assert len(compiles) == 2 and len(memo) == 3 and other["program"] == "one iteration under default"

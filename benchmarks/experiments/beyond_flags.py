@@ -811,23 +811,25 @@ def plan_on(tree, plan: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
 def plan_profile(
     name: str,
     args,
-    options: dict[str, Any],
     plan: list[dict[str, Any]],
-    options_name: str | None = None,
+    base_options: str | None = None,
     memo: dict | None = None,
 ) -> dict[str, Any]:
     """Where the optimized program's time goes: the plan's transforms (from the plan cache) applied
     to one iteration (those legal on it; the plan was found on ``train``'s unit, and the others are
-    named), compiled under ``options`` (``options_name``: the set the search's baseline ran under,
-    else ``args.options``), its unprofiled seconds per iteration (``args.blocks`` blocks) and its
-    kernel trace (:func:`kernel_profile`), and the floor that trace names. ``memo``: traces by
-    (workload, transforms applied, option set), so two plans that leave the same program on one
-    iteration (an offload not in it, and no candidate) are traced once."""
-    options_name = options_name or args.options
-    from rose_jax.optimize import search
+    named), compiled under the option set the plan's search ran under (``base_options``, the row's;
+    else ``args.options``; on a CPU none), its unprofiled seconds per iteration (``args.blocks``
+    blocks) and its kernel trace (:func:`kernel_profile`), and the floor that trace names.
+    ``memo``: traces by (workload, transforms applied, option set), so two plans that leave the same
+    program on one iteration (an offload not in it, and no candidate) are traced once."""
+    import jax
+
+    from rose_jax.optimize import search, xla_options
 
     from rose_jax import trace as rtrace
 
+    options_name = base_options if base_options in xla_options.SETS else args.options
+    options = xla_options.SETS[options_name] if jax.default_backend() == "gpu" else {}
     job, fn, state0, env_steps, _ = build(name, args.smoke)
     tree = rtrace.trace(fn, state0, arg_names=["state"])  # for the plan's legality and the chains
     program, apply = f"one iteration under {options_name}", []
@@ -1339,19 +1341,12 @@ def run_acceptance(args, names: list[str], rows: list[dict], accepted: list[dict
         new.append(fold_all(stamp(row), accepted, before))
         write(args.out, rows, command, accepted + _public(new), jax_devices=False)
     if args.profile:
-        import jax
-
-        from rose_jax.optimize import xla_options
-
-        gpu = jax.default_backend() == "gpu"
         for row in new:
             if "error" in row or row.get("rose_from"):  # a borrowed run keeps its own call's profile
                 continue
-            # the set the plan's search ran under (the row's base options), else --options
-            name = row.get("base_options") if row.get("base_options") in xla_options.SETS else args.options
-            options = xla_options.SETS[name] if gpu else {}
             try:
-                row["profile"] = plan_profile(row["workload"], args, options, row.get("_plan") or [], name)
+                plan = row.get("_plan") or []
+                row["profile"] = plan_profile(row["workload"], args, plan, row.get("base_options"))
             except Exception as e:  # noqa: BLE001 - a failed trace is a note, never lost rows
                 row["profile"] = {"available": False, "reason": f"{type(e).__name__}: {e}"[:300]}
             write(args.out, rows, command, accepted + _public(new))
@@ -1430,10 +1425,7 @@ def profile_missed(args, names: list[str], rows: list[dict], accepted: list[dict
     call; rows are written after each trace, so a call cut short keeps the traces it finished."""
     import jax
 
-    from rose_jax.optimize import xla_options
-
-    gpu = jax.default_backend() == "gpu"
-    model = jax.devices()[0].device_kind if gpu else ""
+    model = jax.devices()[0].device_kind if jax.default_backend() == "gpu" else ""
     entries = plan_entries(args.plan_cache, os.path.join(OUT_DIR, "plans"))
     todo, skipped = missed_to_profile(accepted, names, model, entries)
     for s in skipped:
@@ -1441,10 +1433,9 @@ def profile_missed(args, names: list[str], rows: list[dict], accepted: list[dict
     info = common.machine_info(jax_devices=False)
     memo: dict = {}  # one trace per program (two plans may leave the same one on an iteration)
     for workload, plan, base, idx in todo:
-        name = base if base in xla_options.SETS else args.options
-        common.log(f"{workload}: tracing the plan of {len(idx)} missed row(s) under {name}")
+        common.log(f"{workload}: tracing the plan of {len(idx)} missed row(s)")
         try:
-            prof = plan_profile(workload, args, xla_options.SETS[name] if gpu else {}, plan, name, memo)
+            prof = plan_profile(workload, args, plan, base, memo)
         except Exception as e:  # noqa: BLE001 - one failed trace is that row's note, never the others'
             prof = {"available": False, "reason": f"{type(e).__name__}: {e}"[:300]}
         prof["traced"] = {"date": info.get("date"), "gpu_uuid": info.get("gpu_uuid"), "call_command": command,
