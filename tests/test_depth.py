@@ -47,7 +47,26 @@ def test_independent_products_are_side_by_side_and_loops_in_series():
     assert (c.matmuls, c.longest_matmuls) == (10, 10)  # 5 trips of 2 products, one after another
     (path, trips, body), = depth.loop_chains(rtrace.trace(loop, jnp.ones((3, 3)), jnp.ones((2, 3))))
     assert trips == 5 and (body.matmuls, body.longest_matmuls, body.ops, body.longest_ops) == (2, 2, 3, 3)
-    assert "2 of its 2 matrix products in series" in body.describe()
+    assert "2 of its 2 matrix products and 2 of its 2 kernels in series" in body.describe()
+
+
+def test_kernels_count_the_operations_that_end_a_fusion_not_the_elementwise_work_between():
+    """relu(x @ w) * 2 summed: the product and the sum are kernels of their own; the max and the
+    multiply fuse into them. Two reductions of one input are two kernels side by side; a softmax's
+    max then sum are two in series."""
+    w, x = jnp.ones((4, 4)), jnp.ones((8, 4))
+    c = depth.chain(jax.make_jaxpr(lambda w, x: jnp.sum(jax.nn.relu(x @ w) * 2.0))(w, x))
+    assert (c.kernels, c.longest_kernels, c.matmuls) == (2, 2, 1)
+    assert c.ops > c.kernels  # the elementwise equations are counted as operations only
+    side = depth.chain(jax.make_jaxpr(lambda x: (x.sum(0), x.max(1)))(x))
+    assert (side.kernels, side.longest_kernels) == (2, 1)
+    soft = depth.chain(jax.make_jaxpr(lambda x: jax.nn.softmax(x, axis=-1))(x))
+    assert soft.longest_kernels == 2 and soft.matmuls == 0
+
+    def loop(x):
+        return jax.lax.scan(lambda x, _: (x - x.sum(0, keepdims=True), None), x, None, length=3)[0]
+
+    assert depth.chain(jax.make_jaxpr(loop)(x))[4:] == (3, 3)  # one reduction per trip, in series
 
 
 def test_a_cond_counts_its_longest_branch_and_a_call_its_equations_inline():
@@ -75,3 +94,5 @@ def test_the_sac_gradient_step_is_hottest_and_longest_in_series():
     path, trips, body = depth.loop_chains(tree)[0]
     assert trips == 3 and path.endswith("_grad_step")
     assert 0 < body.longest_matmuls < body.matmuls and body.longest_ops < body.ops
+    # the losses' reductions add to the path
+    assert body.longest_matmuls < body.longest_kernels < body.kernels
