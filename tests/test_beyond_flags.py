@@ -20,9 +20,13 @@ def test_variants_name_the_library_transforms():
     assert t.name == "batch_twins" and dict(t.params)["where"] == "train_steps/_grad_step"
     t = B.transform_of("unroll:4")
     assert t.name == "unroll_scans" and dict(t.params)["factor"] == 4
+    t = B.transform_of("stack")
+    assert t.name == "stack_carries" and dict(t.params)["where"] is None
+    t = B.transform_of("stack:collect/sim/_fun")
+    assert t.name == "stack_carries" and dict(t.params)["where"] == "collect/sim/_fun"
 
 
-@pytest.mark.parametrize("bad", ["nonsense", "set:no_such_set", "unroll:1", "unroll:x", "twins:"])
+@pytest.mark.parametrize("bad", ["nonsense", "set:no_such_set", "unroll:1", "unroll:x", "twins:", "stack:"])
 def test_bad_variant_is_an_argparse_error(bad, capsys):
     with pytest.raises(SystemExit):
         B.main(["--variants", f"flags_only,{bad}", "--out", "/nonexistent"])
@@ -697,7 +701,7 @@ def test_hottest_chains_of_the_sac_iteration_start_with_its_gradient_step():
     chains = B.hottest_chains(rtrace.trace(sac.iteration(config, env), state, arg_names=["state"]))
     assert chains[0]["loop"].endswith("_grad_step") and chains[0]["trips"] == 3
     assert 0 < chains[0]["longest_matmuls"] < chains[0]["matmuls"]
-    assert "matrix products in series" in chains[0]["describe"]
+    assert "matrix products and" in chains[0]["describe"] and "kernels in series" in chains[0]["describe"]
 
 
 def test_run_plan_entry_is_the_one_the_run_used_not_the_last_key():

@@ -75,7 +75,7 @@ UNROLL_LOOPS = ("_grad_step", "minibatch_step")
 # the parameterised variant forms beside VARIANTS (what both unknown-variant errors list)
 VARIANT_FORMS = (
     "hoist:WHERE, inplace, inplace:WHERE, twins, twins:WHERE, dense, dense:WHERE, exit, exit:K, "
-    "unroll:N, set:NAME"
+    "stack, stack:WHERE, unroll:N, set:NAME"
 )
 
 
@@ -105,6 +105,7 @@ def transform_of(variant: str):
         exit_idle_loops,
         fuse_dense_chains,
         hoist_independent,
+        stack_carries,
         unroll_scans,
         update_in_place,
     )
@@ -131,6 +132,10 @@ def transform_of(variant: str):
         return exit_idle_loops()
     if variant.startswith("exit:"):  # the flag checked every K steps
         return exit_idle_loops(check_every=int(variant[5:]))
+    if variant == "stack":
+        return stack_carries()
+    if variant.startswith("stack:"):  # one loop's carry (a where spec: "collect/sim/_fun")
+        return stack_carries(where=variant[6:])
     if variant.startswith("unroll:"):
         return unroll_scans(int(variant[7:]), where=UNROLL_WHERE)
     raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}, {VARIANT_FORMS}")
@@ -1559,6 +1564,7 @@ def main(argv: list[str] | None = None) -> int:
             and not (v == "twins" or (v.startswith("twins:") and len(v) > 6))
             and not (v == "dense" or (v.startswith("dense:") and len(v) > 6))
             and not (v == "exit" or (v.startswith("exit:") and v[5:].isdigit() and int(v[5:]) >= 1))
+            and not (v == "stack" or (v.startswith("stack:") and len(v) > 6))
         ):
             p.error(
                 f"unknown variant {v!r}; known: {', '.join(VARIANTS)}, {VARIANT_FORMS} "

@@ -17,7 +17,9 @@ networks of a loop body, SAC's twin critics, run as one vmap with their weights 
 stacked), :mod:`~.dense_chains` (``fuse_dense_chains``: a chain of dense layers of a loop body, an
 MLP's forward pass or its input gradient, as one Pallas kernel per block of rows),
 :mod:`~.early_exit` (``exit_idle_loops``: a fixed-length scan that idles once a carried flag is
-all false, MJX's line search, stopped there), :mod:`~.fuse` (``overlap_independent``), :mod:`~.offload`
+all false, MJX's line search, stopped there), :mod:`~.stack_carry` (``stack_carries``: a scan's
+small written carried values of one dtype and shape carried as one stacked array, so XLA copies a
+group once where it copied each member every step), :mod:`~.fuse` (``overlap_independent``), :mod:`~.offload`
 (``offload_component``: a metrics-only component, e.g. the evaluation, in a worker process
 behind the next call), :mod:`~.group_rollout` (env groups, in one process or in worker
 processes via :mod:`~.processes`), :mod:`~.split_compile` (per-component compilation with
@@ -41,6 +43,7 @@ from rose_jax.optimize.registry import known_transforms, register_transform, tra
 from rose_jax.optimize.report import CandidateRecord, PlanReport, format_report
 from rose_jax.optimize.scans import hoist_invariants, invariant_eqns, unroll_scans
 from rose_jax.optimize.search import OptimizeOptions, apply_plan, compile_step, optimize, plan_of
+from rose_jax.optimize.stack_carry import carry_groups, stack_carries
 from rose_jax.optimize.twins import batch_twins, find_twins
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "Transform",
     "apply_plan",
     "batch_twins",
+    "carry_groups",
     "check_collect",
     "compare_trees",
     "compile_step",
@@ -81,6 +85,7 @@ __all__ = [
     "resolve",
     "split_scan",
     "split_tail",
+    "stack_carries",
     "trace_program",
     "transform_by_name",
     "unroll_scans",

@@ -48,6 +48,7 @@ from rose_jax.jaxpr import compat as C
 from rose_jax.optimize import interpret as I
 from rose_jax.optimize.base import FUSION_TOLERANCE, Transform
 from rose_jax.optimize.predict import (
+    COPY_S,
     Candidate,
     CandidateContext,
     split_scan_transform,
@@ -69,9 +70,6 @@ ELEMENTWISE = frozenset(
     }
 )  # fmt: skip
 
-# Seconds one copied carried leaf costs per loop step: on GPU one small D2D copy kernel
-# (``memcpy32_post``, ~1.3 us measured on the H200, with its launch gap), on CPU a memcpy.
-COPY_S = {"gpu": 2e-6, "cpu": 0.5e-6}
 # What each read result held by the barrier costs, as a share of one copy: the fusions XLA can no
 # longer make across the barrier. Calibrated on the H100 (benchmarks/results/beyond_flags,
 # 2026-12-05): with it, none of the measured loops is predicted to gain, as none did: SAC

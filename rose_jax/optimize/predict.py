@@ -32,6 +32,10 @@ from rose_jax.program import Program
 # copies its predicate to the host every iteration (~10 us with the launch gaps around it);
 # on CPU it is a branch and a few buffer assignments. A model, not a measurement.
 LOOP_OVERHEAD_S = {"gpu": 10e-6, "cpu": 1e-6}
+# Seconds one copied carried leaf costs per loop step: on GPU one small D2D copy kernel
+# (``memcpy32_post``, ~1.3 us measured on the H200, with its launch gap), on CPU a memcpy. The
+# model of the families that remove copies (update_in_place, stack_carries).
+COPY_S = {"gpu": 2e-6, "cpu": 0.5e-6}
 # Assumed idle SM share of a phase when no profiler window says otherwise.
 ASSUMED_IDLE_SHARE = 0.5
 # Share of a component's time that leaves the critical path when it runs in a worker process on

@@ -26,6 +26,7 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
     "rose_jax.optimize.scans": ("unroll_scans", "hoist_invariants"),
     "rose_jax.optimize.hoist": ("hoist_independent",),
     "rose_jax.optimize.early_exit": ("exit_idle_loops",),
+    "rose_jax.optimize.stack_carry": ("stack_carries",),
     "rose_jax.optimize.inplace": ("update_in_place",),
     "rose_jax.optimize.twins": ("batch_twins",),
     "rose_jax.optimize.dense_chains": ("fuse_dense_chains",),
