@@ -910,3 +910,25 @@ def test_plan_profile_traces_a_program_once_for_two_plans_that_leave_it(monkeypa
     assert len(memo) == 2 and unrolled["program"].startswith("one iteration with the plan (unroll_scans(")
     other = B.plan_profile("w", args, [], "default", memo)  # another option set: its own trace
     assert len(compiles) == 2 and len(memo) == 3 and other["program"] == "one iteration under default"
+
+
+@pytest.mark.parametrize(
+    "spec,env,message",
+    [
+        ("bogus:sac-hopper", {"OUT": "OUTDIR"}, "unknown step 'bogus'"),
+        ("first", {"OUT": "OUTDIR"}, "names no workloads"),
+        ("first:sac-hopper", {}, "set OUT to the output folder"),
+    ],
+)
+def test_the_device_call_script_refuses_a_bad_spec_in_one_line_before_any_work(spec, env, message, tmp_path):
+    """benchmarks/acceptance_call.sh checks its steps and OUT before installing wheels or running
+    anything: nothing is written under OUT."""
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(B.__file__)))
+    env = {k: v.replace("OUTDIR", str(tmp_path)) for k, v in env.items()}
+    r = subprocess.run(["bash", "benchmarks/acceptance_call.sh", spec], cwd=os.path.dirname(root),
+                       env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not list(tmp_path.iterdir())
