@@ -135,15 +135,32 @@ def test_large_or_higher_rank_values_are_left_alone_unless_asked():
         stack_carries(max_elements=0)
 
 
-def test_the_early_exit_pattern_is_stacked_and_stays_equal_with_it():
-    """BATCHED (test_early_exit's halve-until-small) carries two f32 values and a counter: stacked,
-    then also stopped early, the function is unchanged."""
+def two_flags(x, v):
+    """The line-search pattern with a second boolean carried beside the loop's flag (MJX's line
+    search carries two): the flags are not stacked, so exit_idle_loops still finds its flag."""
+    return while_loop_scan(
+        lambda s: jnp.abs(s[0]) > 1e-3,
+        lambda s: (s[0] * 0.5, jnp.sin(s[1]) + s[0], s[2] | (s[0] < 0.1), s[3] + 1),
+        (x, v, x < 0.0, jnp.int32(0)),
+        50,
+    )
+
+
+def test_stacked_first_the_loop_still_stops_early_and_the_function_is_unchanged():
     from rose_jax.optimize import compose, exit_idle_loops
 
     x, v = jnp.linspace(-3.0, 3.0, 16), jnp.linspace(0.0, 1.0, 16)
     assert _bitwise(jax.jit(stack_carries().apply(BATCHED))(x, v), jax.jit(BATCHED)(x, v))
-    both = compose([stack_carries(), exit_idle_loops()])(BATCHED)
-    assert _bitwise(jax.jit(both)(x, v), jax.jit(BATCHED)(x, v))
+    fn = jax.vmap(two_flags)
+    stacked = stack_carries().apply(fn)
+    scan = scan_of(next(n for n in rtrace.trace(fn, x, v).walk() if n.kind == "scan"))
+    assert [[scan.body.invars[scan.num_consts + k].aval.dtype for k in g] for g in carry_groups(scan)] == [
+        [jnp.float32, jnp.float32]]  # the two f32 values; neither boolean
+    ok, why = exit_idle_loops().legal(rtrace.trace(stacked, x, v))
+    assert ok and "bool" in why, why
+    both = compose([stack_carries(), exit_idle_loops()])(fn)
+    assert "while" in {e.primitive.name for e in jax.make_jaxpr(both)(x, v).jaxpr.eqns}
+    assert _bitwise(jax.jit(both)(x, v), jax.jit(fn)(x, v))
 
 
 @pytest.mark.slow

@@ -79,6 +79,36 @@ def _const(atom: Any, env: dict) -> Any:
     return env.get(atom)
 
 
+def _stacked(eqn: Any, ins: list) -> tuple | None:
+    """The symbolic value of an equation that takes a carried array apart along its leading axis or
+    puts its rows back in order (what :func:`~rose_jax.optimize.stack_carries` writes around a
+    body): ``("row", k, j, n)`` is row ``j`` of carry ``k`` (``n`` rows), ``("rows", k, j, n)`` the
+    same with its leading axis of 1 kept; all ``n`` rows stacked in order are carry ``k`` again."""
+    name = eqn.primitive.name
+    x = ins[0] if ins else None
+    shape_in = tuple(eqn.invars[0].aval.shape) if eqn.invars and hasattr(eqn.invars[0], "aval") else ()
+    shape_out = tuple(eqn.outvars[0].aval.shape) if eqn.outvars else ()
+    if name == "slice" and x is not None and x[0] == "carry" and shape_in:
+        st, lim, strides = eqn.params["start_indices"], eqn.params["limit_indices"], eqn.params.get("strides")
+        if (not strides or all(d == 1 for d in strides)) and lim[0] == st[0] + 1 and all(
+                a == 0 and b == n for a, b, n in zip(st[1:], lim[1:], shape_in[1:], strict=True)):
+            return ("rows", x[1], int(st[0]), shape_in[0])
+        return None
+    if name in ("squeeze", "reshape") and x is not None and x[0] == "rows" and shape_out == shape_in[1:]:
+        return ("row", *x[1:])
+    if name in ("broadcast_in_dim", "reshape", "expand_dims") and x is not None and x[0] == "row" \
+            and shape_out == (1, *shape_in) and (name != "broadcast_in_dim" or tuple(
+                eqn.params["broadcast_dimensions"]) == tuple(range(1, len(shape_out)))):
+        return ("rows", *x[1:])
+    kind = {"stack": "row", "concatenate": "rows"}.get(name)
+    axis = eqn.params.get("axis", eqn.params.get("dimension")) if kind else None
+    if kind and axis == 0 and ins and all(v is not None and v[0] == kind for v in ins):
+        k, n = ins[0][1], ins[0][3]
+        if len(ins) == n and all(v[1] == k and v[2] == j and v[3] == n for j, v in enumerate(ins)):
+            return ("carry", k)
+    return None
+
+
 def _symbolic(jaxpr: Any, env: dict) -> list:
     """Symbolic values of ``jaxpr``'s outputs given ``env`` (invars -> symbolic value or absent)."""
     for eqn in jaxpr.eqns:
@@ -95,6 +125,8 @@ def _symbolic(jaxpr: Any, env: dict) -> list:
                 outs = [cases[int(pred[1])]]
             elif cases and all(c is not None and c == cases[0] for c in cases):
                 outs = [cases[0]]
+        elif (part := _stacked(eqn, ins)) is not None:  # a stacked carry taken apart and put back
+            outs = [part]
         elif name in _SHAPE_ONLY and ins[0] is not None and ins[0][0] == "const":
             outs = [ins[0]]
         elif name == "convert_element_type" and ins[0] is not None:

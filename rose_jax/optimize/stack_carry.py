@@ -13,7 +13,8 @@ Each copy is a kernel of its own, about a microsecond of a latency-bound loop.
 
 What: the carried values of a scan that the body writes (not passed through unchanged), of rank
 at most ``max_rank`` (1: a scalar per environment under ``vmap``) and at most ``max_elements``
-elements each, grouped by dtype and shape; each group of two or more is carried as
+elements each, booleans left out (a loop's flags stay carries of their own, for
+:func:`~rose_jax.optimize.exit_idle_loops`), grouped by dtype and shape; each group of two or more is carried as
 one array stacked on a new leading axis (``jnp.stack`` before the loop and at the end of each step;
 indexing at the start of each step and after the loop). The body computes the same operations on
 the same values; only how the values are held between steps changes, so XLA copies a group once
@@ -52,7 +53,10 @@ def carry_groups(
     scan: C.ScanParams, max_elements: int = DEFAULT_MAX_ELEMENTS, max_rank: int = DEFAULT_MAX_RANK
 ) -> list[list[int]]:
     """Groups (carry indices, two or more each) of the carried values the body writes, of at most
-    ``max_elements`` elements and rank ``max_rank``, by dtype and shape, in carry order."""
+    ``max_elements`` elements and rank ``max_rank``, by dtype and shape, in carry order. Boolean
+    values are left out: a loop's flags stay carries of their own, which
+    :func:`~rose_jax.optimize.exit_idle_loops` reads (stacked first, the line search could no longer
+    stop early)."""
     ins = scan.body.invars[scan.num_consts : scan.num_consts + scan.num_carry]
     outs = scan.body.outvars[: scan.num_carry]
     groups: dict[tuple, list[int]] = {}
@@ -60,6 +64,8 @@ def carry_groups(
         if C.is_var(o) and o is v:  # passed through unchanged: never written, never copied
             continue
         aval = v.aval
+        if aval.dtype == np.bool_:  # flags stay their own carries: exit_idle_loops stops on one
+            continue
         if len(aval.shape) > max_rank or int(np.prod(aval.shape, dtype=np.int64)) > max_elements:
             continue
         groups.setdefault((np.dtype(aval.dtype).str, tuple(aval.shape)), []).append(k)
