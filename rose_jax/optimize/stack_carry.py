@@ -14,11 +14,18 @@ Each copy is a kernel of its own, about a microsecond of a latency-bound loop.
 What: the carried values of a scan that the body writes (not passed through unchanged), of rank
 at most ``max_rank`` (1: a scalar per environment under ``vmap``) and at most ``max_elements``
 elements each, booleans left out (a loop's flags stay carries of their own, for
-:func:`~rose_jax.optimize.exit_idle_loops`), grouped by dtype and shape; each group of two or more is carried as
-one array stacked on a new leading axis (``jnp.stack`` before the loop and at the end of each step;
-indexing at the start of each step and after the loop). The body computes the same operations on
-the same values; only how the values are held between steps changes, so XLA copies a group once
-(or not at all) where it copied each member.
+:func:`~rose_jax.optimize.exit_idle_loops`), grouped by dtype and shape; each group of two or more
+is carried as one array stacked on a new leading axis (``jnp.stack`` before the loop and at the end
+of each step; indexing at the start of each step and after the loop). The body computes the same
+operations on the same values; only how the values are held between steps changes, so XLA copies a
+group once (or not at all) where it copied each member.
+
+Measured (H100, 2026-12-07 21:42, ``benchmarks/results/beyond_flags``, SAC hopper's iteration in
+one process): the physics went from 7,900 to 5,874 kernels and from 12.1 to 7.5 ms of kernel time,
+bitwise equal, and **the iteration ran 0.95x** (within the timing spread; stacking every scan, the
+gradient step's small values too, 0.92x). The copies it removes run side by side at the top of a
+step, beside its chain of dependent kernels, which keeps one level of copies either way; so the
+candidate model saves nothing (:data:`PARALLEL_COPY_SHARE`) and the search does not offer it.
 
 Legality: a scan at ``where`` with such a group, whose body has no effects; others are refused with
 the reason. Tolerance: the same operations in the same order; XLA fuses the body around the
@@ -40,6 +47,14 @@ from rose_jax.optimize.base import FUSION_TOLERANCE, Transform
 from rose_jax.optimize.predict import COPY_S, Candidate, CandidateContext, scans_legal, split_scans
 from rose_jax.optimize.where import Where, scan_transform, where_label
 
+# The share of a removed copy's time that the iteration saves. The copies at the top of a step run
+# side by side (each reads one carried value), so the step's chain of dependent kernels keeps one
+# level of copies whether XLA copies one stacked group or each member. Measured (H100, 2026-12-07
+# 21:42, benchmarks/results/beyond_flags): on Brax's MJX hopper line search in the SAC iteration,
+# stacking took the physics from 7,900 to 5,874 kernels and 12.1 to 7.5 ms of kernel time, bitwise
+# equal, and the iteration ran 0.95x (stacking every scan, the gradient step's too: 0.92x). So the
+# model saves nothing, and the search offers no candidate until a measurement says otherwise.
+PARALLEL_COPY_SHARE = 0.0
 # Carried values larger than this, or of a higher rank, are left alone: stacking copies them once
 # per step, which pays for the scalars per environment of a line search (rank 1 under vmap), not
 # for a network's weights; and stacking the arrays of MJX's state in its substep scan changes how
@@ -158,14 +173,14 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
     """Per scan with a group to stack (most expensive first): :func:`stack_carries` there.
 
     Model (seconds per iteration): per step, the copies of a group's members but one saved, less
-    one stacking kernel per group, ``trips x sum(len(group) - 2) x`` :data:`COPY_S` (a model: XLA
-    may copy none of them, or fuse the stacking into the step's last kernels); offered where that
-    is positive (a group of three or more)."""
+    one stacking kernel per group, each worth :data:`PARALLEL_COPY_SHARE` of a copy's time,
+    ``trips x sum(len(group) - 2) x`` :data:`COPY_S` ``x`` :data:`PARALLEL_COPY_SHARE`; offered where
+    that is positive (none at the measured share: the copies removed ran beside the step's chain)."""
     out: list[Candidate] = []
-    per_copy = COPY_S.get(ctx.platform, COPY_S["gpu"])
+    per_copy = COPY_S.get(ctx.platform, COPY_S["gpu"]) * PARALLEL_COPY_SHARE
     for _, where, split, trips in split_scans(ctx, _Split):
         saved = sum(len(g) - 2 for g in split.groups)
-        if saved <= 0:
+        if saved <= 0 or per_copy <= 0:
             continue
         out.append(
             Candidate(
