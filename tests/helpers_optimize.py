@@ -72,6 +72,33 @@ def real_iteration(name: str):
     return mod.iteration(cfg, env), mod.init(cfg, env, jax.random.PRNGKey(0))
 
 
+def mjx_ppo_iteration(env_name: str = "inverted_pendulum"):
+    """``(iteration, initial state, LoopTree)`` of a tiny real PPO iteration on Brax's MJX
+    ``env_name`` (2 envs, unroll 2, one minibatch): MJX's line search runs inside its rollout."""
+    import envs
+    from algos import ppo
+    from rose_jax import trace as rtrace
+
+    env = envs.make(env_name, backend="mjx")
+    cfg = tiny_ppo_config(num_envs=2, unroll_length=2, num_minibatches=1)
+    fn = ppo.iteration(cfg, env)
+    state = ppo.init(cfg, env, jax.random.PRNGKey(0))
+    return fn, state, rtrace.trace(fn, state)
+
+
+def fast_compile(fn, *args):
+    """``jax.jit(fn)`` compiled for ``args`` with XLA's cheapest optimisation level (a test's
+    compile of an MJX program; the same backend and numerics, minutes less on 2 cores)."""
+    options = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+    return jax.jit(fn).lower(*args).compile(compiler_options=options)
+
+
+def states_after(fns, state, n: int = 2) -> list:
+    """The state after ``n`` calls of each of ``fns`` (``state -> (state, metrics)``) from ``state``,
+    each compiled by :func:`fast_compile`."""
+    return [run(fast_compile(f, state), state, n) for f in fns]
+
+
 def first_scan(fn, *args):
     """The decoded params (``compat.ScanParams``) of the first top-level scan of ``fn(*args)``'s jaxpr."""
     from rose_jax.jaxpr import compat as C

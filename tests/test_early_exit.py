@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers_optimize import first_scan, tiny_ppo_config
+from helpers_optimize import first_scan, mjx_ppo_iteration, states_after
 from rose_jax import trace as rtrace
 from rose_jax.optimize import exit_idle_loops, idle_flag
 from rose_jax.optimize.early_exit import _every
@@ -115,11 +115,6 @@ def test_loops_that_are_not_idle_are_refused_with_the_reason(fn, reason):
     assert _bitwise(jax.jit(exit_idle_loops().apply(fn))(x), jax.jit(fn)(x))
 
 
-def _fast_compile(fn, *args):
-    options = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-    return jax.jit(fn).lower(*args).compile(compiler_options=options)
-
-
 # Brax's smallest MJX env (its line search runs: joint limits); hopper's contacts are covered, on
 # env steps, beside the loops family's rewrites (tests/test_loops.py, one reference compile)
 ENV = "inverted_pendulum"
@@ -131,25 +126,14 @@ def test_real_ppo_iteration_on_mjx_physics_is_bitwise_equal_and_a_candidate():
     transform finds the line search, the result is bitwise the original's after two iterations,
     and the search's candidate generation offers it."""
     pytest.importorskip("brax")
-    import envs
-    from algos import ppo
     from rose_jax.optimize.candidates import generate_candidates
 
-    env = envs.make(ENV, backend="mjx")
-    cfg = tiny_ppo_config(num_envs=2, unroll_length=2, num_minibatches=1)
-    fn = ppo.iteration(cfg, env)
-    state = ppo.init(cfg, env, jax.random.PRNGKey(0))
-    tree = rtrace.trace(fn, state)
+    fn, state, tree = mjx_ppo_iteration(ENV)
     t = exit_idle_loops()
     ok, why = t.legal(tree)
     assert ok and "rollout/sim/_fun" in why and "bool[2]" in why, why
-    outs = []
-    for f in (fn, t.apply(fn)):
-        step, s = _fast_compile(f, state), state
-        for _ in range(2):
-            s, _ = step(s)
-        outs.append(s)
-    assert _bitwise(outs[1], outs[0])
+    ref, out = states_after([fn, t.apply(fn)], state)
+    assert _bitwise(out, ref)
     (cand,) = generate_candidates(tree, None, baseline_s=1.0, platform="gpu", families=("exit_idle_loops",))
     assert cand.transform.name == "exit_idle_loops" and cand.window == "rollout/sim/_fun"
     # the model: on a GPU the body's equations set a skipped step's time (latency-bound kernels),

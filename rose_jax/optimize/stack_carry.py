@@ -58,8 +58,8 @@ PARALLEL_COPY_SHARE = 0.0
 # Carried values larger than this, or of a higher rank, are left alone: stacking copies them once
 # per step, which pays for the scalars per environment of a line search (rank 1 under vmap), not
 # for a network's weights; and stacking the arrays of MJX's state in its substep scan changes how
-# XLA fuses the physics (on the CPU, Brax's MJX hopper step moved by 5e-4 where stacking the line
-# search alone left it bitwise equal; benchmarks/results/sac_floor).
+# XLA fuses the physics (on the CPU, Brax's MJX hopper state moved by up to 1.5e-4 over 3 steps
+# where stacking the line search alone left it bitwise equal; benchmarks/results/sac_floor).
 DEFAULT_MAX_ELEMENTS = 1 << 14
 DEFAULT_MAX_RANK = 1
 
