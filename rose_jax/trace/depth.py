@@ -35,10 +35,10 @@ MATMULS = frozenset({"dot_general", "conv_general_dilated", "ragged_dot", "ragge
 # producers fused in): the matrix products and the primitives below.
 KERNEL_OPS = MATMULS | frozenset({
     "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
-    "argmax", "argmin", "reduce_precision_sum",
+    "argmax", "argmin",
     "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp",
-    "sort", "top_k", "scatter", "scatter-add", "scatter_mul", "scatter_min", "scatter_max",
-    "scatter-mul", "scatter-min", "scatter-max", "select_and_scatter_add", "reduce_window_sum",
+    "sort", "top_k", "scatter", "scatter-add", "scatter-mul", "scatter-min", "scatter-max",
+    "select_and_scatter_add", "reduce_window_sum",
     "reduce_window_max", "reduce_window_min", "reduce_window",
     "cholesky", "triangular_solve", "lu", "qr", "eigh", "svd", "householder_product", "fft",
 })
