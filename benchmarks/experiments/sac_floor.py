@@ -49,12 +49,9 @@ _TRIPS = re.compile(r'known_trip_count"?\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 _COPY = re.compile(r"=\s*\S+\s+copy\(")
 
 
-def loop_copies(hlo: str) -> dict[str, Any]:
-    """The ``copy`` instructions of an optimized HLO module that run as instructions of their own
-    (in the entry computation, while bodies, called computations and conditional branches; not the
-    copies inside a fusion, which are part of its kernel): ``{"entry": copies, "loops": [{"body",
-    "copies" (per trip, with those of the computations it calls), "trips" (None: data-dependent),
-    "parent" (the loop body it runs in, None: the entry)}]}``."""
+def _computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
+    """``({computation name: its instruction lines}, the entry computation's name)`` of an HLO
+    module's text (the entry None where it has none)."""
     comps: dict[str, list[str]] = {}
     entry, cur = None, None
     for line in hlo.splitlines():
@@ -66,6 +63,16 @@ def loop_copies(hlo: str) -> dict[str, Any]:
                 entry = cur
         elif cur is not None:
             comps[cur].append(line)
+    return comps, entry
+
+
+def loop_copies(hlo: str) -> dict[str, Any]:
+    """The ``copy`` instructions of an optimized HLO module that run as instructions of their own
+    (in the entry computation, while bodies, called computations and conditional branches; not the
+    copies inside a fusion, which are part of its kernel): ``{"entry": copies, "loops": [{"body",
+    "copies" (per trip, with those of the computations it calls), "trips" (None: data-dependent),
+    "parent" (the loop body it runs in, None: the entry)}]}``."""
+    comps, entry = _computations(hlo)
     if entry is None:
         raise ValueError("not an HLO module: no ENTRY computation")
     loops: dict[str, dict[str, Any]] = {}
@@ -128,15 +135,7 @@ _NO_WORK = ("parameter", "get-tuple-element", "tuple", "constant", "bitcast")
 def body_instructions(hlo: str, trips: int) -> dict[str, int]:
     """``{opcode: count}`` of the instructions of the while body with ``trips`` known trips (the
     first such), leaving out those that are no work (parameters, tuples, constants, bitcasts)."""
-    comps: dict[str, list[str]] = {}
-    cur = None
-    for line in hlo.splitlines():
-        m = _COMP.match(line)
-        if m and not line.startswith(" "):
-            cur = m.group(1)
-            comps[cur] = []
-        elif cur is not None:
-            comps[cur].append(line)
+    comps, _ = _computations(hlo)
     for line in hlo.splitlines():
         t = _TRIPS.search(line)
         if " while(" in line and t and int(t.group(1)) == trips:
@@ -178,14 +177,9 @@ def physics_copies(job, num_envs: int, ls_iterations: int | None = None, steps: 
             key, k = jax.random.split(key)
             s = compiled(s, jax.random.uniform(k, (num_envs, env.action_size), minval=-1.0, maxval=1.0))
         finals[name] = s
-    ref = jax.tree.leaves(finals["as_written"])
     for name in ("stack_carries", "stack_carries_any_rank"):
-        new = jax.tree.leaves(finals[name])
-        pairs = [(np.asarray(x), np.asarray(y)) for x, y in zip(ref, new, strict=True)]
-        out[name]["bitwise_equal"] = all(np.array_equal(x, y, equal_nan=True) for x, y in pairs)
-        out[name]["max_abs_diff"] = max(
-            (float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) for x, y in pairs if x.size),
-            default=0.0)
+        eq = common.equality_fields(finals[name], finals["as_written"])
+        out[name]["bitwise_equal"], out[name]["max_abs_diff"] = eq["equal"], eq["max_abs_diff"]
     out["equal_after_steps"] = steps
     return out
 
