@@ -66,8 +66,20 @@ from rose_jax.optimize.base import FUSION_TOLERANCE, REASSOCIATION_TOLERANCE, Tr
 from rose_jax.optimize.fusion import fuse_scans
 from rose_jax.optimize.predict import ASSUMED_IDLE_SHARE, Candidate, CandidateContext, loop_time
 from rose_jax.optimize.where import site_select
+from rose_jax.optimize.xla_options import schedules_concurrently
 
 MODES = ("components", "state", "loops")
+
+# What regions on their own streams hide when the baseline already runs under an option set that
+# schedules command buffers CONCURRENT (``xla_options.schedules_concurrently``): XLA's graphs then
+# run the regions' independent kernels side by side themselves, and the streams add their
+# synchronisation. Measured over the same option set alone, every time below 1 or within noise:
+# SAC hopper/ant's three updates 0.75x and 0.73x (H200, 2026-12-04, benchmarks/results/overlap/),
+# SAC ant's three updates 0.727x and critic/actor 0.806x (H200, 2026-12-07, the search of
+# benchmarks/results/beyond_flags/plans/sac-ant-5ep-h200-2317.json), PPO ant's policy/value
+# 0.95x and 1.05x (not equal). So the model predicts nothing there and the search measures these
+# candidates last (they stay in the list: a workload may still gain, and the search says so).
+CONCURRENT_STREAM_SHARE = 0.0
 
 # Each region is compiled as its own (non-inlined) call: XLA cannot fuse across its boundary,
 # so an a*b+c split by it is not contracted into an FMA on a GPU; last-bit differences, which
@@ -577,11 +589,14 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
 
     Models: regions of a loop body on ``n`` streams hide ``(1 - 1/n)`` of the loop's idle
     SM-seconds (profiled, else :data:`~rose_jax.optimize.predict.ASSUMED_IDLE_SHARE` of its time);
-    two zipped loops hide the shorter one. On a CPU stream annotations are inert: predicted 0
-    (the search still measures and checks them).
+    two zipped loops hide the shorter one. Under a base option set that schedules command buffers
+    concurrently (``ctx.base_options``), that gain x :data:`CONCURRENT_STREAM_SHARE` (0: XLA
+    already overlaps the regions). On a CPU stream annotations are inert: predicted 0 (the search
+    still measures and checks them).
     """
     tree, baseline_s, by_path = ctx.tree, ctx.baseline_s, ctx.by_path
     inert = ctx.platform == "cpu"
+    concurrent = schedules_concurrently(ctx.base_options)
     out: list[Candidate] = []
     for t in transforms(tree, ctx.windows):
         p = dict(t.params)
@@ -606,6 +621,10 @@ def candidates(ctx: CandidateContext) -> list[Candidate]:
             model = f"{src} of {window} x (1-1/{len(groups)}) regions on their own streams"
         if inert:
             hidden, model = 0.0, f"{model}; 0 on a CPU (stream annotations are inert)"
+        elif concurrent:
+            hidden *= CONCURRENT_STREAM_SHARE
+            model = (f"{model}; x{CONCURRENT_STREAM_SHARE:g} under {ctx.base_options} (XLA's concurrent "
+                     "command buffers already overlap the regions: 0.73-0.81x on SAC, 0.95-1.05x on PPO)")
         out.append(Candidate(t, window, hidden, model))
         if not inert:  # the same regions under the reassociation tolerance + a learning check
             loose = stream_overlap(groups=groups, mode=p["mode"], where=p["where"], reassociate=True)

@@ -91,6 +91,14 @@ DEFAULT_ROUNDS = 3
 DEFAULT_MARGIN = 0.02
 
 
+def schedules_concurrently(name: str | None) -> bool:
+    """Whether the option set ``name`` of :data:`SETS` schedules command buffers ``CONCURRENT``
+    (or ``CONCURRENT_REGIONS``): XLA then runs a graph's independent kernels side by side itself
+    (False for XLA's defaults, None, or a name not in :data:`SETS`)."""
+    mode = SETS.get(name or "", {}).get("xla_gpu_command_buffer_scheduling_mode")
+    return mode in ("CONCURRENT", "CONCURRENT_REGIONS")
+
+
 def candidate_sets(names: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
     """``{name: XLA options}`` to try besides the default build: the named sets of :data:`SETS`
     (default :data:`DEFAULT_CANDIDATES`), none on a CPU backend."""
