@@ -15,7 +15,10 @@
 # env: OUT (required: results under $OUT/bf, the log $OUT/log.txt, the plan cache $OUT/plans.json),
 #      BUDGET (first; default 300), RT (per-run timeout s), PROF, VARIANTS, CHECK, PLANS (plan cache
 #      dir; default runs/plans). Wheels carried in .whl/ (../shared/device/fetch_wheels.sh) are
-#      installed first (benchmarks/device_prelude.sh). The merged results start from benchmarks/results/beyond_flags/results.json.
+#      installed first (benchmarks/device_prelude.sh). The merged results start from BASE (default
+#      benchmarks/results/beyond_flags/results.json): to chain calls on one warm machine, so that a
+#      later call's rows fold in the earlier calls' runs (fold_all), copy each call's $OUT/bf/results.json
+#      to runs/bf/results.json here, carry runs/bf, and set BASE=runs/bf/results.json.
 set -uo pipefail
 SPEC=${1:?usage: OUT=DIR bash benchmarks/acceptance_call.sh 'STEP:WORKLOADS[+STEP:WORKLOADS...]'}
 : "${OUT:?set OUT to the output folder}"
@@ -28,6 +31,8 @@ for S in "${STEPS[@]}"; do
   esac
   [ "${S#*:}" != "$S" ] && [ -n "${S#*:}" ] || { echo "step '$S' names no workloads (STEP:WORKLOADS)" >&2; exit 2; }
 done
+BASE=${BASE:-benchmarks/results/beyond_flags/results.json}
+[ -f "$BASE" ] || { echo "BASE $BASE: no such results file" >&2; exit 2; }
 if compgen -G ".whl/*.whl" >/dev/null; then
   source benchmarks/device_prelude.sh
 else
@@ -37,7 +42,7 @@ PLANS=${PLANS:-$PWD/runs/plans}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${GPU:-none}  spec=$SPEC  $(date -u +%H:%M:%S)" | tee -a "$OUT/log.txt"
 mkdir -p "$OUT/bf" "$PLANS"
-cp benchmarks/results/beyond_flags/results.json "$OUT/bf/"
+cp "$BASE" "$OUT/bf/results.json"
 for S in "${STEPS[@]}"; do
   STEP=${S%%:*}; WL=${S#*:}
   BF=(python -m benchmarks.experiments.beyond_flags --merge --out "$OUT/bf" --workloads "$WL")

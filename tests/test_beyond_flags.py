@@ -918,6 +918,7 @@ def test_plan_profile_traces_a_program_once_for_two_plans_that_leave_it(monkeypa
         ("bogus:sac-hopper", {"OUT": "OUTDIR"}, "unknown step 'bogus'"),
         ("first", {"OUT": "OUTDIR"}, "names no workloads"),
         ("first:sac-hopper", {}, "set OUT to the output folder"),
+        ("first:sac-hopper", {"OUT": "OUTDIR", "BASE": "OUTDIR/missing.json"}, "no such results file"),
     ],
 )
 def test_the_device_call_script_refuses_a_bad_spec_in_one_line_before_any_work(spec, env, message, tmp_path):
