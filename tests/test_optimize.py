@@ -1843,6 +1843,89 @@ def test_search_isolation_refuses_an_aborting_candidate_remembers_it_and_continu
     assert rec.isolation.endswith("(remembered in the plan cache)")
 
 
+_TRIAL_LOADS_THE_CHILD = r"""
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax._src import monitoring
+
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+events = []
+monitoring.register_event_listener(lambda name, **kw: events.append(name))
+from rose_jax import optimize as O  # noqa: E402
+from rose_jax.optimize import isolate, search  # noqa: E402
+
+HITS = "/jax/compilation_cache/cache_hits"
+
+
+def iteration(state):
+    def body(c, x):
+        c = jnp.tanh(c * 1.7 + x)
+        return c, c.sum()
+
+    c, ys = jax.lax.scan(body, state["c"], state["xs"])
+    return {"c": c, "xs": state["xs"] + 0.01}, {"m": ys.mean()}
+
+
+state = {"c": jnp.linspace(0.0, 1.0, 32), "xs": jax.random.normal(jax.random.PRNGKey(0), (16, 32))}
+_, report = O.optimize(iteration, state, candidates=[O.unroll_scans(2)], isolate=True, n_iters=1,
+                       repeats=1, combine=False, cache_dir=sys.argv[2])
+(rec,) = report.candidates
+fn = search.apply_plan(iteration, [O.unroll_scans(2)])
+out = isolate.check(fn, (state,), label="u2", share_cache=True)
+before = events.count(HITS)
+step = isolate.loaded_step(out, (state,), None)
+loaded_hits = events.count(HITS) - before
+a, b = step(state), jax.jit(fn)(state)
+same = jax.tree.structure(a) == jax.tree.structure(b) and all(
+    bool((x == y).all()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+print("RESULT " + json.dumps({"isolation": rec.isolation, "equal": rec.equal,
+                              "timed": rec.e2e_time_s is not None, "loaded_hits": loaded_hits,
+                              "bitwise": same}))
+"""
+
+
+@pytest.mark.slow
+def test_search_trial_loads_what_its_isolated_child_compiled(tmp_path):
+    """isolate=True with JAX's persistent compilation cache on: the candidate's child writes its
+    executable there and the trial loads it (a cache hit) instead of compiling the candidate a
+    second time; the loaded step computes bitwise what ``jax.jit`` of the transformed function
+    does, and the trial times it and checks it equal. A fresh interpreter: the persistent cache is
+    configured once per process (without one, the trial compiles here: the test above)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRIAL_LOADS_THE_CHILD, str(tmp_path / "cache"), str(tmp_path / "plans")],
+        cwd=root, env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root},
+        capture_output=True, text=True, timeout=600,
+    )
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    r = json.loads(line[0][len("RESULT "):])
+    assert r["isolation"].endswith("its executable loaded here from the shared compilation cache"), r
+    assert r["equal"] is True and r["timed"] and r["loaded_hits"] >= 1 and r["bitwise"], r
+
+
+def test_a_loaded_step_needs_an_output_structure_and_the_default_device(monkeypatch):
+    """isolate.loaded_step gives None (the trial compiles the candidate here) without an output
+    structure or without a persistent cache; on_default_device accepts device and host arrays."""
+    from rose_jax.optimize import isolate
+
+    ok = isolate.Outcome(True, "ran", exported=object())
+    assert isolate.loaded_step(ok, (jnp.zeros(2),), None) is None  # no out_tree
+    monkeypatch.setattr(isolate, "persistent_cache_dir", lambda: None)
+    tree = jax.tree.structure((1, 2))
+    assert isolate.loaded_step(ok._replace(out_tree=tree), (jnp.zeros(2),), None) is None
+    assert isolate.on_default_device((jnp.zeros(2), {"a": np.zeros(3)}))
+
+
 def test_profile_is_given_the_function_and_the_reference_build(monkeypatch):
     """The search's profile gets ``fn`` itself (its fused build is then the baseline's cached
     build; tests/test_profile.py checks the cache) and the builds of the option sets and the

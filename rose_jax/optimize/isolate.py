@@ -61,6 +61,7 @@ class Outcome(NamedTuple):
     seconds: float = 0.0
     cached: bool = False
     exported: Any = None
+    out_tree: Any = None  # the treedef of what ``fn`` returned (its exported program returns the leaves)
 
 
 # ------------------------------------------------------------------------------ the driver
@@ -143,6 +144,35 @@ def compile_exported(outcome: Outcome, args: Sequence[Any], compiler_options: Ma
     return jax.jit(outcome.exported.call, compiler_options=opts).lower(*specs).compile()
 
 
+def on_default_device(args: Sequence[Any]) -> bool:
+    """Every array of ``args`` (pytrees) on the default device, or uncommitted: what an executable
+    :func:`compile_exported` loaded (lowered from shapes) accepts."""
+    default = frozenset({jax.devices()[0]})
+    return all(
+        getattr(a, "sharding", None) is None or frozenset(a.sharding.device_set) == default
+        for a in jax.tree.leaves(tuple(args))
+    )
+
+
+def loaded_step(outcome: Outcome, args: Sequence[Any], compiler_options: Mapping[str, Any] | None):
+    """:func:`compile_exported` as the function the child compiled: called with ``args``' pytrees,
+    it returns what ``fn`` returned (``outcome.out_tree``), so a caller that would compile ``fn``
+    under ``compiler_options`` again runs the child's executable instead (a load from the shared
+    persistent cache, not a second compile). None where that cannot be: no exported program, no
+    persistent cache, no output structure, or an argument committed to another device."""
+    if outcome.out_tree is None or not on_default_device(args):
+        return None
+    run = compile_exported(outcome, args, compiler_options)
+    if run is None:
+        return None
+    out_tree = outcome.out_tree
+
+    def step(*a):
+        return jax.tree.unflatten(out_tree, run(*jax.tree.leaves(tuple(a))))
+
+    return step
+
+
 def child_environment(extra: Mapping[str, str] | None = None, share_cache: bool = False) -> dict[str, str]:
     """The child's complete environment: the driver's, minus MPS / memory-fraction variables,
     preallocation off (:func:`rose_jax.mps.plan.worker_environment`), JAX on the driver's
@@ -199,8 +229,12 @@ def check(
     leaves, treedef = jax.tree.flatten(tuple(args))
     specs = _arg_specs(leaves)
 
+    out_tree: list = []  # filled while jax.export traces flat_fn
+
     def flat_fn(*flat):  # flat arrays in and out: any pytree classes stay in this process
-        return jax.tree.leaves(fn(*jax.tree.unflatten(treedef, flat)))
+        out = fn(*jax.tree.unflatten(treedef, flat))
+        out_tree[:] = [jax.tree.structure(out)]
+        return jax.tree.leaves(out)
 
     t0 = time.perf_counter()
     try:
@@ -254,6 +288,7 @@ def check(
             f"compiled and ran in a child process ({result.get('compile_s', 0):.1f} s compile)",
             seconds,
             exported=exported,
+            out_tree=out_tree[0] if out_tree else None,
         )
     if result is not None and not result.get("ok"):
         reason = f"XLA compile failed: {result.get('error', '?')}"

@@ -46,7 +46,10 @@ Crash safety (``isolate=``, on by default on a GPU): before a candidate is compi
 first compile and one call run in a child process (:func:`rose_jax.optimize.isolate.check`); a
 child that aborts (an XLA ``CHECK`` failure, e.g. MJX physics inside a stream region) refuses the
 candidate with ``"XLA aborted: ..."`` and the search goes on; the refusal is remembered in the
-plan cache per program, device and JAX version.
+plan cache per program, device and JAX version. With JAX's persistent compilation cache on
+(``rose-jax train`` turns it on), the child writes its executable there and the trial loads it
+(:func:`rose_jax.optimize.isolate.loaded_step`) instead of compiling the candidate a second time
+(a plan whose transform chooses its own XLA options is compiled here).
 
 The plan is cached (see :mod:`rose_jax.optimize.cache`): a later call for the same program on
 the same kind of machine applies the cached plan without measuring anything.
@@ -844,8 +847,9 @@ class _Search:
 
         try:
             transformed = apply_plan(self.target, transforms)
+            outcome = None  # the isolated child's compile, where there is one
             if opts.isolating:
-                isolated = self.isolated(rec, transformed, host)
+                isolated, outcome = self.isolated(rec, transformed, host)
                 lap("isolate")
                 if not isolated:
                     return None
@@ -859,7 +863,7 @@ class _Search:
                     return None
             if rec.stage != "combine":
                 rec.stage = "e2e"
-            step = self.compile(transformed, transforms)
+            step = self.loaded(rec, outcome, transforms) or self.compile(transformed, transforms)
             # compiled and warmed here; the baseline ran before the search's first timing (its
             # construction, or the option trial's build), so it is not run again untimed: one unit
             # less per candidate (on a long unit, seconds: 6 s on PPO reacher's epoch)
@@ -910,13 +914,31 @@ class _Search:
         )
         return _Trial(tb, tc, tc.median * self.baseline / tb.median, noise, cmp, what, unchecked, settled)
 
-    def isolated(self, rec: CandidateRecord, transformed: Any, host: bool) -> bool:
+    def loaded(self, rec: CandidateRecord, outcome: Any, transforms: Sequence[Transform]) -> Callable | None:
+        """The candidate's step as its isolated child compiled it (``isolate.loaded_step``: loaded
+        from the shared persistent compilation cache instead of compiled here a second time; the
+        same program under the same options, so the same executable), or None (compile it here):
+        no child, no persistent cache, or a plan whose options are not the search's base set. A
+        load that fails is no failure of the candidate: it is compiled here instead."""
+        if outcome is None or not outcome.ok or any(t.chooses_options for t in transforms):
+            return None
+        try:
+            step = isolate.loaded_step(outcome, (self.state,), self.base_options)
+        except Exception:  # noqa: BLE001 - an optimisation only: compile it here instead
+            return None
+        if step is not None:
+            rec.isolation += "; its executable loaded here from the shared compilation cache"
+        return step
+
+    def isolated(self, rec: CandidateRecord, transformed: Any, host: bool) -> tuple[bool, Any]:
         """The candidate's first compile and one call in a child process (see ``isolate``):
-        False (with ``rec.reason``) when the child aborted or failed; the refusal is remembered
-        in the plan cache for this program, device and JAX version."""
+        ``(ok, isolate.Outcome or None)``; not ok (with ``rec.reason``) when the child aborted or
+        failed; the refusal is remembered in the plan cache for this program, device and JAX
+        version. The child writes its executable into the driver's persistent compilation cache
+        (where there is one), so the trial loads it (:meth:`loaded`) instead of compiling again."""
         if host or (isinstance(transformed, Program) and transformed.host):
             rec.isolation = "not isolated: host-level (its programs compile in their own stages/workers)"
-            return True
+            return True, None
         fn = transformed.iteration() if isinstance(transformed, Program) else transformed
         rec.stage = "isolate"
         # a compile may not run past the budget (PPO reacher, H100 2026-12-06 17:25: a candidate
@@ -934,19 +956,20 @@ class _Search:
             cache_dir=self.opts.cache_dir,
             fingerprint=self.report.fingerprint,
             timeout=timeout,
+            share_cache=True,  # the trial loads the child's executable (self.loaded)
         )
         rec.isolation = out.reason + (" (remembered in the plan cache)" if out.cached else "")
         if out.ok:
-            return True
+            return True, out
         if capped and not out.cached and out.reason.startswith("timed out"):
             # the budget's end, not isolate_timeout, stopped it: pending for a later resume
             rec.reason = BUDGET_SPENT
             rec.isolation += " (the search budget's end)"
             self.say(f"[optimize] {rec.label}: {rec.isolation}; left for a later search")
-            return False
+            return False, out
         rec.reason = f"refused: {rec.isolation}"
         self.say(f"[optimize] {rec.label}: {rec.reason}")
-        return False
+        return False, out
 
     def verdict(self, rec: CandidateRecord, res: _Trial, gain: float, *, versus_plan: bool) -> bool:
         """Keep or reject (and why), given the ``gain`` that must exceed the spread."""

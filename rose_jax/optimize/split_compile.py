@@ -166,12 +166,6 @@ def _device_set(x: Any) -> Any:
     return frozenset(sharding.device_set) if sharding is not None else None
 
 
-def _on_default_device(args: Sequence[Any]) -> bool:
-    """Every array on the default device (or uncommitted): what a loaded executable accepts."""
-    default = jax.devices()[0]
-    return all(_device_set(a) in (None, frozenset({default})) for a in args)
-
-
 class ChainedStep(HostStep):
     """``state -> (state, metrics)`` as separately compiled stages chained on the device.
 
@@ -347,7 +341,7 @@ class ChainedStep(HostStep):
                 # the child's executable from the shared persistent cache when there is one (the
                 # same program: compiling it here again cost as much as the child's compile)
                 run = None
-                if outcome is not None and _on_default_device(stage_args):
+                if outcome is not None and iso.on_default_device(stage_args):
                     opts = {**(SETS[name] if gpu else {}), **self.extra_options}
                     try:
                         run = iso.compile_exported(outcome, stage.in_specs, opts)
