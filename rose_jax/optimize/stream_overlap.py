@@ -73,12 +73,12 @@ MODES = ("components", "state", "loops")
 # What regions on their own streams hide when the baseline already runs under an option set that
 # schedules command buffers CONCURRENT (``xla_options.schedules_concurrently``): XLA's graphs then
 # run the regions' independent kernels side by side themselves, and the streams add their
-# synchronisation. Measured over the same option set alone, every time below 1 or within noise:
-# SAC hopper/ant's three updates 0.75x and 0.73x (H200, 2026-12-04, benchmarks/results/overlap/),
-# SAC ant's three updates 0.727x and critic/actor 0.806x (H200, 2026-12-07, the search of
-# benchmarks/results/beyond_flags/plans/sac-ant-5ep-h200-2317.json), PPO ant's policy/value
-# 0.95x and 1.05x (not equal). So the model predicts nothing there and the search measures these
-# candidates last (they stay in the list: a workload may still gain, and the search says so).
+# synchronisation. Measured over the same option set alone (H200): SAC ant's and hopper's three
+# updates 0.75x and 0.81x (2026-12-04, benchmarks/results/overlap/); SAC ant's three updates 0.727x
+# and critic/actor 0.806x (2026-12-07, the search of
+# benchmarks/results/beyond_flags/plans/sac-ant-5ep-h200-2317.json); PPO ant's policy/value 0.95x at
+# 2,048 envs and 1.05x at 4,096, not equal (overlap/). So the model predicts nothing there and the
+# search measures these candidates last (they stay in the list: a workload may still gain).
 CONCURRENT_STREAM_SHARE = 0.0
 
 # Each region is compiled as its own (non-inlined) call: XLA cannot fuse across its boundary,
