@@ -371,6 +371,9 @@ def test_sac_learns_pendulum():
     assert np.median(alpha) < 0.5, alpha  # the temperature was tuned down
 
 
+# slow (45 s on the 2-core CI machine): the default run keeps PPO's vmapped-seeds equality
+# (tests/test_sweep.py); this SAC one runs in the full suite
+@pytest.mark.slow
 def test_vmap_over_seeds_equals_separate_runs(pendulum, tiny_step):
     config = sac.SACConfig(**TINY)
     keys = jax.random.split(jax.random.PRNGKey(7), 2)
@@ -488,6 +491,9 @@ def test_make_evaluator_steps(pendulum):
             sac.make_evaluator(config, pendulum, steps=bad)
 
 
+# slow (53 s on the 2-core CI machine): the default run keeps the same path end to end through
+# the CLI (tests/test_cli.py::test_train_optimize_searches_a_long_sac_epoch_on_a_shorter_one)
+@pytest.mark.slow
 def test_a_plan_found_on_the_search_unit_runs_the_whole_epoch(pendulum, monkeypatch):
     """``optimize.plan_of``: a plan as a search on the shorter unit reports it (its transforms by
     name, its XLA options; written here, not searched) applied to the whole epoch: the transform
