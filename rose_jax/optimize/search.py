@@ -849,9 +849,9 @@ class _Search:
             transformed = apply_plan(self.target, transforms)
             outcome = None  # the isolated child's compile, where there is one
             if opts.isolating:
-                isolated, outcome = self.isolated(rec, transformed, host)
+                outcome = self.isolated(rec, transformed, host)
                 lap("isolate")
-                if not isolated:
+                if outcome is not None and not outcome.ok:
                     return None
             if len(transforms) == 1 and opts.local and isinstance(transformed, Program):
                 rec.stage = "local"
@@ -920,7 +920,7 @@ class _Search:
         same program under the same options, so the same executable), or None (compile it here):
         no child, no persistent cache, or a plan whose options are not the search's base set. A
         load that fails is no failure of the candidate: it is compiled here instead."""
-        if outcome is None or not outcome.ok or any(t.chooses_options for t in transforms):
+        if outcome is None or any(t.chooses_options for t in transforms):
             return None
         try:
             step = isolate.loaded_step(outcome, (self.state,), self.base_options)
@@ -930,15 +930,16 @@ class _Search:
             rec.isolation += "; its executable loaded here from the shared compilation cache"
         return step
 
-    def isolated(self, rec: CandidateRecord, transformed: Any, host: bool) -> tuple[bool, Any]:
-        """The candidate's first compile and one call in a child process (see ``isolate``):
-        ``(ok, isolate.Outcome or None)``; not ok (with ``rec.reason``) when the child aborted or
-        failed; the refusal is remembered in the plan cache for this program, device and JAX
-        version. The child writes its executable into the driver's persistent compilation cache
-        (where there is one), so the trial loads it (:meth:`loaded`) instead of compiling again."""
+    def isolated(self, rec: CandidateRecord, transformed: Any, host: bool) -> Any:
+        """The candidate's first compile and one call in a child process (see ``isolate``): its
+        ``isolate.Outcome`` (None for a host-level candidate, not isolated); not ``ok`` (with
+        ``rec.reason``) when the child aborted or failed; the refusal is remembered in the plan
+        cache for this program, device and JAX version. The child writes its executable into the
+        driver's persistent compilation cache (where there is one), so the trial loads it
+        (:meth:`loaded`) instead of compiling again."""
         if host or (isinstance(transformed, Program) and transformed.host):
             rec.isolation = "not isolated: host-level (its programs compile in their own stages/workers)"
-            return True, None
+            return None
         fn = transformed.iteration() if isinstance(transformed, Program) else transformed
         rec.stage = "isolate"
         # a compile may not run past the budget (PPO reacher, H100 2026-12-06 17:25: a candidate
@@ -960,16 +961,16 @@ class _Search:
         )
         rec.isolation = out.reason + (" (remembered in the plan cache)" if out.cached else "")
         if out.ok:
-            return True, out
+            return out
         if capped and not out.cached and out.reason.startswith("timed out"):
             # the budget's end, not isolate_timeout, stopped it: pending for a later resume
             rec.reason = BUDGET_SPENT
             rec.isolation += " (the search budget's end)"
             self.say(f"[optimize] {rec.label}: {rec.isolation}; left for a later search")
-            return False, out
+            return out
         rec.reason = f"refused: {rec.isolation}"
         self.say(f"[optimize] {rec.label}: {rec.reason}")
-        return False, out
+        return out
 
     def verdict(self, rec: CandidateRecord, res: _Trial, gain: float, *, versus_plan: bool) -> bool:
         """Keep or reject (and why), given the ``gain`` that must exceed the spread."""
