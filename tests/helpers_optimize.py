@@ -135,3 +135,27 @@ def children() -> set[int]:
         except psutil.Error:
             pass
     return out
+
+
+def fresh_interpreter_result(script: str, *args: str) -> dict:
+    """Run ``script`` (``python -c``) in a fresh interpreter on the CPU, with the repository and
+    tests/ importable, and return the JSON of its ``RESULT {...}`` line (a test whose setting, e.g.
+    JAX's persistent compilation cache, is configured once per process); asserts it printed one."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=root,
+        env={**os.environ, "JAX_PLATFORMS": "cpu",
+             "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "tests")])},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(line[0][len("RESULT "):])

@@ -1895,20 +1895,7 @@ def test_search_trial_loads_what_its_isolated_child_compiled(tmp_path):
     second time; the loaded step computes bitwise what ``jax.jit`` of the transformed function
     does, and the trial times it and checks it equal. A fresh interpreter: the persistent cache is
     configured once per process (without one, the trial compiles here: the test above)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, "-c", _TRIAL_LOADS_THE_CHILD, str(tmp_path / "cache"), str(tmp_path / "plans")],
-        cwd=root, env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root},
-        capture_output=True, text=True, timeout=600,
-    )
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
-    r = json.loads(line[0][len("RESULT "):])
+    r = H.fresh_interpreter_result(_TRIAL_LOADS_THE_CHILD, str(tmp_path / "cache"), str(tmp_path / "plans"))
     assert r["isolation"].endswith("its executable loaded here from the shared compilation cache"), r
     assert r["equal"] is True and r["timed"] and r["loaded_hits"] >= 1 and r["bitwise"], r
 

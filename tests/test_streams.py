@@ -18,7 +18,7 @@ import envs
 import rose_jax
 import rose_jax.trace as rtrace
 from algos import ppo, sac
-from helpers_optimize import tiny_ppo_config
+from helpers_optimize import fresh_interpreter_result, tiny_ppo_config
 from rose_jax.compare import compare_trees
 from rose_jax.optimize import isolate
 from rose_jax.optimize import split_compile as SC
@@ -426,20 +426,7 @@ def test_split_stages_load_what_their_isolated_children_compiled(tmp_path):
     there and the driver loads it (a cache hit) instead of compiling the stage again; the result is
     bitwise the stages compiled in the driver. Run in a fresh interpreter: the persistent cache is
     configured once per process."""
-    import json
-
-    path = os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])
-    proc = subprocess.run(
-        [sys.executable, "-c", _LOADED_FROM_CHILD, str(tmp_path / "cache")],
-        cwd=ROOT,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-3000:]
-    r = json.loads(line[0][len("RESULT ") :])
+    r = fresh_interpreter_result(_LOADED_FROM_CHILD, str(tmp_path / "cache"))
     assert r["loaded"] == ["rollout:default", "normalizer+advantage+update:default"]
     assert r["hits"] >= 2 and r["bitwise_vs_direct"] and r["again_vs_direct"]
 
